@@ -1,0 +1,114 @@
+"""Cost models: what a resharding step and an op's local computation cost.
+
+All models return plain numbers in their ``unit``; :meth:`ticks` turns them into the integers the
+solver works with (the solver core is exact integer arithmetic, like the IOPDDL format).
+
+- ``alpha-beta`` (default), seconds: a collective on mesh axis a moving ``s`` bytes per device
+  costs ``latency[a] + s / bandwidth[a]`` with ring traffic (see :meth:`Step.sent_bytes`):
+  all-gather / reduce-scatter (n-1)/n·B, all-reduce 2(n-1)/n·B, all-to-all (n-1)/n²·B, where B
+  is the size of the tensor not sharded on that axis. Local compute is a roofline,
+  ``max(flops / peak_flops, bytes / memory_bandwidth)``. Ticks are picoseconds.
+- ``slapo``, elements: Slapo's autoshard charges an edge by V = the product of the tensor's last
+  two dims: all-reduce V, all-gather V/p, all-to-all V(1/p - 1/p²), reduce-scatter V/p, slice 0;
+  compute is free. Ticks are elements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from autoshard.mesh import Mesh
+from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
+
+DEFAULT_PEAK_FLOPS = 100e12  # flop/s per device
+DEFAULT_MEMORY_BANDWIDTH = 2e12  # bytes/s per device (HBM)
+
+
+@dataclass(frozen=True)
+class AlphaBetaCost:
+    """Seconds from per-axis latency and bandwidth, plus a compute roofline."""
+
+    mesh: Mesh
+    peak_flops: float = DEFAULT_PEAK_FLOPS
+    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH
+    name: str = "alpha-beta"
+    unit: str = "s"
+    ticks_per_unit: int = 10**12
+
+    def step_cost(self, step: Step, shape: tuple[int, ...]) -> float:
+        """Seconds for one resharding step of a tensor of global ``shape``."""
+        if step.kind == SLICE:
+            return 0.0
+        a = step.axis
+        return self.mesh.latency[a] + step.sent_bytes(self.mesh.shape[a]) / self.mesh.bandwidth[a]
+
+    def compute_cost(self, flops: float, bytes_accessed: float) -> float:
+        """Seconds for a local computation: the slower of arithmetic and memory traffic."""
+        return max(flops / self.peak_flops, bytes_accessed / self.memory_bandwidth)
+
+    def ticks(self, value: float | Fraction) -> int:
+        """Integer solver cost (picoseconds)."""
+        return round(value * self.ticks_per_unit)
+
+    def format(self, ticks: int) -> str:
+        """Human-readable cost."""
+        return _format_seconds(ticks / self.ticks_per_unit)
+
+
+@dataclass(frozen=True)
+class SlapoCost:
+    """Slapo autoshard's element counts on the last two dims; computation is free."""
+
+    mesh: Mesh
+    name: str = "slapo"
+    unit: str = "elements"
+    ticks_per_unit: int = 1
+
+    def step_cost(self, step: Step, shape: tuple[int, ...]) -> Fraction:
+        """Elements charged for one resharding step of a tensor of global ``shape``."""
+        volume = Fraction(math.prod(shape[-2:]))
+        p = self.mesh.shape[step.axis]
+        if step.kind == ALL_REDUCE:
+            return volume
+        if step.kind in (ALL_GATHER, REDUCE_SCATTER):
+            return volume / p
+        if step.kind == ALL_TO_ALL:
+            return volume * (Fraction(1, p) - Fraction(1, p * p))
+        return Fraction(0)
+
+    def compute_cost(self, flops: float, bytes_accessed: float) -> float:
+        """Slapo ignores computation."""
+        return 0.0
+
+    def ticks(self, value: float | Fraction) -> int:
+        """Integer solver cost (elements)."""
+        return round(value)
+
+    def format(self, ticks: int) -> str:
+        """Human-readable cost."""
+        return str(ticks)
+
+
+CostModel = AlphaBetaCost | SlapoCost
+COST_MODELS = ("alpha-beta", "slapo")
+
+
+def make_cost_model(name: str, mesh: Mesh, peak_flops: float = DEFAULT_PEAK_FLOPS,
+                    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH) -> CostModel:
+    """The cost model called ``name`` on ``mesh``."""
+    if name == "slapo":
+        return SlapoCost(mesh)
+    if name == "alpha-beta":
+        return AlphaBetaCost(mesh, peak_flops, memory_bandwidth)
+    raise ValueError(f"unknown cost model {name!r}")
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-12:.4g} ps"

@@ -1,0 +1,111 @@
+"""The traced model as plain data: ops with tensor metadata and module paths (no torch types).
+
+The frontend (``autoshard.frontend``) fills it from torch.fx or torch.export; the problem builder
+reads it; the runtime executes ``OpGraph.module`` node by node using the same node names.
+
+Conventions every producer of an OpGraph keeps:
+
+- ``nodes`` is in topological order and names are the fx node names.
+- ``OpNode.op`` is the ATen overload-packet name (``linear``, ``add``, ``view``, ``softmax``,
+  ``scaled_dot_product_attention``, ``getitem`` ...) whichever frontend traced the model, or
+  ``None`` when the call has no ATen equivalent the frontend knows.
+- ``OpNode.inputs`` lists the producers of the tensor operands in ATen schema order (for
+  ``embedding`` that is weight, then indices), and ``OpNode.attrs`` holds the non-tensor
+  arguments by ATen schema name (``dim``, ``keepdim``, ``size``, ``dim0``, ``normalized_shape``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterator
+
+import networkx as nx
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Global shape and dtype of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    itemsize: int
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return self.numel * self.itemsize
+
+    @property
+    def is_float(self) -> bool:
+        """True for floating-point dtypes (the ones that carry gradients)."""
+        return self.dtype.startswith(("float", "bfloat", "complex"))
+
+
+class NodeKind(str, Enum):
+    """What a graph node stands for."""
+
+    INPUT = "input"
+    PARAM = "param"
+    BUFFER = "buffer"
+    OP = "op"
+    OUTPUT = "output"
+
+
+@dataclass
+class OpNode:
+    """One traced node: a model input, a parameter or buffer, an op, or the output."""
+
+    name: str
+    kind: NodeKind
+    target: str
+    op: str | None = None
+    inputs: tuple[str, ...] = ()
+    attrs: dict[str, Any] = field(default_factory=dict)
+    out: TensorMeta | tuple[TensorMeta | None, ...] | None = None
+    module: str = ""
+    qualname: str = ""
+    requires_grad: bool = False
+
+    @property
+    def tensor(self) -> TensorMeta | None:
+        """The single output tensor, or None for tuple/None outputs."""
+        return self.out if isinstance(self.out, TensorMeta) else None
+
+
+@dataclass
+class OpGraph:
+    """Nodes in topological order plus the executable module they were traced from."""
+
+    nodes: dict[str, OpNode]
+    frontend: str
+    module: Any = None
+
+    def __iter__(self) -> Iterator[OpNode]:
+        return iter(self.nodes.values())
+
+    def __getitem__(self, name: str) -> OpNode:
+        return self.nodes[name]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def users(self, name: str) -> list[OpNode]:
+        """Nodes that consume ``name`` (each once, in topological order)."""
+        return [n for n in self.nodes.values() if name in n.inputs]
+
+    def to_networkx(self) -> nx.MultiDiGraph:
+        """Dataflow graph: one edge per (producer, consumer operand), keyed by operand index."""
+        g = nx.MultiDiGraph()
+        for node in self.nodes.values():
+            g.add_node(node.name, node=node)
+        for node in self.nodes.values():
+            for index, src in enumerate(node.inputs):
+                g.add_edge(src, node.name, key=index, operand=index)
+        return g

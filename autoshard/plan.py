@@ -1,0 +1,242 @@
+"""A solved sharding plan as plain data: what every node computes where, and every edge's reshard.
+
+The plan is what the lowering steps consume (schedule text, JSON file, torch.distributed
+runtime). It is torch-free and round-trips through JSON (``Plan.to_json`` / ``Plan.from_json``).
+
+Per node it records the spec required of each tensor operand (``in_specs``, in ``OpNode.inputs``
+order) and the spec of the output (``out_spec``; for tuple outputs, of every element), plus the
+local-execution adjustments the runtime must apply so that running the op on local pieces
+computes the local piece of the global result:
+
+- ``local_attrs``: attribute overrides by ATen schema name, e.g. ``{"size": [2, 8, 64]}`` for a
+  view whose global size argument must become the local one;
+- ``scale``: multiply the local output by this (a mean over a sharded dim is a partial sum of
+  local means divided by the shard count);
+- ``masked_operands``: operands added into a partial-sum output (a bias) are kept only on the
+  devices at coordinate 0 of the partial axes, so the sum counts them once.
+
+Per edge it records the forward steps (producer spec -> required spec) and, in training mode,
+the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from autoshard.errors import AutoshardError
+from autoshard.mesh import Mesh
+from autoshard.reshard import Step
+from autoshard.spec import TensorSpec
+
+PLAN_VERSION = 1
+
+
+@dataclass
+class NodePlacement:
+    """Where one node's operands and output live, and how its local computation is adjusted."""
+
+    name: str
+    op: str | None
+    module: str
+    in_specs: tuple[TensorSpec, ...]
+    out_spec: TensorSpec | None
+    cost: int = 0
+    local_attrs: dict[str, Any] = field(default_factory=dict)
+    scale: Fraction = Fraction(1)
+    masked_operands: tuple[int, ...] = ()
+
+
+@dataclass
+class EdgeReshard:
+    """The reshard on one (producer -> consumer operand) edge, forward and (training) backward."""
+
+    src: str
+    dst: str
+    operand: int
+    src_spec: TensorSpec
+    dst_spec: TensorSpec
+    steps: tuple[Step, ...]
+    grad_src_spec: TensorSpec | None = None
+    grad_dst_spec: TensorSpec | None = None
+    grad_steps: tuple[Step, ...] = ()
+    cost: int = 0
+
+
+@dataclass
+class Plan:
+    """A full plan for one traced model on one mesh under one cost model."""
+
+    model: str
+    fingerprint: str
+    mesh: Mesh
+    cost_model: str
+    mode: str
+    nodes: dict[str, NodePlacement]
+    edges: list[EdgeReshard]
+    total_cost: int
+    cost_unit: str
+    ticks_per_unit: int
+    lower_bound: int | None = None
+    proved_optimal: bool = False
+    param_specs: dict[str, TensorSpec] = field(default_factory=dict)
+
+    def edge(self, dst: str, operand: int) -> EdgeReshard:
+        """The edge into operand ``operand`` of node ``dst``."""
+        for e in self.edges:
+            if e.dst == dst and e.operand == operand:
+                return e
+        raise KeyError((dst, operand))
+
+    def to_json(self) -> dict:
+        """Plain-data form (specs as text, steps as dicts)."""
+        nd = self.mesh.ndim
+        return {
+            "version": PLAN_VERSION,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "mesh": self.mesh.to_json(),
+            "cost_model": self.cost_model,
+            "mode": self.mode,
+            "total_cost": self.total_cost,
+            "cost_unit": self.cost_unit,
+            "ticks_per_unit": self.ticks_per_unit,
+            "lower_bound": self.lower_bound,
+            "proved_optimal": self.proved_optimal,
+            "param_specs": {k: _spec_json(v, nd) for k, v in self.param_specs.items()},
+            "nodes": [_node_json(n, nd) for n in self.nodes.values()],
+            "edges": [_edge_json(e, nd) for e in self.edges],
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as indented JSON."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @staticmethod
+    def from_json(data: dict) -> "Plan":
+        """Inverse of :meth:`to_json`; a malformed file raises :class:`AutoshardError`."""
+        try:
+            if data.get("version") != PLAN_VERSION:
+                raise AutoshardError(f"plan version {data.get('version')} is not {PLAN_VERSION}: re-run autoshard.solve")
+            mesh = Mesh.from_json(data["mesh"])
+            nodes = {n["name"]: _node_from(n) for n in data["nodes"]}
+            edges = [_edge_from(e) for e in data["edges"]]
+            return Plan(
+                model=data["model"],
+                fingerprint=data["fingerprint"],
+                mesh=mesh,
+                cost_model=data["cost_model"],
+                mode=data["mode"],
+                nodes=nodes,
+                edges=edges,
+                total_cost=data["total_cost"],
+                cost_unit=data["cost_unit"],
+                ticks_per_unit=data["ticks_per_unit"],
+                lower_bound=data.get("lower_bound"),
+                proved_optimal=data.get("proved_optimal", False),
+                param_specs={k: _spec_from(v) for k, v in data.get("param_specs", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AutoshardError(f"plan file is malformed ({exc!r}): write it with autoshard.solve --out") from None
+
+    @staticmethod
+    def load(path: str | Path) -> "Plan":
+        """Read a plan file written by :meth:`save`."""
+        p = Path(path)
+        if not p.is_file():
+            raise AutoshardError(f"plan file {str(p)!r} does not exist: write one with autoshard.solve --out {p}")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise AutoshardError(f"plan file {str(p)!r} is not JSON ({exc.msg} at line {exc.lineno}): re-create it") from None
+        return Plan.from_json(data)
+
+
+def _spec_json(spec: TensorSpec | None, mesh_ndim: int) -> dict | None:
+    if spec is None:
+        return None
+    return {"text": spec.format(mesh_ndim), "dims": [list(a) for a in spec.dims], "partial": sorted(spec.partial)}
+
+
+def _spec_from(data: dict | None) -> TensorSpec | None:
+    if data is None:
+        return None
+    return TensorSpec(tuple(tuple(a) for a in data["dims"]), frozenset(data["partial"]))
+
+
+def _step_json(step: Step, mesh_ndim: int) -> dict:
+    return {
+        "kind": step.kind,
+        "axis": step.axis,
+        "dim": step.dim,
+        "to_dim": step.to_dim,
+        "in_bytes": step.in_bytes,
+        "before": _spec_json(step.before, mesh_ndim),
+        "after": _spec_json(step.after, mesh_ndim),
+    }
+
+
+def _step_from(data: dict) -> Step:
+    return Step(data["kind"], data["axis"], data["dim"], data["to_dim"], data["in_bytes"],
+                _spec_from(data["before"]), _spec_from(data["after"]))
+
+
+def _node_json(node: NodePlacement, mesh_ndim: int) -> dict:
+    return {
+        "name": node.name,
+        "op": node.op,
+        "module": node.module,
+        "in_specs": [_spec_json(s, mesh_ndim) for s in node.in_specs],
+        "out_spec": _spec_json(node.out_spec, mesh_ndim),
+        "cost": node.cost,
+        "local_attrs": node.local_attrs,
+        "scale": [node.scale.numerator, node.scale.denominator],
+        "masked_operands": list(node.masked_operands),
+    }
+
+
+def _node_from(data: dict) -> NodePlacement:
+    return NodePlacement(
+        name=data["name"],
+        op=data["op"],
+        module=data["module"],
+        in_specs=tuple(_spec_from(s) for s in data["in_specs"]),
+        out_spec=_spec_from(data["out_spec"]),
+        cost=data["cost"],
+        local_attrs=data["local_attrs"],
+        scale=Fraction(*data["scale"]),
+        masked_operands=tuple(data["masked_operands"]),
+    )
+
+
+def _edge_json(edge: EdgeReshard, mesh_ndim: int) -> dict:
+    return {
+        "src": edge.src,
+        "dst": edge.dst,
+        "operand": edge.operand,
+        "src_spec": _spec_json(edge.src_spec, mesh_ndim),
+        "dst_spec": _spec_json(edge.dst_spec, mesh_ndim),
+        "steps": [_step_json(s, mesh_ndim) for s in edge.steps],
+        "grad_src_spec": _spec_json(edge.grad_src_spec, mesh_ndim),
+        "grad_dst_spec": _spec_json(edge.grad_dst_spec, mesh_ndim),
+        "grad_steps": [_step_json(s, mesh_ndim) for s in edge.grad_steps],
+        "cost": edge.cost,
+    }
+
+
+def _edge_from(data: dict) -> EdgeReshard:
+    return EdgeReshard(
+        src=data["src"],
+        dst=data["dst"],
+        operand=data["operand"],
+        src_spec=_spec_from(data["src_spec"]),
+        dst_spec=_spec_from(data["dst_spec"]),
+        steps=tuple(_step_from(s) for s in data["steps"]),
+        grad_src_spec=_spec_from(data["grad_src_spec"]),
+        grad_dst_spec=_spec_from(data["grad_dst_spec"]),
+        grad_steps=tuple(_step_from(s) for s in data["grad_steps"]),
+        cost=data["cost"],
+    )
