@@ -1,0 +1,1 @@
+"""Lowerings of a solved Plan: schedule text (Slapo style) and export formats."""

@@ -1,0 +1,99 @@
+"""Plan -> Slapo-style schedule lines (``sch["fc1"].shard(...)`` / ``sch["fc1"].sync(...)``).
+
+Slapo schedules act on modules: ``shard`` replaces a parameter by this rank's slice, ``sync``
+hooks a module's first input (``fwd_pre``), its output (``fwd_post``) or its input's gradient
+(``bwd_post``). A plan reshards op-level edges, so each edge is attached to a module boundary:
+an edge entering a module from outside becomes a ``fwd_pre`` sync of that module, an edge
+leaving a module (to the model output or to top-level code) a ``fwd_post`` sync. Lines are
+grouped per module in execution order with ``shard`` before ``sync`` (Slapo validates a sync
+against the module's sharded parameters) and ``fwd_pre`` before ``bwd_post`` (in backward the
+gradient all-reduce then runs before the reverse of the forward reshard). Edges no module
+hook can express (inside a module, 2-D meshes, parameter gathers) are listed as comments: the
+torch.distributed runtime executes them from the JSON plan.
+"""
+
+from __future__ import annotations
+
+from autoshard.graph import NodeKind, OpGraph
+from autoshard.plan import EdgeReshard, Plan
+from autoshard.spec import TensorSpec
+
+
+def _inside(module: str, outer: str) -> bool:
+    return bool(outer) and (module == outer or module.startswith(outer + "."))
+
+
+def reshard_text(src: TensorSpec, dst: TensorSpec) -> str:
+    """Slapo's resharding string: the last two dims (``RR->SR``) when only they are sharded."""
+    sharded = [d for s in (src, dst) for d, axes in enumerate(s.dims) if axes]
+    start = src.ndim - 2 if src.ndim >= 2 and all(d >= src.ndim - 2 for d in sharded) else 0
+
+    def short(spec: TensorSpec) -> str:
+        return "".join("S" if axes else "R" for axes in spec.dims[start:])
+
+    return f"{short(src)}->{short(dst)}"
+
+
+def _sync_op(edge: EdgeReshard) -> str:
+    """The sync_op_or_fn argument for one forward edge."""
+    if edge.src_spec.partial:
+        sharded = [d for d, axes in enumerate(edge.dst_spec.dims) if axes]
+        if sharded:
+            return f'"reduce_scatter", axis={sharded[0]}'
+        return '"all_reduce"'
+    return f'"{reshard_text(edge.src_spec, edge.dst_spec)}"'
+
+
+def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
+    """The plan as Slapo schedule lines (with comments for what module hooks cannot express)."""
+    if plan.mesh.ndim != 1:
+        return [f"# Slapo schedules shard over one device group; mesh {plan.mesh.label} is {plan.mesh.ndim}-D:",
+                "# run the JSON plan with autoshard.run (torchrun) instead."]
+    per_module: dict[str, list[str]] = {}
+    notes: list[str] = []
+
+    def add(module: str, line: str) -> None:
+        per_module.setdefault(module, []).append(line)
+
+    for node in graph:
+        if node.kind == NodeKind.PARAM and node.name in plan.nodes:
+            spec = plan.nodes[node.name].out_spec
+            dims = [d for d, axes in enumerate(spec.dims) if axes]
+            if dims:
+                attr = node.qualname[len(node.module) + 1:] if node.module else node.qualname
+                add(node.module, f'sch["{node.module}"].shard("{attr}", axis={dims[0]})')
+    first_input: dict[str, str] = {}
+    for edge in plan.edges:
+        dst_module = plan.nodes[edge.dst].module
+        src_module = plan.nodes[edge.src].module
+        if dst_module and not _inside(src_module, dst_module) and graph[edge.src].kind != NodeKind.PARAM:
+            first_input.setdefault(dst_module, edge.src)
+    for edge in plan.edges:
+        src_node, dst_node = graph[edge.src], graph[edge.dst]
+        dst_module, src_module = plan.nodes[edge.dst].module, plan.nodes[edge.src].module
+        collective = [s for s in edge.steps if s.kind != "slice"] or edge.steps
+        grad_reduce = edge.grad_src_spec is not None and bool(edge.grad_src_spec.partial)
+        if not collective and not grad_reduce:
+            continue
+        where = f"{edge.src} -> {edge.dst}"
+        if src_node.kind == NodeKind.PARAM:
+            if collective:
+                notes.append(f"# {where}: parameter {src_node.qualname} {edge.src_spec.format(1)}->"
+                             f"{edge.dst_spec.format(1)} is gathered before use (run by autoshard.run)")
+            continue
+        if dst_module and first_input.get(dst_module) == edge.src and dst_node.kind == NodeKind.OP:
+            if collective:
+                add(dst_module, f'sch["{dst_module}"].sync(mode="fwd_pre", sync_op_or_fn={_sync_op(edge)})')
+            if grad_reduce:
+                add(dst_module, f'sch["{dst_module}"].sync(mode="bwd_post", sync_op_or_fn="all_reduce")')
+        elif src_module and not _inside(dst_module, src_module) and collective and not grad_reduce:
+            add(src_module, f'sch["{src_module}"].sync(mode="fwd_post", sync_op_or_fn={_sync_op(edge)})')
+        else:
+            notes.append(f"# {where}: {edge.src_spec.format(1)}->{edge.dst_spec.format(1)} has no module "
+                         f"boundary to hook (run by autoshard.run)")
+    order = {m: i for i, m in enumerate(dict.fromkeys(n.module for n in graph))}
+    lines: list[str] = []
+    for module in sorted(per_module, key=lambda m: order.get(m, len(order))):
+        group = per_module[module]
+        lines += sorted(group, key=lambda l: (0 if ".shard(" in l else 1 if "fwd_pre" in l else 2 if "bwd_post" in l else 3))
+    return lines + notes

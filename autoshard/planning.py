@@ -1,0 +1,94 @@
+"""Read a solver choice back into a :class:`Plan`: per-node layouts, per-edge reshard steps, costs."""
+
+from __future__ import annotations
+
+from autoshard.build import ModelProblem
+from autoshard.graph import NodeKind
+from autoshard.plan import EdgeReshard, NodePlacement, Plan
+from autoshard.reshard import reshard_steps
+from autoshard.rules import load_rules
+from autoshard.spec import TensorSpec
+
+
+def _local_attrs(mp: ModelProblem, name: str, out_spec: TensorSpec) -> dict:
+    """Attribute overrides that make a shape-carrying op (view, expand ...) produce its local piece."""
+    node = mp.candidates[name].node
+    rule = load_rules().get(node.op or "")
+    attr = rule.options.get("local_size_attr") if rule else None
+    meta = node.tensor
+    if attr is None or meta is None or out_spec.is_replicated:
+        return {}
+    local = list(out_spec.local_shape(meta.shape, mp.mesh.shape))
+    if attr == "sizes":  # unflatten(dim, sizes): only the new dims' sizes
+        dim = node.attrs.get("dim", 0) % len(meta.shape)
+        count = len(node.attrs.get("sizes", ()))
+        return {attr: local[dim: dim + count]}
+    return {attr: local}
+
+
+def node_cost(mp: ModelProblem, name: str, choice: list[int]) -> int:
+    """The node's own cost (compute) under ``choice``."""
+    return mp.candidates[name].costs[choice[mp.names.index(name)]]
+
+
+def edge_cost(mp: ModelProblem, index: int | None, choice: list[int]) -> int:
+    """The cost of problem edge ``index`` under ``choice`` (0 for edges the problem omits)."""
+    if index is None:
+        return 0
+    u, v = mp.problem.edges[index]
+    return int(mp.problem.edge_costs[index][choice[u], choice[v]])
+
+
+def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound: int | None = None,
+              proved_optimal: bool = False) -> Plan:
+    """The plan that ``choice`` (one strategy per problem node) describes."""
+    nodes: dict[str, NodePlacement] = {}
+    param_specs: dict[str, TensorSpec] = {}
+    for i, name in enumerate(mp.names):
+        cand = mp.candidates[name]
+        strategy = cand.strategies[choice[i]]
+        nodes[name] = NodePlacement(
+            name=name,
+            op=cand.node.op,
+            module=cand.node.module,
+            in_specs=strategy.in_specs,
+            out_spec=strategy.out_spec,
+            cost=cand.costs[choice[i]],
+            local_attrs=_local_attrs(mp, name, strategy.out_spec),
+            scale=strategy.scale,
+            masked_operands=strategy.masked,
+        )
+        if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+            param_specs[cand.node.qualname] = strategy.out_spec
+    edges = []
+    shape_of = mp.mesh.shape
+    for e in mp.edges:
+        src = nodes[e.src].out_spec
+        dst = nodes[e.dst].in_specs[e.operand]
+        if dst is None:  # an operand read only for its dtype/device: any layout will do
+            edges.append(EdgeReshard(e.src, e.dst, e.operand, src, src, ()))
+            continue
+        steps = reshard_steps(src, dst, e.meta.shape, e.meta.itemsize, shape_of)
+        grad_src = grad_dst = None
+        grad_steps: tuple = ()
+        if e.backward:
+            dst_strategy = mp.strategy(e.dst, choice)
+            grad_src, grad_dst = dst_strategy.grad_specs[e.operand], src.without_partial()
+            grad_steps = reshard_steps(grad_src, grad_dst, e.meta.shape, e.meta.itemsize, shape_of)
+        edges.append(EdgeReshard(e.src, e.dst, e.operand, src, dst, steps, grad_src, grad_dst, grad_steps,
+                                 edge_cost(mp, e.index, choice)))
+    return Plan(
+        model=model,
+        fingerprint=mp.fingerprint,
+        mesh=mp.mesh,
+        cost_model=mp.cost_model.name,
+        mode=mp.options.mode,
+        nodes=nodes,
+        edges=edges,
+        total_cost=mp.problem.cost(choice),
+        cost_unit=mp.cost_model.unit,
+        ticks_per_unit=mp.cost_model.ticks_per_unit,
+        lower_bound=lower_bound,
+        proved_optimal=proved_optimal,
+        param_specs=param_specs,
+    )

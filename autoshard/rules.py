@@ -1,0 +1,459 @@
+"""Sharding rules: from an op's declared rule (``specs/ops.toml``) and its shapes to strategies.
+
+Every rule is first *instantiated* against the node's concrete shapes into an
+:class:`OpInstance`: one index label per dim of every operand and of the output (``None`` for a
+dim that may never be sharded, e.g. a broadcast size-1 dim), the indices that are fixed, the
+contracted indices (in operands, not in the output), additive operands and mean reductions.
+A *strategy* then assigns each mesh axis to at most one free index (an index may take several
+axes, in ascending order); from the assignment everything follows mechanically:
+
+- operand i is laid out by its indices' axes (never partial);
+- the output is laid out by its indices' axes, and is a partial sum over the axes of the
+  contracted indices;
+- the gradient of operand i is laid out like operand i, and is a partial sum over every
+  assigned axis whose index operand i does not have (for a weight, the batch axes: the
+  data-parallel gradient all-reduce falls out of this);
+- the local computation is the global one divided by the product of all assigned axis sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from autoshard.graph import TensorMeta
+from autoshard.spec import TensorSpec
+
+SPECS_PATH = Path(__file__).resolve().parent.parent / "specs" / "ops.toml"
+
+Labels = tuple[str | None, ...]
+
+
+class RuleError(ValueError):
+    """The node does not fit its rule (unexpected operand count, rank or attribute)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One entry of specs/ops.toml."""
+
+    op: str
+    kind: str
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """A rule resolved against one node's shapes: index labels per dim and what they mean."""
+
+    operands: tuple[Labels | None, ...]
+    output: Labels
+    sizes: dict[str, tuple[int, ...]]
+    fixed: frozenset[str] = frozenset()
+    additive: tuple[int, ...] = ()
+    mean_indices: frozenset[str] = frozenset()
+    flops: int = 0
+
+    @property
+    def contracted(self) -> frozenset[str]:
+        """Indices summed away: in some operand, not in the output."""
+        out = set(self.output)
+        return frozenset(i for labels in self.operands if labels for i in labels if i and i not in out)
+
+    @property
+    def free(self) -> list[str]:
+        """Indices a mesh axis may be assigned to, in first-appearance order."""
+        seen: dict[str, None] = {}
+        for labels in (*self.operands, self.output):
+            for i in labels or ():
+                if i is not None and i not in self.fixed:
+                    seen.setdefault(i)
+        return list(seen)
+
+
+@dataclass(frozen=True)
+class OpStrategy:
+    """One way to run an op: operand/output layouts, gradient layouts, local adjustments."""
+
+    assignment: tuple[tuple[str, tuple[int, ...]], ...]
+    in_specs: tuple[TensorSpec | None, ...]
+    out_spec: TensorSpec
+    grad_specs: tuple[TensorSpec | None, ...]
+    degree: int = 1
+    scale: Fraction = Fraction(1)
+    masked: tuple[int, ...] = ()
+    label: str = field(default="", compare=False)
+
+
+@functools.lru_cache(maxsize=None)
+def load_rules(path: Path = SPECS_PATH) -> dict[str, Rule]:
+    """Read the rule table; group tables (with an ``ops`` list) expand to one rule per op."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    rules: dict[str, Rule] = {}
+    for name, entry in data.items():
+        options = {k: v for k, v in entry.items() if k not in ("kind", "ops")}
+        kind = entry.get("kind", "signature" if "signature" in entry else "")
+        if not kind:
+            raise ValueError(f"{path}: rule {name!r} needs a kind or a signature")
+        for op in entry.get("ops", [name]):
+            rules[op] = Rule(op, kind, options)
+    return rules
+
+
+def _dims(value: Any, rank: int) -> list[int]:
+    """Normalise a dim / dim-list attribute (None = all dims) to non-negative ints."""
+    if value is None or value == []:
+        return list(range(rank))
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [int(v) % rank if rank else 0 for v in values]
+
+
+def _broadcast(shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...], prefix: str) -> tuple[list[Labels | None], Labels]:
+    """Labels for operands broadcast (right-aligned) to ``out_shape``; size-1 dims get None."""
+    out = tuple(f"{prefix}{d}" for d in range(len(out_shape)))
+    operands: list[Labels | None] = []
+    for shape in shapes:
+        if shape is None:
+            operands.append(None)
+            continue
+        offset = len(out_shape) - len(shape)
+        if offset < 0:
+            raise RuleError(f"operand of rank {len(shape)} does not broadcast to {out_shape}")
+        operands.append(tuple(
+            None if n == 1 and out_shape[offset + k] != 1 else out[offset + k] for k, n in enumerate(shape)
+        ))
+    return operands, out
+
+
+def _parse_operand(text: str) -> tuple[list[str], str]:
+    """Split an operand of a signature into its tokens and its flags (+ additive, ? optional, _ meta)."""
+    text = text.strip()
+    flags = ""
+    while text[:1] in "+_":
+        flags += text[0]
+        text = text[1:].strip()
+    if text.endswith("?"):
+        flags += "?"
+        text = text[:-1].strip()
+    return text.split(), flags
+
+
+def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out_shape: tuple[int, ...], attrs: dict) -> OpInstance:
+    lhs, rhs = rule.options["signature"].split("->")
+    specs = [_parse_operand(t) for t in lhs.split(",")]
+    out_tokens, _ = _parse_operand(rhs)
+    required = sum(1 for _, flags in specs if "?" not in flags)
+    if not required <= len(shapes) <= len(specs):
+        raise RuleError(f"{rule.op} expects {required}..{len(specs)} tensor operands, got {len(shapes)}")
+    fixed: set[str] = set()
+    group_len: dict[str, int] = {}
+
+    def strip(token: str) -> str:
+        name = token.rstrip("!*")
+        if token.endswith("!") or token.endswith("!*") or token.endswith("*!"):
+            fixed.add(name)
+        return name
+
+    # Length of each variadic group: the output's, or the longest operand's.
+    tensors = [(tokens, shape) for (tokens, flags), shape in zip(specs, shapes) if "_" not in flags and shape is not None]
+    for tokens, shape in [*tensors, (out_tokens, out_shape)]:
+        var = [t for t in tokens if "*" in t]
+        if var:
+            n = len(shape) - (len(tokens) - 1)
+            if n < 0:
+                raise RuleError(f"{rule.op}: rank {len(shape)} too small for {' '.join(tokens)}")
+            group_len[strip(var[0])] = max(group_len.get(strip(var[0]), 0), n)
+
+    def labels_for(tokens: list[str], shape: tuple[int, ...]) -> Labels:
+        labels: list[str | None] = []
+        n_fixed = len(tokens) - sum(1 for t in tokens if "*" in t)
+        for t in tokens:
+            name = strip(t)
+            if "*" in t:
+                n = len(shape) - n_fixed
+                total = group_len[name]
+                labels.extend(f"{name}{total - n + k}" for k in range(n))
+            else:
+                labels.append(name)
+        if len(labels) != len(shape):
+            raise RuleError(f"{rule.op}: operand {' '.join(tokens)} does not match rank {len(shape)}")
+        return tuple(labels)
+
+    out_labels = labels_for(out_tokens, out_shape)
+    sizes: dict[str, set[int]] = {}
+    operands: list[Labels | None] = []
+    additive: list[int] = []
+    for k, ((tokens, flags), shape) in enumerate(zip(specs, shapes)):
+        if "_" in flags or shape is None:
+            operands.append(None)
+            continue
+        if "+" in flags:
+            additive.append(k)
+            if len(tokens) != len(shape):  # a bias of another rank broadcasts to the output
+                labels = _broadcast([shape], out_shape, "")[0][0]
+                operands.append(tuple(None if l is None else out_labels[int(l)] for l in labels))
+                continue
+        operands.append(labels_for(tokens, shape))
+    full: dict[str, int] = {}
+    for labels, shape in [*zip(operands, shapes), (out_labels, out_shape)]:
+        for label, n in zip(labels or (), shape or ()):
+            if label is not None:
+                full[label] = max(full.get(label, 1), n)
+    # Size-1 dims that broadcast against a larger size are never sharded in that operand.
+    operands = [None if labels is None else tuple(
+        None if (l is not None and n == 1 and full[l] > 1) else l for l, n in zip(labels, shape))
+        for labels, shape in zip(operands, shapes)]
+    for labels, shape in [*zip(operands, shapes), (out_labels, out_shape)]:
+        for label, n in zip(labels or (), shape or ()):
+            if label is not None:
+                sizes.setdefault(label, set()).add(n)
+    for condition, names in rule.options.get("fixed_if", {}).items():
+        if _condition(condition, attrs):
+            fixed.update(names)
+    flops = rule.options.get("flops_per_point", 1) * math.prod(full.values())
+    return OpInstance(tuple(operands), out_labels, {k: tuple(sorted(v)) for k, v in sizes.items()},
+                      frozenset(fixed), tuple(additive), frozenset(), flops)
+
+
+def _condition(condition: str, attrs: dict) -> bool:
+    """Evaluate a ``fixed_if`` key: ``attr`` (truthy) or ``attr != value``."""
+    if "!=" in condition:
+        name, value = (s.strip() for s in condition.split("!="))
+        return str(attrs.get(name, value)) != value
+    return bool(attrs.get(condition.strip()))
+
+
+def _elementwise(rule: Rule, shapes, out_shape, attrs, fixed_dims: Sequence[int] = ()) -> OpInstance:
+    operands, out = _broadcast(shapes, out_shape, "d")
+    sizes = {label: (n,) for label, n in zip(out, out_shape)}
+    for labels, shape in zip(operands, shapes):
+        for label, n in zip(labels or (), shape or ()):
+            if label is not None:
+                sizes[label] = tuple(sorted(set(sizes[label]) | {n}))
+    fixed = frozenset(out[d] for d in fixed_dims)
+    return OpInstance(tuple(operands), out, sizes, fixed, flops=math.prod(out_shape))
+
+
+def _along_dim(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    rank = len(out_shape)
+    if "last_dims" in rule.options:
+        dims = list(range(max(0, rank - rule.options["last_dims"]), rank))
+    else:
+        dims = _dims(attrs.get(rule.options["dim_attr"]), rank)
+    return _elementwise(rule, shapes, out_shape, attrs, dims)
+
+
+def _reduce(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    (shape,) = shapes[:1]
+    dims = set(_dims(attrs.get(rule.options.get("dim_attr", "dim")), len(shape)))
+    keep = bool(attrs.get("keepdim", False)) or len(out_shape) == len(shape)
+    labels = tuple(f"d{d}" for d in range(len(shape)))
+    out = tuple((None if d in dims else labels[d]) for d in range(len(shape)) if keep or d not in dims)
+    linear = rule.options.get("linear", False)
+    reduced = frozenset(labels[d] for d in dims)
+    mean = reduced if rule.options.get("mean") else frozenset()
+    return OpInstance((labels, *[None] * (len(shapes) - 1)), out, {l: (n,) for l, n in zip(labels, shape)},
+                      frozenset() if linear else reduced, (), mean, math.prod(shape))
+
+
+def _layer_norm(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    n_norm = len(attrs.get(rule.options["shape_attr"]) or [out_shape[-1]])
+    base = _elementwise(rule, shapes[:1], out_shape, attrs, range(len(out_shape) - n_norm, len(out_shape)))
+    params = [base.output[len(out_shape) - len(s):] if s is not None else None for s in shapes[1:]]
+    return OpInstance((base.operands[0], *params), base.output, base.sizes, base.fixed, flops=5 * math.prod(out_shape))
+
+
+def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    logits, target = shapes[0], shapes[1]
+    class_dim = 1 if len(logits) >= 2 else 0
+    labels = tuple(f"d{d}" for d in range(len(logits)))
+    target_labels = tuple(l for d, l in enumerate(labels) if d != class_dim)
+    if len(target_labels) != len(target):
+        raise RuleError(f"{rule.op}: target rank {len(target)} does not match logits rank {len(logits)}")
+    reduction = attrs.get("reduction", 1)
+    weighted = len(shapes) > 2 and shapes[2] is not None
+    out = target_labels if reduction == 0 else ()
+    fixed = {labels[class_dim]}
+    if weighted and reduction == 1:  # a weighted mean divides by a global sum of weights
+        fixed.update(target_labels)
+    operands = [labels, target_labels] + [(labels[class_dim],) if s is not None else None for s in shapes[2:]]
+    mean = frozenset(target_labels) if reduction == 1 else frozenset()
+    return OpInstance(tuple(operands), out, {l: (n,) for l, n in zip(labels, logits)}, frozenset(fixed),
+                      (), mean, 4 * math.prod(logits))
+
+
+def _view(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    """Reshapes: in each group of dims with equal products, only the outermost dims correspond."""
+    in_shape = shapes[0]
+    in_labels: list[str | None] = [None] * len(in_shape)
+    out_labels: list[str | None] = [None] * len(out_shape)
+    sizes: dict[str, tuple[int, ...]] = {}
+    i = j = 0
+    group = 0
+    while i < len(in_shape) or j < len(out_shape):
+        while i < len(in_shape) and in_shape[i] == 1:
+            i += 1
+        while j < len(out_shape) and out_shape[j] == 1:
+            j += 1
+        if i >= len(in_shape) or j >= len(out_shape):
+            break
+        label = f"g{group}"
+        in_labels[i], out_labels[j] = label, label
+        sizes[label] = tuple(sorted({in_shape[i], out_shape[j]}))
+        p, q = in_shape[i], out_shape[j]
+        i, j = i + 1, j + 1
+        while p != q:
+            if p < q:
+                p *= in_shape[i]
+                i += 1
+            else:
+                q *= out_shape[j]
+                j += 1
+        group += 1
+    return OpInstance((tuple(in_labels), *[None] * (len(shapes) - 1)), tuple(out_labels), sizes)
+
+
+def _permute(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    rank = len(shapes[0])
+    perm = list(range(rank))
+    if rule.op == "permute":
+        perm = _dims(attrs["dims"], rank)
+    elif rank >= 2:
+        first, second = ("axis0", "axis1") if rule.op == "swapaxes" else ("dim0", "dim1")
+        a, b = _dims(attrs.get(first, 0), rank)[0], _dims(attrs.get(second, 1), rank)[0]
+        perm[a], perm[b] = perm[b], perm[a]
+    labels = tuple(f"d{d}" for d in range(rank))
+    return OpInstance((labels,), tuple(labels[p] for p in perm), {l: (n,) for l, n in zip(labels, shapes[0])})
+
+
+def _cat(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    dim = _dims(attrs.get("dim", 0), len(out_shape))[0]
+    labels = tuple(f"d{d}" for d in range(len(out_shape)))
+    operands = [labels if s is not None and len(s) == len(out_shape) else None for s in shapes]
+    return OpInstance(tuple(operands), labels, {l: (n,) for l, n in zip(labels, out_shape)}, frozenset({labels[dim]}))
+
+
+def _split(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    shape = shapes[0]
+    dim = _dims(attrs.get("dim", 0), len(shape))[0]
+    labels = tuple(f"d{d}" for d in range(len(shape)))
+    out = tuple(l for d, l in enumerate(labels) if d != dim) if rule.op == "unbind" else labels
+    return OpInstance((labels,), out, {l: (n,) for l, n in zip(labels, shape)}, frozenset({labels[dim]}))
+
+
+def _select(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    shape = shapes[0]
+    dim = _dims(attrs.get("dim", 0), len(shape))[0]
+    labels = tuple(f"d{d}" for d in range(len(shape)))
+    full = rule.kind == "slice" and len(out_shape) == len(shape) and out_shape[dim] == shape[dim]
+    out = tuple(l for d, l in enumerate(labels) if rule.kind == "slice" or d != dim)
+    fixed = frozenset() if full else frozenset({labels[dim]})
+    return OpInstance((labels,), out, {l: (n,) for l, n in zip(labels, shape)}, fixed)
+
+
+def _identity(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    labels = tuple(f"d{d}" for d in range(len(out_shape)))
+    return OpInstance((labels,), labels, {l: (n,) for l, n in zip(labels, out_shape)})
+
+
+def _creation(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    labels = tuple(f"d{d}" for d in range(len(out_shape)))
+    return OpInstance(tuple(None for _ in shapes), labels, {l: (n,) for l, n in zip(labels, out_shape)},
+                      frozenset(labels))
+
+
+def _expand(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    return _elementwise(rule, shapes[:1], out_shape, attrs)
+
+
+_KINDS: dict[str, Callable[..., OpInstance]] = {
+    "signature": _instantiate_signature,
+    "elementwise": _elementwise,
+    "along_dim": _along_dim,
+    "reduce": _reduce,
+    "layer_norm": _layer_norm,
+    "loss": _loss,
+    "view": _view,
+    "permute": _permute,
+    "expand": _expand,
+    "cat": _cat,
+    "split": _split,
+    "select": _select,
+    "slice": _select,
+    "getitem": _identity,
+    "creation": _creation,
+}
+
+
+def instantiate(rule: Rule, operands: Sequence[TensorMeta | None], out_shape: tuple[int, ...], attrs: dict) -> OpInstance:
+    """Resolve ``rule`` against the operand metas (None = not a tensor) and the output shape."""
+    shapes = [m.shape if m is not None else None for m in operands]
+    try:
+        return _KINDS[rule.kind](rule, shapes, tuple(out_shape), attrs)
+    except (KeyError, IndexError, TypeError, ZeroDivisionError) as exc:
+        raise RuleError(f"{rule.op}: cannot apply its {rule.kind} rule ({exc!r})") from None
+
+
+def _spec(labels: Labels, axes_of: dict[str, tuple[int, ...]], partial: frozenset[int] = frozenset()) -> TensorSpec:
+    return TensorSpec(tuple(axes_of.get(l, ()) if l is not None else () for l in labels), partial)
+
+
+def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
+               allowed: Callable[[int, int], bool] | None = None) -> list[OpStrategy]:
+    """Every assignment of mesh axes to free indices whose shard counts divide the sizes.
+
+    ``allowed(dim, rank)`` may forbid sharding some dims of every tensor (Slapo's search space
+    only shards the last two dims).
+    """
+    free = instance.free
+    if allowed is not None:
+        positions: dict[str, list[tuple[int, int]]] = {}
+        for labels in (*instance.operands, instance.output):
+            for d, l in enumerate(labels or ()):
+                if l is not None:
+                    positions.setdefault(l, []).append((d, len(labels)))
+        free = [i for i in free if all(allowed(d, r) for d, r in positions.get(i, []))]
+    contracted = instance.contracted
+    result: list[OpStrategy] = []
+    for choice in itertools.product([None, *free], repeat=len(mesh_shape)):
+        axes_of: dict[str, tuple[int, ...]] = {}
+        for axis, index in enumerate(choice):
+            if index is not None and mesh_shape[axis] > 1:
+                axes_of[index] = axes_of.get(index, ()) + (axis,)
+        if any(c is not None and n == 1 for c, n in zip(choice, mesh_shape)):
+            continue  # a size-1 axis shards nothing; keep one strategy per layout
+        if any(n % math.prod(mesh_shape[a] for a in axes) for i, axes in axes_of.items() for n in instance.sizes[i]):
+            continue
+        partial = frozenset(a for i in contracted for a in axes_of.get(i, ()))
+        used = frozenset(a for axes in axes_of.values() for a in axes)
+        in_specs = tuple(None if labels is None else _spec(labels, axes_of) for labels in instance.operands)
+        grads = tuple(None if labels is None else _spec(labels, axes_of, used - {a for l in labels if l for a in axes_of.get(l, ())})
+                      for labels in instance.operands)
+        mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
+        masked = tuple(k for k in instance.additive if partial and instance.operands[k] is not None)
+        result.append(OpStrategy(
+            tuple(sorted(axes_of.items())), in_specs, _spec(instance.output, axes_of, partial), grads,
+            math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked,
+        ))
+    return result
+
+
+def replicated_strategy(operands: Sequence[TensorMeta | None], out_rank: int) -> OpStrategy:
+    """The fallback for ops without a rule: every operand gathered, the op run on every device."""
+    specs = tuple(None if m is None else TensorSpec.replicated(len(m.shape)) for m in operands)
+    return OpStrategy((), specs, TensorSpec.replicated(out_rank), specs)
+
+
+def tensor_layouts(shape: tuple[int, ...], mesh_shape: tuple[int, ...],
+                   allowed: Callable[[int, int], bool] | None = None) -> list[TensorSpec]:
+    """Every non-partial layout of a tensor (for parameters, buffers and pins)."""
+    labels = tuple(f"d{d}" for d in range(len(shape)))
+    instance = OpInstance((), labels, {l: (n,) for l, n in zip(labels, shape)})
+    return [s.out_spec for s in strategies(instance, mesh_shape, allowed)]
