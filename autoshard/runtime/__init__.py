@@ -1,0 +1,1 @@
+"""Running plans on torch.distributed: mesh process groups and autograd-correct collectives."""

@@ -1,0 +1,198 @@
+"""Execute reshard steps on local tensors with torch.distributed, with and without autograd.
+
+:func:`run_steps` is the plain executor of a ``reshard.Step`` list (semantics in
+``autoshard/reshard.py``); :func:`reshard` wraps it in an autograd Function whose backward runs
+the plan's gradient steps, which are not the autograd transpose of the forward: a forward
+all-reduce P->R has an identity backward (the gradient of a replicated tensor is full on every
+rank), a forward slice R->S has an all-gather backward, and a forward identity may all-reduce a
+partial gradient (Megatron's "f").
+
+On torch 2.13 CPU every collective a step needs is native in gloo (all_gather, reduce_scatter,
+all_reduce, all_to_all, also on subgroups), so each step is exactly one collective call and the
+bytes logged in :class:`CommLog` are those of the collective the cost model priced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
+from autoshard.runtime.groups import MeshGroups
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One executed collective: its kind, mesh axis, bytes this rank sent, and the pass it ran in."""
+
+    kind: str
+    axis: int
+    sent_bytes: int
+    phase: str
+
+
+@dataclass
+class CommLog:
+    """Every collective this rank executed, to compare with what the plan charged."""
+
+    records: list[CommRecord] = field(default_factory=list)
+
+    def total_bytes(self, phase: str | None = None) -> int:
+        """Bytes sent by this rank, over one phase (``"forward"``/``"backward"``) or both."""
+        return sum(r.sent_bytes for r in self.records if phase is None or r.phase == phase)
+
+
+def charged_bytes(steps: tuple[Step, ...] | list[Step], mesh_shape: tuple[int, ...]) -> int:
+    """Bytes per device the plan charges for ``steps`` (the sum of ``Step.sent_bytes``)."""
+    return sum(s.sent_bytes(mesh_shape[s.axis]) for s in steps)
+
+
+def _pieces(x: torch.Tensor, dim: int, n: int, what: str) -> int:
+    if x.shape[dim] % n:
+        raise ValueError(f"{what}: dim {dim} of local shape {tuple(x.shape)} does not split into {n} pieces")
+    return x.shape[dim] // n
+
+
+def _slice(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    n = groups.axis_size(step.axis)
+    k = _pieces(x, step.dim, n, step.describe())
+    return x.narrow(step.dim, groups.coords[step.axis] * k, k)
+
+
+def _all_gather(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(groups.axis_size(step.axis))]
+    dist.all_gather(parts, x, group=groups.groups[step.axis])
+    return torch.cat(parts, dim=step.dim)
+
+
+def _reduce_scatter(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    n = groups.axis_size(step.axis)
+    _pieces(x, step.dim, n, step.describe())
+    parts = [p.contiguous() for p in x.chunk(n, dim=step.dim)]
+    out = torch.empty_like(parts[0])
+    dist.reduce_scatter(out, parts, group=groups.groups[step.axis])
+    return out
+
+
+def _all_reduce(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    out = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, group=groups.groups[step.axis])
+    return out
+
+
+def _all_to_all(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    n = groups.axis_size(step.axis)
+    _pieces(x, step.to_dim, n, step.describe())
+    sends = [p.contiguous() for p in x.chunk(n, dim=step.to_dim)]
+    recvs = [torch.empty_like(p) for p in sends]
+    dist.all_to_all(recvs, sends, group=groups.groups[step.axis])
+    return torch.cat(recvs, dim=step.dim)
+
+
+_EXECUTORS: dict[str, Callable[[torch.Tensor, Step, MeshGroups], torch.Tensor]] = {
+    SLICE: _slice,
+    ALL_GATHER: _all_gather,
+    REDUCE_SCATTER: _reduce_scatter,
+    ALL_REDUCE: _all_reduce,
+    ALL_TO_ALL: _all_to_all,
+}
+
+
+def run_steps(
+    x: torch.Tensor,
+    steps: tuple[Step, ...] | list[Step],
+    groups: MeshGroups,
+    log: CommLog | None = None,
+    phase: str = FORWARD,
+) -> torch.Tensor:
+    """Apply reshard ``steps`` to this rank's local piece ``x``; collective over each step's axis.
+
+    Plain tensor code (no autograd semantics of its own). Each collective is logged with the
+    bytes ``Step.sent_bytes`` gives for the actual local size, so the log checks the plan's price.
+    """
+    for step in steps:
+        if step.kind not in _EXECUTORS:
+            raise ValueError(f"unknown reshard step kind {step.kind!r}")
+        if step.kind != SLICE and log is not None:
+            actual = replace(step, in_bytes=x.numel() * x.element_size())
+            log.records.append(CommRecord(step.kind, step.axis, actual.sent_bytes(groups.axis_size(step.axis)), phase))
+        if step.kind == SLICE or groups.axis_size(step.axis) > 1:
+            x = _EXECUTORS[step.kind](x, step, groups)
+    return x
+
+
+def _owned(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out``, copied if it aliases ``x``: a custom Function's view output cannot be modified in place."""
+    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        return out.clone()
+    return out
+
+
+class _Reshard(torch.autograd.Function):
+    """Forward: the plan's reshard steps; backward: the plan's gradient steps."""
+
+    @staticmethod
+    def forward(ctx, x, fwd_steps, bwd_steps, groups, log):  # type: ignore[override]
+        ctx.bwd_steps, ctx.groups, ctx.log = bwd_steps, groups, log
+        return _owned(run_steps(x, fwd_steps, groups, log, FORWARD), x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        return run_steps(grad, ctx.bwd_steps, ctx.groups, ctx.log, BACKWARD), None, None, None, None
+
+
+def reshard(
+    x: torch.Tensor,
+    fwd_steps: tuple[Step, ...] | list[Step],
+    bwd_steps: tuple[Step, ...] | list[Step],
+    groups: MeshGroups,
+    log: CommLog | None = None,
+) -> torch.Tensor:
+    """Reshard ``x`` by ``fwd_steps``; in backward, turn the incoming gradient by ``bwd_steps``.
+
+    ``bwd_steps`` go from the gradient's layout at the consumer to the layout the producer
+    expects (``EdgeReshard.grad_steps``). Every rank must call this with the same steps.
+    """
+    return _Reshard.apply(x, tuple(fwd_steps), tuple(bwd_steps), groups, log)
+
+
+class _Zeros(torch.autograd.Function):
+    """Zeros of x's shape; backward zeros (``mask_grad``) or the gradient passed through."""
+
+    @staticmethod
+    def forward(ctx, x, mask_grad):  # type: ignore[override]
+        ctx.mask_grad = mask_grad
+        return torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return (torch.zeros_like(grad) if ctx.mask_grad else grad), None
+
+
+def mask_to_first(
+    x: torch.Tensor,
+    axes: tuple[int, ...] | frozenset[int],
+    groups: MeshGroups,
+    mask_grad: bool = True,
+) -> torch.Tensor:
+    """``x`` on devices at coordinate 0 of every axis in ``axes``, zeros elsewhere.
+
+    For an operand (a bias) added into an output that is a partial sum over ``axes``: the sum
+    then counts it once. With ``mask_grad`` (the default) backward is the exact derivative, so
+    the masked operand's gradient is itself partial over ``axes``; with ``mask_grad=False`` the
+    gradient passes unmasked, which is right when the output's gradient arrives replicated and
+    the operand is a replicated parameter (Megatron's row-parallel bias, added after the
+    all-reduce there, gets the full gradient on every rank).
+    """
+    if all(groups.coords[a] == 0 for a in axes):
+        return x
+    return _Zeros.apply(x, mask_grad)
