@@ -1,8 +1,9 @@
 """OpGraph + rules + mesh + cost model -> ShardingProblem (plain data the solver core understands).
 
-Decision nodes are the graph's tensors: model inputs (replicated as given), parameters and
-buffers (one strategy per storage layout), ops (one strategy per rule assignment, see
-``rules.py``) and the output (replicated). Every (producer -> consumer operand) pair is an
+Decision nodes are the graph's tensors: model inputs (replicated as given in inference; in
+training a data loader feeds each device the slice the plan wants, so inputs take any layout),
+parameters and buffers (one strategy per storage layout), ops (one strategy per rule assignment, see
+``rules.py``) and the output (gathered in inference; in training left where the loss needs it). Every (producer -> consumer operand) pair is an
 edge whose cost matrix holds the price of the forward reshard from the producer's output
 layout to the layout the consumer's strategy needs; in training mode it adds the price of
 the backward reshard of the gradient, from the consumer's gradient layout to the producer's
@@ -132,6 +133,15 @@ class _Builder:
         self.reshard_cache: dict[tuple, int] = {}
         self.unsupported: Counter[str] = Counter()
         self.training = options.mode == "training"
+        # In training a parameter's value is counted in the layout its first consumer reads it in
+        # (the storage node holds its gradient and optimizer state): a weight stored sharded but
+        # gathered for use then costs its full size, so plans cannot hide gathered weights.
+        self.value_owner: dict[str, str] = {}
+        if self.training:
+            for node in graph:
+                for src in node.inputs:
+                    if graph[src].kind == NodeKind.PARAM and node.kind == NodeKind.OP:
+                        self.value_owner.setdefault(src, node.name)
 
     def reshard_ticks(self, src: TensorSpec, dst: TensorSpec, meta: TensorMeta) -> int:
         """Price of turning ``src`` into ``dst`` for a tensor of ``meta``."""
@@ -145,15 +155,15 @@ class _Builder:
         """Strategies, costs and memory of one graph node."""
         metas = _out_metas(node)
         if node.kind == NodeKind.OUTPUT:
-            ins = tuple(None if self.graph[s].tensor is None else TensorSpec.replicated(len(self.graph[s].tensor.shape))
-                        for s in node.inputs)
-            return Candidate(node, [OpStrategy((), ins, TensorSpec(()), ins)], [0], [0])
-        if node.kind == NodeKind.INPUT:
+            return self.output_candidate(node)
+        if node.kind == NodeKind.INPUT and not self.training:
             spec = TensorSpec.replicated(len(metas[0].shape)) if metas else TensorSpec(())
             return Candidate(node, [OpStrategy((), (), spec, ())], [0], [_local_bytes(spec, node.tensor, self.mesh)])
-        if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+        if node.kind in (NodeKind.PARAM, NodeKind.BUFFER, NodeKind.INPUT):
             layouts = tensor_layouts(node.tensor.shape, self.mesh.shape, self.allowed)
-            factor = 2 + self.options.optimizer_slots if self.training and node.kind == NodeKind.PARAM else 1
+            factor = 1
+            if self.training and node.kind == NodeKind.PARAM:
+                factor = self.options.optimizer_slots + (1 if node.name in self.value_owner else 2)
             return Candidate(node, [OpStrategy((), (), s, ()) for s in layouts], [0] * len(layouts),
                              [factor * _local_bytes(s, node.tensor, self.mesh) for s in layouts])
         operands = [_operand_meta(self.graph, node, s) for s in node.inputs]
@@ -174,13 +184,25 @@ class _Builder:
         flops = instance.flops if instance is not None else sum(m.numel for m in metas)
         aliasing = rule is not None and rule.kind in ALIASING_KINDS
         costs, usages = [], []
+        owned = [k for k, src in enumerate(node.inputs) if self.value_owner.get(src) == node.name]
         for s in options:
             traffic = sum(_local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands))
             out_bytes = sum(_local_bytes(s.out_spec, m, self.mesh) for m in metas)
             seconds = 0.0 if aliasing else self.cost_model.compute_cost(flops / s.degree, traffic + out_bytes)
             costs.append(self.cost_model.ticks(seconds * (3 if self.training and node.requires_grad else 1)))
-            usages.append(0 if aliasing else out_bytes)
+            values = sum(_local_bytes(s.in_specs[k], operands[k], self.mesh) for k in owned if k < len(s.in_specs))
+            usages.append((0 if aliasing else out_bytes) + values)
         return Candidate(node, options, costs, usages, instance)
+
+    def output_candidate(self, node: OpNode) -> Candidate:
+        """Outputs are gathered (replicated) in inference; in training the first output may stay in
+        any layout, since the loss is computed where it lives (data-parallel or vocab-parallel)."""
+        metas = [self.graph[s].tensor for s in node.inputs]
+        base = tuple(None if m is None else TensorSpec.replicated(len(m.shape)) for m in metas)
+        layouts = [base[0]] if not self.training or not base or base[0] is None else \
+            tensor_layouts(metas[0].shape, self.mesh.shape, self.allowed)
+        options = [OpStrategy((), (spec,) + base[1:], TensorSpec(()), (spec,) + base[1:]) for spec in layouts]
+        return Candidate(node, options, [0] * len(options), [0] * len(options))
 
     def apply_pins(self, candidates: dict[str, Candidate]) -> None:
         """Keep only the strategies whose output layout is the pinned one."""
