@@ -1,0 +1,189 @@
+"""The working copy of a problem that reductions shrink, and the frozen core the solvers read.
+
+``Core`` holds, for the nodes still undecided: the cost vector over the strategies still allowed,
+which original strategy each local index stands for, the pairwise cost matrices, and the memory
+*segments* (row range, usage vector) the node is responsible for on the compressed time axis (a
+node that absorbed another one carries that node's memory too). Every reduction appends a
+``Record`` saying how the removed node's strategy follows from the strategies of its scope, so
+``Core.expand`` turns a choice for the survivors back into a choice for every original node.
+
+Costs are int64 saturated at ``INF`` (= FORBIDDEN, 10**18): sums of two saturated values never
+overflow, and anything at ``INF`` is forbidden. ``Compact`` is the frozen, 0..n-1 indexed view of
+what is left, with exact (Python int) cost and memory evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoshard.problem import FORBIDDEN, ShardingProblem
+
+INF = FORBIDDEN
+
+
+def sat(a: np.ndarray) -> np.ndarray:
+    """Clip at INF (after adding two values that were each at most INF)."""
+    return np.minimum(a, INF)
+
+
+@dataclass(frozen=True)
+class Record:
+    """Node ``node`` was removed; its original strategy is ``table[i_1, ..., i_k]`` where i_j is the
+    position of scope node j's original strategy in ``snapshots[j]`` (its strategies back then)."""
+
+    node: int
+    scope: tuple[int, ...]
+    snapshots: tuple[np.ndarray, ...]
+    table: np.ndarray
+
+
+@dataclass
+class Segment:
+    """Usage ``usage[s]`` (per local strategy) on compressed time rows [start, stop)."""
+
+    start: int
+    stop: int
+    usage: np.ndarray
+
+
+class Core:
+    """Mutable reduction state over the original node ids (removed nodes have ``costs[v] is None``)."""
+
+    def __init__(self, problem: ShardingProblem) -> None:
+        n = problem.num_nodes
+        self.num_original = n
+        self.costs: list[np.ndarray | None] = [sat(np.asarray(c, dtype=np.int64)) for c in problem.node_costs]
+        self.strategies: list[np.ndarray] = [np.arange(len(c)) for c in problem.node_costs]
+        self.adj: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+        for (u, v), m in zip(problem.edges, problem.edge_costs):
+            self.add_edge(u, v, sat(np.asarray(m, dtype=np.int64)))
+        self.alive: set[int] = set(range(n))
+        self.const = 0
+        self.records: list[Record] = []
+        self.segments: list[list[Segment]] = [[] for _ in range(n)]
+        self.capacity: np.ndarray | None = None
+        self.row_times: np.ndarray | None = None
+
+    @property
+    def has_memory(self) -> bool:
+        """True while a memory constraint is still in play."""
+        return self.capacity is not None and any(self.segments[v] for v in self.alive)
+
+    def k(self, v: int) -> int:
+        """Number of strategies node v still has."""
+        return len(self.costs[v])
+
+    def add_edge(self, u: int, v: int, m: np.ndarray) -> None:
+        """Add cost matrix m (rows: u's strategies) to edge (u, v), merging with a parallel edge."""
+        old = self.adj[u].get(v)
+        if old is not None:
+            m = sat(old + m)
+        self.adj[u][v] = m
+        self.adj[v][u] = m.T
+
+    def remove(self, v: int) -> None:
+        """Drop node v and its edges (after its record has been written)."""
+        for w in self.adj[v]:
+            del self.adj[w][v]
+        self.adj[v] = {}
+        self.alive.discard(v)
+        self.costs[v] = None
+        self.segments[v] = []
+
+    def restrict(self, v: int, keep: np.ndarray) -> None:
+        """Keep only the strategies of v where ``keep`` is True."""
+        self.costs[v] = self.costs[v][keep]
+        self.strategies[v] = self.strategies[v][keep]
+        for w, m in self.adj[v].items():
+            m = m[keep]
+            self.adj[v][w] = m
+            self.adj[w][v] = m.T
+        for seg in self.segments[v]:
+            seg.usage = seg.usage[keep]
+
+    def record(self, v: int, scope: tuple[int, ...], table: np.ndarray) -> None:
+        """Remember that v's local strategy is ``table`` indexed by the scope's local strategies."""
+        snaps = tuple(self.strategies[u] for u in scope)
+        self.records.append(Record(v, scope, snaps, self.strategies[v][table]))
+
+    def expand(self, local: dict[int, int]) -> list[int]:
+        """Original strategy for every original node, from local strategies of the alive nodes."""
+        choice = [-1] * self.num_original
+        for v, s in local.items():
+            choice[v] = int(self.strategies[v][s])
+        for rec in reversed(self.records):
+            idx = tuple(int(np.searchsorted(snap, choice[u])) for u, snap in zip(rec.scope, rec.snapshots))
+            choice[rec.node] = int(rec.table[idx])
+        return choice
+
+    def freeze(self) -> Compact:
+        """The alive part as a Compact (nodes renumbered 0..n-1 in increasing original id)."""
+        nodes = sorted(self.alive)
+        index = {v: i for i, v in enumerate(nodes)}
+        edges = [(index[u], index[v], m) for u in nodes for v, m in self.adj[u].items() if u < v]
+        segments = [[(s.start, s.stop, s.usage) for s in self.segments[v]] for v in nodes]
+        return Compact(
+            nodes=nodes,
+            costs=[self.costs[v] for v in nodes],
+            edges=edges,
+            capacity=None if self.capacity is None else self.capacity.copy(),
+            segments=segments,
+            const=self.const,
+        )
+
+
+@dataclass
+class Compact:
+    """A frozen pairwise problem over nodes 0..n-1 with memory rows; what the core solvers read."""
+
+    nodes: list[int]
+    costs: list[np.ndarray]
+    edges: list[tuple[int, int, np.ndarray]]
+    capacity: np.ndarray | None
+    segments: list[list[tuple[int, int, np.ndarray]]]
+    const: int = 0
+    nbrs: list[list[tuple[int, np.ndarray]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbrs = [[] for _ in self.costs]
+        for u, v, m in self.edges:
+            self.nbrs[u].append((v, m))
+            self.nbrs[v].append((u, m.T))
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.costs)
+
+    @property
+    def has_memory(self) -> bool:
+        """True when some node has usage on a constrained row."""
+        return self.capacity is not None and any(self.segments)
+
+    def cost(self, x: np.ndarray | list[int]) -> int:
+        """Exact total cost (Python int) including the constant of the reductions."""
+        total = self.const + sum(int(c[s]) for c, s in zip(self.costs, x))
+        return total + sum(int(m[x[u], x[v]]) for u, v, m in self.edges)
+
+    def profile(self, x: np.ndarray | list[int]) -> np.ndarray:
+        """Usage on every row (int64) for assignment x."""
+        if self.capacity is None:
+            return np.zeros(0, dtype=np.int64)
+        diff = np.zeros(len(self.capacity) + 1, dtype=np.int64)
+        for segs, s in zip(self.segments, x):
+            for start, stop, usage in segs:
+                diff[start] += usage[s]
+                diff[stop] -= usage[s]
+        return np.cumsum(diff[:-1])
+
+    def overflow(self, x: np.ndarray | list[int]) -> int:
+        """Total usage above capacity over all rows (0 when x fits)."""
+        if self.capacity is None:
+            return 0
+        return int(np.maximum(self.profile(x) - self.capacity, 0).sum())
+
+    def is_feasible(self, x: np.ndarray | list[int]) -> bool:
+        """True when x avoids forbidden costs and fits in memory."""
+        return self.cost(x) < INF and self.overflow(x) == 0

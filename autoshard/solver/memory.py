@@ -1,0 +1,159 @@
+"""The memory constraint on a compressed time axis.
+
+    for every time t:  sum_{i : start_i <= t < end_i} usage_i[s_i] <= limit
+
+Memory in use only rises when an interval starts, so checking at the distinct start times (the
+*rows*) is exact. Each node owns *segments* (row range, usage vector); a row's capacity is the
+limit minus the usage no choice can avoid. ``attach_memory`` builds rows and segments,
+``normalize`` moves each segment's minimum into the capacity (so every segment has a zero
+entry), ``prune_by_slack`` forbids strategies that could never fit, and ``compress_rows`` drops
+rows no assignment can overflow and merges rows that see the same segments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.problem import ShardingProblem
+from autoshard.solver.core import INF, Core, Segment
+
+
+@dataclass(frozen=True)
+class PeakBound:
+    """The smallest achievable peak memory: ``value`` is exact when ``exact``, else a lower bound."""
+
+    value: int
+    exact: bool
+    time: int
+
+
+def attach_memory(core: Core, problem: ShardingProblem) -> None:
+    """Give ``core`` rows (distinct interval starts) and one segment per node with nonzero usage."""
+    if problem.usage_limit is None:
+        return
+    live = [
+        v
+        for v, ((start, end), usage) in enumerate(zip(problem.intervals, problem.node_usages))
+        if start < end and len(usage) and int(usage.max()) > 0
+    ]
+    times = np.unique(np.array([problem.intervals[v][0] for v in live], dtype=np.int64))
+    core.row_times = times
+    core.capacity = np.full(len(times), int(problem.usage_limit), dtype=np.int64)
+    for v in live:
+        start, end = problem.intervals[v]
+        r0, r1 = np.searchsorted(times, [start, end], side="left")
+        core.segments[v].append(Segment(int(r0), int(r1), np.asarray(problem.node_usages[v], dtype=np.int64)))
+    for v in live:
+        normalize(core, v)
+
+
+def normalize(core: Core, v: int, new: list[Segment] | None = None) -> None:
+    """Move each segment's minimum into the capacity and drop all-zero segments.
+
+    With ``new``, only those segments are normalized and appended (v's strategies did not change,
+    so its other segments are still normalized); otherwise all of v's segments are redone and
+    segments over the same rows are summed.
+    """
+    if new is None:
+        merged: dict[tuple[int, int], np.ndarray] = {}
+        for seg in core.segments[v]:
+            key = (seg.start, seg.stop)
+            merged[key] = merged[key] + seg.usage if key in merged else seg.usage
+        core.segments[v] = []
+        new = [Segment(start, stop, usage) for (start, stop), usage in merged.items()]
+    for seg in new:
+        low = int(seg.usage.min())
+        if low:
+            core.capacity[seg.start : seg.stop] -= low
+            seg.usage = seg.usage - low
+        if seg.usage.any():
+            core.segments[v].append(seg)
+
+
+def prune_by_slack(core: Core) -> tuple[set[int], int | None]:
+    """Forbid strategies whose usage alone exceeds a row's capacity.
+
+    Returns the nodes whose strategies changed and, if some node has nothing left (no assignment
+    fits), that node.
+    """
+    changed: set[int] = set()
+    if core.capacity is None:
+        return changed, None
+    for v in list(core.alive):
+        segs = core.segments[v]
+        if not segs:
+            continue
+        keep = np.ones(core.k(v), dtype=bool)
+        for seg in segs:
+            keep &= seg.usage <= int(core.capacity[seg.start : seg.stop].min())
+        if not keep.all():
+            if not keep.any():
+                return changed, v
+            core.restrict(v, keep)
+            normalize(core, v)
+            changed.add(v)
+    return changed, None
+
+
+def capacity_deficit(core: Core) -> bool:
+    """True when some row's capacity is negative: the unavoidable usage alone is over the limit."""
+    return core.capacity is not None and len(core.capacity) > 0 and int(core.capacity.min()) < 0
+
+
+def compress_rows(core: Core) -> None:
+    """Drop rows that no assignment can overflow and merge rows that see the same segments."""
+    if core.capacity is None:
+        return
+    rows = len(core.capacity)
+    if rows == 0:
+        return
+    segs = [(v, seg) for v in core.alive for seg in core.segments[v]]
+    upper = np.zeros(rows + 1, dtype=np.int64)
+    cuts = {0, rows}
+    for _, seg in segs:
+        top = int(seg.usage.max())
+        upper[seg.start] += top
+        upper[seg.stop] -= top
+        cuts.update((seg.start, seg.stop))
+    active = np.cumsum(upper[:-1]) > core.capacity
+    bounds = np.array(sorted(cuts), dtype=np.int64)
+    starts = bounds[:-1]
+    masked = np.where(active, core.capacity, INF)
+    block_cap = np.minimum.reduceat(masked, starts)
+    block_live = np.logical_or.reduceat(active, starts)
+    block_arg = [int(b + np.argmin(masked[b:e])) for b, e in zip(starts, bounds[1:])]
+    new_index = np.concatenate([[0], np.cumsum(block_live)])
+    for v in core.alive:
+        kept = []
+        for seg in core.segments[v]:
+            b0 = int(np.searchsorted(bounds, seg.start))
+            b1 = int(np.searchsorted(bounds, seg.stop))
+            start, stop = int(new_index[b0]), int(new_index[b1])
+            if start < stop:
+                kept.append(Segment(start, stop, seg.usage))
+        core.segments[v] = kept
+    core.capacity = block_cap[block_live].astype(np.int64)
+    core.row_times = core.row_times[[a for a, live in zip(block_arg, block_live) if live]]
+
+
+def smallest_peak(problem: ShardingProblem) -> PeakBound:
+    """The smallest peak any assignment can reach, exactly when per-node minimum usages combine.
+
+    The lower bound is max over times of the sum of each live node's smallest usage among its
+    allowed strategies; it is exact when picking those strategies uses no forbidden edge.
+    """
+    pick = []
+    for cost, usage in zip(problem.node_costs, problem.node_usages):
+        allowed = np.flatnonzero(cost < INF)
+        allowed = allowed if len(allowed) else np.arange(len(cost))
+        low = usage[allowed].min()
+        best = allowed[usage[allowed] == low]
+        pick.append(int(best[np.argmin(cost[best])]))
+    profile = problem.usage_profile(pick)
+    if not profile:
+        return PeakBound(0, True, 0)
+    time = max(profile, key=lambda t: profile[t])
+    exact = problem.evaluate(pick).uses_forbidden is False
+    return PeakBound(int(profile[time]), exact, int(time))

@@ -1,0 +1,242 @@
+"""Exact reductions: shrink a Core without changing its optimum; each one is undone by expand().
+
+Applied to a fixpoint by ``reduce_core`` (``step`` handles one node):
+
+- forbidden strategies: cost INF, or no allowed partner on some edge (arc consistency);
+- dominated strategies: a is dropped when some b is never worse, whatever the neighbours pick,
+  and (memory) b uses no more memory than a in every segment (``prune_dominated``);
+- slack: strategies whose usage alone exceeds a row's capacity (``memory.prune_by_slack``);
+- separable edges m[s,t] = a[s] + b[t] move into the node costs;
+- single-strategy folding: the node's costs and edges fold into its neighbours;
+- functional merging: when every strategy of v allows exactly one strategy of w, w is a function
+  of v and is merged into v (its costs, edges and memory segments move to v: exact with memory);
+- degree 0/1/2 elimination of memory-free nodes with min-plus edge merging (PBQP R0/R1/R2),
+  parallel edges merging in ``Core.add_edge``.
+Nodes that still carry memory segments are never eliminated by min-plus (their choice must stay
+visible to the memory constraint); ``memory.compress_rows`` frees nodes whose rows can never
+overflow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.solver.core import INF, Core, Segment, sat
+from autoshard.solver.memory import compress_rows, normalize, prune_by_slack
+
+MAX_TABLE = 4_000_000
+"""Largest min-plus tensor (k_a * k_v * k_b entries) a degree-2 elimination may build."""
+MAX_DOMINANCE_WORK = 1_000_000
+"""Largest k_v * k_v * k_w comparison a dominance test may build per edge."""
+MAX_DOMINANCE_DEGREE = 30
+"""Dominance is tested on nodes with at most this many edges (keeps int64 sums exact)."""
+_SAFE = 2**62 // (MAX_DOMINANCE_DEGREE + 2)
+
+
+class NoAssignment(Exception):
+    """Some node has no strategy left: the problem has no allowed (and fitting) assignment."""
+
+    def __init__(self, node: int, memory: bool) -> None:
+        super().__init__(node)
+        self.node = node
+        self.memory = memory
+
+
+@dataclass(frozen=True)
+class Size:
+    """Nodes, edges and total strategies of a core."""
+
+    nodes: int
+    edges: int
+    strategies: int
+
+    @staticmethod
+    def of(core: Core) -> Size:
+        """Measure a core."""
+        edges = sum(len(core.adj[v]) for v in core.alive) // 2
+        return Size(len(core.alive), edges, sum(core.k(v) for v in core.alive))
+
+
+def reduce_core(core: Core, deadline: float | None = None) -> Counter:
+    """Apply every reduction until none applies (or the deadline passes); return counts per kind."""
+    counts: Counter = Counter()
+    queue = deque(sorted(core.alive))
+    queued = set(queue)
+
+    def push(nodes) -> None:
+        for w in nodes:
+            if w not in queued and w in core.alive:
+                queued.add(w)
+                queue.append(w)
+
+    while True:
+        while queue:
+            if deadline is not None and time.monotonic() > deadline:
+                return counts
+            v = queue.popleft()
+            queued.discard(v)
+            if v in core.alive:
+                step(core, v, push, counts)
+        changed, empty = prune_by_slack(core)
+        if empty is not None:
+            raise NoAssignment(empty, memory=True)
+        counts["slack"] += len(changed)
+        before = {v for v in core.alive if core.segments[v]}
+        compress_rows(core)
+        freed = {v for v in before if not core.segments[v]}
+        if not changed and not freed:
+            return counts
+        push(changed | freed)
+        push({w for v in changed for w in core.adj[v]})
+
+
+def step(core: Core, v: int, push, counts: Counter) -> None:
+    """Try every reduction on node v; push the nodes whose situation changed."""
+    keep = core.costs[v] < INF
+    for m in core.adj[v].values():
+        keep &= (m < INF).any(axis=1)
+    if not keep.all():
+        if not keep.any():
+            raise NoAssignment(v, memory=False)
+        counts["forbidden"] += int((~keep).sum())
+        core.restrict(v, keep)
+        normalize(core, v)
+        push(core.adj[v])
+    keep = prune_dominated(core, v)
+    if keep is not None:
+        counts["dominated"] += int((~keep).sum())
+        core.restrict(v, keep)
+        normalize(core, v)
+        push(core.adj[v])
+    for w in list(core.adj[v]):
+        m = core.adj[v][w]
+        if _separable(m):
+            core.costs[v] = sat(core.costs[v] + m[:, 0])
+            core.costs[w] = sat(core.costs[w] + (m[0, :] - m[0, 0]))
+            del core.adj[v][w], core.adj[w][v]
+            counts["separable"] += 1
+            push([w])
+    if core.k(v) == 1:
+        fold_single(core, v)
+        counts["fixed"] += 1
+        return
+    for w in list(core.adj[v]):
+        finite = core.adj[v][w] < INF
+        w_follows = bool((finite.sum(axis=1) == 1).all())
+        v_follows = bool((finite.sum(axis=0) == 1).all())
+        if w_follows or v_follows:
+            if v_follows and (not w_follows or len(core.adj[v]) < len(core.adj[w])):
+                v, w = w, v
+            push(core.adj[w])
+            absorb(core, v, w)
+            counts["merged"] += 1
+            push([v])
+            return
+    if core.segments[v]:
+        return
+    degree = len(core.adj[v])
+    if degree == 0:
+        best = int(np.argmin(core.costs[v]))
+        core.const += int(core.costs[v][best])
+        core.record(v, (), np.array(best))
+        core.remove(v)
+        counts["degree0"] += 1
+    elif degree == 1:
+        (u,) = core.adj[v]
+        eliminate_leaf(core, v, u)
+        counts["degree1"] += 1
+        push([u])
+    elif degree == 2:
+        a, b = core.adj[v]
+        if core.k(a) * core.k(v) * core.k(b) <= MAX_TABLE:
+            eliminate_series(core, v, a, b)
+            counts["degree2"] += 1
+            push([a, b])
+
+
+def fold_single(core: Core, v: int) -> None:
+    """v has one strategy: add its cost to the constant and its edge rows to its neighbours."""
+    core.const += int(core.costs[v][0])
+    for w, m in core.adj[v].items():
+        core.costs[w] = sat(core.costs[w] + m[0, :])
+    core.record(v, (), np.array(0))
+    core.remove(v)
+
+
+def absorb(core: Core, v: int, w: int) -> None:
+    """Merge w into v, where f[s] is the only strategy of w allowed with strategy s of v."""
+    m = core.adj[v][w]
+    f = np.argmin(m, axis=1)
+    rows = np.arange(len(f))
+    core.costs[v] = sat(sat(core.costs[v] + m[rows, f]) + core.costs[w][f])
+    core.record(w, (v,), f)
+    for x, n in list(core.adj[w].items()):
+        if x != v:
+            core.add_edge(v, x, n[f, :])
+    moved = [Segment(seg.start, seg.stop, seg.usage[f]) for seg in core.segments[w]]
+    core.remove(w)
+    normalize(core, v, moved)
+
+
+def eliminate_leaf(core: Core, v: int, u: int) -> None:
+    """R1: v hangs off u only: u pays min_t (m[s,t] + c_v[t]) and v follows the argmin."""
+    t = sat(core.adj[u][v] + core.costs[v][None, :])
+    best = np.argmin(t, axis=1)
+    core.costs[u] = sat(core.costs[u] + t[np.arange(len(best)), best])
+    core.record(v, (u,), best)
+    core.remove(v)
+
+
+def eliminate_series(core: Core, v: int, a: int, b: int) -> None:
+    """R2: v sits between a and b: a new edge (a, b) holds min_t (m_av + c_v + m_vb)."""
+    t = sat(core.adj[a][v][:, :, None] + core.costs[v][None, :, None])
+    t = sat(t + core.adj[v][b][None, :, :])
+    best = np.argmin(t, axis=1)
+    merged = np.take_along_axis(t, best[:, None, :], axis=1)[:, 0, :]
+    core.record(v, (a, b), best)
+    core.remove(v)
+    core.add_edge(a, b, merged)
+
+
+def prune_dominated(core: Core, v: int) -> np.ndarray | None:
+    """Mask of v's strategies to keep after dropping dominated ones, or None if none is dominated.
+
+    b dominates a when c[b] - c[a] + sum over edges of max_t (m[b,t] - m[a,t]) <= 0 (the max over
+    the t that a allows; b must allow all of them) and b's usage is <= a's in every segment.
+    """
+    k = core.k(v)
+    if k < 2 or len(core.adj[v]) > MAX_DOMINANCE_DEGREE:
+        return None
+    c = core.costs[v]
+    total = c[None, :] - c[:, None]
+    blocked = np.repeat((c >= INF)[None, :], k, axis=0)
+    for m in core.adj[v].values():
+        if k * k * m.shape[1] > MAX_DOMINANCE_WORK:
+            return None
+        fa = m < INF
+        blocked |= (fa[:, None, :] & ~fa[None, :, :]).any(axis=2)
+        gap = np.where(fa[:, None, :], m[None, :, :] - m[:, None, :], -INF).max(axis=2)
+        blocked |= np.abs(gap) > _SAFE
+        total += gap
+    for seg in core.segments[v]:
+        blocked |= seg.usage[None, :] > seg.usage[:, None]
+    dominated = ~blocked & (total <= 0)
+    np.fill_diagonal(dominated, False)
+    if not dominated.any():
+        return None
+    keep = np.ones(k, dtype=bool)
+    for a in np.flatnonzero(dominated.any(axis=1)):
+        if (dominated[a] & keep).any():
+            keep[a] = False
+    return keep
+
+
+def _separable(m: np.ndarray) -> bool:
+    """True when m[s,t] = a[s] + b[t] exactly (no forbidden entries)."""
+    if (m >= INF).any():
+        return False
+    return bool((m - m[:, :1] - m[:1, :] + m[0, 0] == 0).all())
