@@ -19,6 +19,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 import torch
+# Tensor.backward(grad) imports this (and sympy) lazily, ~1 s of CPU; importing it once here
+# means forked workers inherit it instead of each paying for it on two shared cores.
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 from autoshard.runtime.groups import destroy_gloo, init_gloo
 

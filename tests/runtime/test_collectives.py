@@ -74,7 +74,7 @@ def local_value(full: torch.Tensor, spec: TensorSpec, coords: tuple[int, ...], m
 
 
 def _check_pairs(rank: int, world: int, mesh_shape: tuple[int, ...]) -> tuple[int, list[str]]:
-    """Every spec pair on this mesh: run_steps values and bytes, then reshard's gradient and bytes."""
+    """Every spec pair on this mesh: reshard's value, gradient, and collectives and bytes per pass."""
     mesh = make_mesh(mesh_shape)
     groups = MeshGroups.create(mesh)
     coords = groups.coords
@@ -93,33 +93,28 @@ def _check_pairs(rank: int, world: int, mesh_shape: tuple[int, ...]) -> tuple[in
         steps = reshard_steps(src, dst, SHAPE, ITEMSIZE, mesh_shape)
         x = local_value(full, src, coords, mesh_shape, axes, terms)
 
-        log = CommLog()
-        y = run_steps(x, steps, groups, log)
-        if not torch.equal(y, local_value(full, dst, coords, mesh_shape, axes, terms)):
-            errors.append(f"{name}: run_steps value")
-        if log.total_bytes() != charged_bytes(steps, mesh_shape):
-            errors.append(f"{name}: logged {log.total_bytes()} bytes, plan charged {charged_bytes(steps, mesh_shape)}")
-        if [(r.kind, r.axis) for r in log.records] != [(s.kind, s.axis) for s in steps if s.kind != SLICE]:
-            errors.append(f"{name}: logged collectives differ from the steps")
-
         # Gradient: arrives laid out as dst (partial terms included), leaves as src without partials.
         grad_src = src.without_partial()
         bwd_steps = reshard_steps(dst, grad_src, SHAPE, ITEMSIZE, mesh_shape)
         gfull = torch.randint(-8, 9, SHAPE, generator=gen).float()
         gaxes = sorted(dst.partial)
         gterms = partial_terms(gfull, gaxes, mesh_shape, seed=20_000 + case)
+
         log = CommLog()
-        xg = x.clone().requires_grad_()
-        yg = reshard(xg, steps, bwd_steps, groups, log)
-        yg.backward(local_value(gfull, dst, coords, mesh_shape, gaxes, gterms))
-        if not torch.equal(yg.detach(), y):
-            errors.append(f"{name}: reshard forward differs from run_steps")
-        if not torch.equal(xg.grad, piece(gfull, grad_src, coords, mesh_shape)):
+        x.requires_grad_()
+        y = reshard(x, steps, bwd_steps, groups, log)  # forward is run_steps(x, steps)
+        y.backward(local_value(gfull, dst, coords, mesh_shape, gaxes, gterms))
+        if not torch.equal(y.detach(), local_value(full, dst, coords, mesh_shape, axes, terms)):
+            errors.append(f"{name}: value")
+        if not torch.equal(x.grad, piece(gfull, grad_src, coords, mesh_shape)):
             errors.append(f"{name}: gradient")
-        if log.total_bytes(FORWARD) != charged_bytes(steps, mesh_shape):
-            errors.append(f"{name}: forward bytes")
-        if log.total_bytes(BACKWARD) != charged_bytes(bwd_steps, mesh_shape):
-            errors.append(f"{name}: backward bytes {log.total_bytes(BACKWARD)} != {charged_bytes(bwd_steps, mesh_shape)}")
+        for phase, planned in ((FORWARD, steps), (BACKWARD, bwd_steps)):
+            logged = [(r.kind, r.axis) for r in log.records if r.phase == phase]
+            if logged != [(s.kind, s.axis) for s in planned if s.kind != SLICE]:
+                errors.append(f"{name}: {phase} collectives {logged} differ from the steps")
+            if log.total_bytes(phase) != charged_bytes(planned, mesh_shape):
+                errors.append(f"{name}: {phase} sent {log.total_bytes(phase)} bytes, "
+                              f"plan charged {charged_bytes(planned, mesh_shape)}")
     return checked, errors
 
 
@@ -147,6 +142,10 @@ def _megatron_pair_and_masks(rank: int, world: int) -> dict:
     rep, part = TensorSpec.replicated(2), TensorSpec(((), ()), frozenset({1}))
     all_reduce = reshard_steps(part, rep, shape, ITEMSIZE, mesh.shape)
     out: dict = {}
+
+    x = torch.full(shape, float(rank + 1))
+    y = run_steps(x, all_reduce, groups)  # plain tensors: a new result, the input untouched
+    out["run_steps"] = (y[0, 0].item(), x[0, 0].item(), y.requires_grad)
 
     x = torch.full(shape, float(rank + 1), requires_grad=True)
     log = CommLog()
@@ -182,6 +181,7 @@ def test_megatron_pair_no_grad_and_masks() -> None:
         partner = rank ^ 1  # same axis-0 coordinate, other axis-1 coordinate
         # f: forward identity, backward sums the partial gradient over axis 1 (24 elements x 4 B, n=2).
         assert out["f"] == (True, 10.0 * (rank + 1 + partner + 1), 0, 2 * 1 * 96 // 2)
+        assert out["run_steps"] == (float(rank + 1 + partner + 1), float(rank + 1), False)
         # g: forward sums over axis 1, backward identity.
         assert out["g"] == (float(rank + 1 + partner + 1), 1.0)
         assert out["no_grad"] == (False, True, 1)
