@@ -80,6 +80,10 @@ def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
             if collective:
                 notes.append(f"# {where}: parameter {src_node.qualname} {edge.src_spec.format(1)}->"
                              f"{edge.dst_spec.format(1)} is gathered before use (run by autoshard.run)")
+            grad_collectives = [s.kind for s in edge.grad_steps if s.kind != "slice"]
+            if grad_collectives:
+                notes.append(f"# gradient of {src_node.qualname} needs {' + '.join(grad_collectives)} "
+                             f"(data parallelism: wrap with DDP, or run the JSON plan with autoshard.run)")
             continue
         if dst_module and first_input.get(dst_module) == edge.src and dst_node.kind == NodeKind.OP:
             if collective:
