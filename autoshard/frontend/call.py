@@ -1,0 +1,104 @@
+"""Run one traced node's original call on tensors of our choosing (e.g. local shards).
+
+The tracer records, for every node, a ``NodeCall``: the original target (a torch function,
+Tensor method, ATen overload, or attribute fetch for parameters and buffers) with its arguments,
+where tensor operands are ``Operand`` markers in ``OpNode.inputs`` order and every ATen attribute
+has a known slot. ``node_caller`` replays it with new operands and attributes overridden by ATen
+schema name, which is how the distributed runtime runs an op on local shards (a ``view`` whose
+global ``size`` must become the local one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+from autoshard.frontend.schema import PYTHON_ENUMS, Slot
+from autoshard.graph import NodeKind, OpGraph
+
+NODE_CALLS_KEY = "autoshard.node_calls"
+"""Key of the ``{node name: NodeCall}`` table in ``OpGraph.module.meta``."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Placeholder for the ``index``-th tensor operand (``OpNode.inputs[index]``)."""
+
+    index: int
+
+
+@dataclass
+class NodeCall:
+    """A node's original call with operand placeholders; ``slots`` locate attributes by ATen name.
+
+    A slot is a positional index into ``args`` or a keyword of ``kwargs``; ``method`` calls
+    ``getattr(args[0], target)(*args[1:], **kwargs)``.
+    """
+
+    target: Callable[..., Any] | str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    slots: dict[str, Slot] = field(default_factory=dict)
+    method: bool = False
+
+    def __call__(self, operands: Sequence[Any], overrides: Mapping[str, Any]) -> Any:
+        """Call the target with ``operands`` filled in and ``overrides`` put in their slots."""
+        fill = lambda value: operands[value.index] if isinstance(value, Operand) else value  # noqa: E731
+        args = list(pytree.tree_map(fill, self.args, is_leaf=_is_operand))
+        kwargs = pytree.tree_map(fill, self.kwargs, is_leaf=_is_operand)
+        for name, value in overrides.items():
+            slot = self.slots.get(name)
+            if slot is None:
+                raise KeyError(f"{self.target}: attribute {name!r} cannot be passed (known: {sorted(self.slots)})")
+            if isinstance(slot, int):
+                args[slot] = _python_form(name, args[slot], value)
+            else:
+                kwargs[slot] = _python_form(name, kwargs.get(slot), value)
+        if self.method:
+            return getattr(args[0], self.target)(*args[1:], **kwargs)
+        return self.target(*args, **kwargs)
+
+
+def _is_operand(value: Any) -> bool:
+    return isinstance(value, Operand)
+
+
+def _python_form(name: str, original: Any, value: Any) -> Any:
+    """ATen enum values go back to the string form when the original call used strings."""
+    if isinstance(original, str) and name in PYTHON_ENUMS:
+        by_number = {number: text for text, number in PYTHON_ENUMS[name].items()}
+        return by_number.get(value, value)
+    return value
+
+
+def node_caller(graph: OpGraph, name: str) -> Callable[[Sequence[torch.Tensor], Mapping[str, Any]], Any]:
+    """The callable that runs node ``name``: ``caller(operands, overrides)``.
+
+    ``operands`` follow ``OpNode.inputs``; ``overrides`` replace attributes by ATen schema name.
+    Parameter and buffer nodes take no operands and return the traced module's live tensor.
+    """
+    calls: dict[str, NodeCall] = graph.module.meta[NODE_CALLS_KEY]
+    if name not in calls:
+        raise KeyError(f"node {name!r} is not callable (kind {graph[name].kind.value}): only ops, params, buffers")
+    return calls[name]
+
+
+def run_graph(graph: OpGraph, inputs: Sequence[torch.Tensor]) -> list[Any]:
+    """Interpret the whole graph node by node with ``node_caller``; returns the flattened outputs.
+
+    The single-device reference for the runtime: it must equal the model's own output leaves.
+    """
+    values: dict[str, Any] = {}
+    user_inputs = iter(inputs)
+    outputs: list[Any] = []
+    for node in graph:
+        if node.kind is NodeKind.INPUT:
+            values[node.name] = next(user_inputs)
+        elif node.kind is NodeKind.OUTPUT:
+            outputs = [values[source] for source in node.inputs]
+        else:
+            values[node.name] = node_caller(graph, node.name)([values[source] for source in node.inputs], {})
+    return outputs

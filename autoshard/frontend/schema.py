@@ -1,0 +1,336 @@
+"""Name a traced call's arguments by its ATen schema, whichever frontend recorded the call.
+
+torch.export records calls to ATen overloads, whose arguments already follow a schema. torch.fx
+records Python-level calls (``F.linear``, ``operator.add``, ``x.view(2, 8, 64)``,
+``F.embedding(input, weight)``) whose names, positions and value forms differ from ATen's.
+``bind_call`` maps both to a ``BoundCall``: the ATen packet name, each schema argument's value
+(defaults filled in) and where that argument sits in the original call, so the original call can
+be replayed later with some arguments replaced (``autoshard.frontend.call``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch._jit_internal import boolean_dispatched
+from torch.fx.operator_schemas import get_signature_for_torch_op
+
+Slot = int | str | None
+"""Where an argument sits in the original call: positional index, keyword name, or None when the
+original callable cannot take it (e.g. ``alpha`` of ``operator.add``)."""
+
+# Python functions whose ATen packet has another name, or whose parameters are named differently.
+# The fallback rule (packet = function name, "input" -> "self") covers everything else.
+_FUNCTION_PACKETS: dict[Callable[..., Any], tuple[str, dict[str, str]]] = {
+    F.embedding: ("embedding", {"input": "indices"}),
+    F.cross_entropy: ("cross_entropy_loss", {}),
+    F.nll_loss: ("nll_loss_nd", {}),
+    F.dropout: ("dropout", {"training": "train"}),
+}
+
+# Python operators -> ATen packets (the names torch.export records for the same expressions).
+_OPERATOR_PACKETS: dict[Callable[..., Any], str] = {
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "div",
+    operator.floordiv: "floor_divide",
+    operator.mod: "remainder",
+    operator.pow: "pow",
+    operator.matmul: "matmul",
+    operator.neg: "neg",
+    operator.invert: "bitwise_not",
+    operator.and_: "__and__",
+    operator.or_: "__or__",
+    operator.xor: "__xor__",
+    operator.eq: "eq",
+    operator.ne: "ne",
+    operator.lt: "lt",
+    operator.le: "le",
+    operator.gt: "gt",
+    operator.ge: "ge",
+}
+_COMMUTATIVE = {"add", "mul", "__and__", "__or__", "__xor__", "eq", "ne"}
+
+# Kernel-selection flags: they never change the result, Python wrappers do not pass them (so they
+# would be required and unbound), and torch.export records whatever the backend said. Not attributes.
+_BACKEND_FLAGS = {"cudnn_enable", "cudnn_enabled"}
+
+# Python string forms of ATen enum arguments (F.cross_entropy(reduction="mean") -> reduction=1).
+PYTHON_ENUMS: dict[str, dict[str, int]] = {"reduction": {"none": 0, "mean": 1, "sum": 2}}
+
+
+@dataclass
+class BoundCall:
+    """A call named by ATen schema.
+
+    ``values`` holds every schema argument in schema order (defaults filled in), ``slots`` where
+    each sits in ``args``/``kwargs`` (the original call, with ``x.view(2, 8)``'s varargs packed
+    into one list), ``optional_tensor_lists`` the ``Tensor?[]`` arguments (``index``'s indices).
+    """
+
+    op: str
+    values: dict[str, Any]
+    slots: dict[str, Slot]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    optional_tensor_lists: frozenset[str]
+
+
+def _packet_of(target: Callable[..., Any]) -> str | None:
+    """The ATen packet name a torch.fx call_function target stands for, if it has one."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::", 1)[1]
+    if target in _OPERATOR_PACKETS:
+        return _OPERATOR_PACKETS[target]
+    if target in _FUNCTION_PACKETS:
+        return _FUNCTION_PACKETS[target][0]
+    if target in boolean_dispatched:
+        return None  # resolved per call from the dispatch flag
+    name = getattr(target, "__name__", None)
+    return name if name and hasattr(torch.ops.aten, name) else None
+
+
+def bind_call(
+    kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool]
+) -> BoundCall | None:
+    """Name a call_function/call_method's arguments by the ATen overload it matches, or None.
+
+    ``is_tensor`` says whether an argument value (an fx Node or a constant) carries a tensor.
+    """
+    if kind == "call_method":
+        # in-place methods (x.mul_(2)) compute what their functional op does: name them by it
+        packet = target[:-1] if target.endswith("_") and not target.startswith("_") else target
+        return _bind_positional(packet, args, kwargs, is_tensor, keywords=True, method=True)
+    if isinstance(target, torch._ops.OpOverload):
+        named = _schema_slots(target._schema, args, kwargs, keywords=True)
+        return None if named is None else _bind_schema(target._schema, named, args, kwargs, is_tensor)
+    if target in _OPERATOR_PACKETS:
+        return _bind_operator(_OPERATOR_PACKETS[target], args, is_tensor)
+    if target in boolean_dispatched:
+        return _bind_boolean_dispatch(target, args, kwargs, is_tensor)
+    if target in _FUNCTION_PACKETS:
+        packet, renames = _FUNCTION_PACKETS[target]
+        return _bind_python_function(target, packet, renames, args, kwargs, is_tensor)
+    signatures, schemas = get_signature_for_torch_op(target, return_schemas=True)
+    if signatures is not None:
+        for signature, schema in zip(signatures, schemas):
+            named = _signature_slots(signature, schema, {}, args, kwargs)
+            bound = None if named is None else _bind_schema(schema, named, args, kwargs, is_tensor)
+            if bound is not None:
+                return bound
+        return None
+    packet = _packet_of(target)
+    if packet is None or not getattr(target, "__module__", "").startswith("torch"):
+        return None  # only torch's own Python functions are trusted to mean the ATen op of their name
+    return _bind_python_function(target, packet, {}, args, kwargs, is_tensor)
+
+
+def _overload_schemas(packet: str) -> Iterable[torch._C.FunctionSchema]:
+    """Functional (non-out, non-in-place) schemas of an ATen packet."""
+    ops = getattr(torch.ops.aten, packet, None)
+    if ops is None:
+        return []
+    schemas = (getattr(ops, name)._schema for name in ops.overloads())
+    return [s for s in schemas if not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)]
+
+
+def _bind_positional(
+    packet: str, args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool],
+    keywords: bool, method: bool,
+) -> BoundCall | None:
+    """Tensor methods (``x.view(2, 8, 64)``) and operators: positions follow the schema order."""
+    for schema in _overload_schemas(packet):
+        call_args = args
+        if method:
+            call_args = _pack_varargs(schema, args)
+        named = _schema_slots(schema, call_args, kwargs, keywords)
+        bound = None if named is None else _bind_schema(schema, named, call_args, kwargs, is_tensor)
+        if bound is not None:
+            return bound
+    return None
+
+
+def _pack_varargs(schema: torch._C.FunctionSchema, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``x.view(2, 8, 64)`` passes an int list as varargs; name it as the one list it stands for."""
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) < 2 or len(positional) < 2:
+        return args
+    first = positional[1].real_type
+    if first.kind() == "ListType" and not isinstance(args[1], (list, tuple, torch.Size)):
+        return (args[0], list(args[1:]))
+    return args
+
+
+def _bind_operator(packet: str, args: tuple[Any, ...], is_tensor: Callable[[Any], bool]) -> BoundCall | None:
+    """``a + b`` and friends; a scalar on the left (``2 * x``) swaps for commutative ops."""
+    if len(args) == 2 and not is_tensor(args[0]) and is_tensor(args[1]):
+        if packet == "sub":
+            packet = "rsub"
+        elif packet not in _COMMUTATIVE:
+            return None
+        for schema in _overload_schemas(packet):
+            names = [a.name for a in schema.arguments]
+            bound = _bind_schema(schema, {names[0]: (1, args[1]), names[1]: (0, args[0])}, args, {}, is_tensor)
+            if bound is not None:
+                return bound
+        return None
+    return _bind_positional(packet, args, {}, is_tensor, keywords=False, method=False)
+
+
+def _bind_boolean_dispatch(
+    target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool]
+) -> BoundCall | None:
+    """``F.max_pool2d`` picks ``max_pool2d`` or ``max_pool2d_with_indices`` from a flag argument."""
+    dispatch = boolean_dispatched[target]
+    index, flag_name = dispatch["index"], dispatch["arg_name"]
+    flag = args[index] if len(args) > index else kwargs.get(flag_name, dispatch["default"])
+    chosen = dispatch["if_true"] if flag else dispatch["if_false"]
+    return _bind_python_function(chosen, chosen.__name__.lstrip("_"), {}, args, kwargs, is_tensor)
+
+
+def _bind_python_function(
+    function: Callable[..., Any], packet: str, renames: dict[str, str],
+    args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool],
+) -> BoundCall | None:
+    """Python-level functions (``F.softmax``): bind by their signature, then rename to ATen."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    for schema in _overload_schemas(packet):
+        named = _signature_slots(signature, schema, renames, args, kwargs)
+        bound = None if named is None else _bind_schema(schema, named, args, kwargs, is_tensor)
+        if bound is not None:
+            return bound
+    return None
+
+
+def _schema_slots(
+    schema: torch._C.FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any], keywords: bool
+) -> dict[str, tuple[Slot, Any]] | None:
+    """Arguments named by schema position and keyword (ATen overloads, Tensor methods, operators)."""
+    positional = [a.name for a in schema.arguments if not a.kwarg_only]
+    names = {a.name for a in schema.arguments}
+    if len(args) > len(positional) or not set(kwargs) <= names:
+        return None
+    named: dict[str, tuple[Slot, Any]] = {name: (i, value) for i, (name, value) in enumerate(zip(positional, args))}
+    named.update({name: (name, value) for name, value in kwargs.items()})
+    if keywords:
+        named.update({name: (name, _MISSING) for name in names if name not in named})
+    return named
+
+
+def _signature_slots(
+    signature: inspect.Signature, schema: torch._C.FunctionSchema, renames: dict[str, str],
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> dict[str, tuple[Slot, Any]] | None:
+    """Arguments bound by a Python signature and renamed to the schema's names."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    schema_names = {a.name for a in schema.arguments}
+    named: dict[str, tuple[Slot, Any]] = {}
+    for position, (name, parameter) in enumerate(signature.parameters.items()):
+        aten_name = renames.get(name, name)
+        if aten_name == "input" and aten_name not in schema_names:
+            aten_name = "self"
+        if aten_name not in schema_names or parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            continue
+        keyword_ok = parameter.kind is not inspect.Parameter.POSITIONAL_ONLY
+        if name not in bound.arguments:
+            named[aten_name] = (name if keyword_ok else None, _MISSING)
+        elif name in kwargs:
+            named[aten_name] = (name, kwargs[name])
+        else:
+            named[aten_name] = (position, bound.arguments[name])
+    return named
+
+
+class _Missing:
+    """Marks a schema argument the original call did not pass."""
+
+
+_MISSING = _Missing()
+
+
+def _bind_schema(
+    schema: torch._C.FunctionSchema, named: dict[str, tuple[Slot, Any]],
+    args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool],
+) -> BoundCall | None:
+    """Check ``named`` against one schema; fill defaults. None when it does not fit."""
+    values: dict[str, Any] = {}
+    slots: dict[str, Slot] = {}
+    optional_lists = set()
+    if not set(named) <= {a.name for a in schema.arguments}:
+        return None
+    for argument in schema.arguments:
+        if argument.name in _BACKEND_FLAGS:
+            continue
+        slot, value = named.get(argument.name, (None, _MISSING))
+        kind = argument.real_type.kind()
+        if value is None and kind != "OptionalType" and argument.has_default_value():
+            value = _MISSING  # Python-level None meaning "the default"
+        if value is _MISSING:
+            if not argument.has_default_value():
+                return None
+            value = argument.default_value
+        else:
+            if isinstance(value, str) and argument.name in PYTHON_ENUMS:
+                value = PYTHON_ENUMS[argument.name].get(value, value)
+            if not _fits(argument.real_type, value, argument.N, is_tensor):
+                return None
+        if kind == "ListType" and argument.real_type.getElementType().kind() == "OptionalType":
+            if _holds_tensor_type(argument.real_type):
+                optional_lists.add(argument.name)
+        if argument.N is not None and isinstance(value, int) and not isinstance(value, bool):
+            value = [value] * argument.N
+        values[argument.name], slots[argument.name] = value, slot
+    return BoundCall(
+        op=schema.name.split("::", 1)[1], values=values, slots=slots,
+        args=args, kwargs=kwargs, optional_tensor_lists=frozenset(optional_lists),
+    )
+
+
+def _holds_tensor_type(schema_type: Any) -> bool:
+    """True for Tensor, Tensor?, Tensor[] and Tensor?[] schema types."""
+    kind = schema_type.kind()
+    if kind in ("OptionalType", "ListType"):
+        return _holds_tensor_type(schema_type.getElementType())
+    return kind == "TensorType"
+
+
+def _fits(schema_type: Any, value: Any, length: int | None, is_tensor: Callable[[Any], bool]) -> bool:
+    """Whether a value can be passed for an argument of this schema type (Python arg-parser rules)."""
+    kind = schema_type.kind()
+    if kind == "OptionalType":
+        return value is None or _fits(schema_type.getElementType(), value, length, is_tensor)
+    if kind == "ListType":
+        element = schema_type.getElementType()
+        if isinstance(value, (list, tuple, torch.Size)):
+            return all(_fits(element, item, None, is_tensor) for item in value)
+        return length is not None and _fits(element, value, None, is_tensor)
+    if is_tensor(value):
+        return kind == "TensorType"
+    checks: dict[str, Callable[[Any], bool]] = {
+        "TensorType": lambda v: isinstance(v, (int, float, bool)),  # scalars promote (add.Tensor(x, 2))
+        "IntType": lambda v: isinstance(v, int),
+        "SymIntType": lambda v: isinstance(v, int),
+        "FloatType": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "ComplexType": lambda v: isinstance(v, (int, float, complex)) and not isinstance(v, bool),
+        "NumberType": lambda v: isinstance(v, (int, float, complex)),
+        "BoolType": lambda v: isinstance(v, bool),
+        "StringType": lambda v: isinstance(v, str),
+        "DeviceObjType": lambda v: isinstance(v, (str, torch.device)),
+        "ScalarTypeType": lambda v: isinstance(v, torch.dtype),
+        "LayoutType": lambda v: isinstance(v, torch.layout),
+        "MemoryFormatType": lambda v: isinstance(v, torch.memory_format),
+    }
+    check = checks.get(kind)
+    return check(value) if check is not None else True
