@@ -1,0 +1,236 @@
+"""Trace a PyTorch model into an OpGraph with torch.fx or torch.export.
+
+- ``fx``: ``torch.fx`` symbolic tracing through every module (no leaf modules, so ``nn.Linear``
+  becomes ``F.linear`` on ``get_attr`` weight and bias), then shapes from a fake-tensor run.
+  Keeps the user's Python-level ops; fails on models with data-dependent Python control flow,
+  such as Hugging Face transformers.
+- ``export``: ``torch.export.export(strict=False)``, whose ATen graph already carries shapes.
+  Higher-order ops that only set a context (``wrap_with_set_grad_enabled`` around LLaMA's rotary
+  embedding, ``wrap_with_autocast``) are inlined here: their body's ATen ops become ordinary
+  nodes (outputs of a grad-disabled body do not require grad). ``ep.run_decompositions({})``
+  would inline them too, but it also rewrites ``dropout``/``contiguous`` into ``clone`` and
+  ``reshape`` into ``view``/``_unsafe_view`` and doubles the tracing time.
+- ``auto``: fx, falling back to export when fx fails.
+
+Both trace the model in eval mode (the user's train/eval flags are restored afterwards) and
+normalise to the same vocabulary (see ``autoshard.graph``), so a model traced both ways gives the
+same ops. ``OpGraph.module`` is an executable GraphModule (``module(*example_inputs)`` runs the
+model) whose ``meta`` holds each node's replayable call for ``autoshard.frontend.call``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any, Iterator
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.export.graph_signature import InputKind, OutputKind
+
+from autoshard.errors import AutoshardError
+from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
+from autoshard.frontend.convert import GraphConverter
+from autoshard.graph import OpGraph
+
+FRONTENDS = ("auto", "fx", "export")
+_SET_GRAD_ENABLED = torch.ops.higher_order.wrap_with_set_grad_enabled
+_AUTOCAST = torch.ops.higher_order.wrap_with_autocast
+
+
+def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], frontend: str = "auto") -> OpGraph:
+    """Trace ``model(*example_inputs)`` into an OpGraph with the chosen frontend.
+
+    ``auto`` tries fx and falls back to export; the frontend used is ``OpGraph.frontend``.
+    """
+    if frontend not in FRONTENDS:
+        raise AutoshardError(f"unknown frontend {frontend!r}; use one of {', '.join(FRONTENDS)}")
+    name = type(model).__name__
+    with _eval_mode(model):
+        if frontend == "fx":
+            try:
+                return trace_fx(model, example_inputs)
+            except Exception as error:
+                raise AutoshardError(f"torch.fx cannot trace {name}: {_first_line(error)}; "
+                                     "try --frontend export") from error
+        if frontend == "export":
+            try:
+                return trace_export(model, example_inputs)
+            except Exception as error:
+                raise AutoshardError(f"torch.export cannot trace {name}: {_first_line(error)}; "
+                                     "make forward traceable (no data-dependent Python control flow)") from error
+        try:
+            return trace_fx(model, example_inputs)
+        except Exception as fx_error:
+            try:
+                return trace_export(model, example_inputs)
+            except Exception as export_error:
+                raise AutoshardError(
+                    f"cannot trace {name}: torch.fx failed ({_first_line(fx_error)}) and torch.export failed "
+                    f"({_first_line(export_error)}); make forward traceable (tensor-only inputs and outputs, "
+                    "no data-dependent Python control flow) or pass inputs that match forward's signature"
+                ) from export_error
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Trace in eval mode (dropout off, no buffer updates), then restore every module's flag."""
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in flags.items():
+            module.training = training
+
+
+class _ThroughAllModules(torch.fx.Tracer):
+    """Symbolic tracer that records the ops inside every module instead of calling it a leaf."""
+
+    def is_leaf_module(self, module: torch.nn.Module, qualname: str) -> bool:
+        return False
+
+
+class _FakePropagation(torch.fx.Interpreter):
+    """Runs a GraphModule on fake tensors, recording each node's result in ``meta["val"]``."""
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        result = super().run_node(node)
+        node.meta["val"] = result
+        return result
+
+
+def trace_fx(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> OpGraph:
+    """torch.fx symbolic trace through all modules plus fake-tensor shape propagation."""
+    tracer = _ThroughAllModules()
+    graph = tracer.trace(model)
+    module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        _FakePropagation(module).run(*(fake_mode.from_tensor(t) for t in example_inputs))
+    parameters = {name for name, _ in module.named_parameters()}
+    converter = GraphConverter()
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            converter.add_input(node, node.target)
+        elif node.op == "get_attr":
+            fetch = NodeCall(operator.attrgetter(node.target), (module,))
+            converter.add_state(node, node.target, node.target in parameters, fetch)
+        elif node.op in ("call_function", "call_method"):
+            converter.add_call(node)
+        elif node.op == "output":
+            converter.add_output(node.args)
+        else:
+            raise ValueError(f"unexpected fx node {node.format_node()}")
+    return _graph(converter, "fx", module)
+
+
+def trace_export(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> OpGraph:
+    """torch.export (non-strict) with context-only higher-order ops inlined."""
+    program = torch.export.export(model, tuple(example_inputs), strict=False)
+    signature = program.graph_signature
+    input_specs = {spec.arg.name: spec for spec in signature.input_specs}
+    converter = GraphConverter()
+    inliner = _HigherOrderInliner(converter, program.graph_module)
+    first_use: dict[int, torch.fx.Node] = {}  # tied weights are lifted once per name: keep one node
+    for node in program.graph.nodes:
+        spec = input_specs.get(node.name)
+        if spec is not None and spec.kind is InputKind.PARAMETER:
+            first = first_use.setdefault(id(model.get_parameter(spec.target)), node)
+            if first is not node:
+                converter.alias(node, first)
+                continue
+        if node.op == "placeholder":
+            _add_export_input(converter, node, spec, model, program)
+        elif node.op == "get_attr":
+            converter.constant[node] = operator.attrgetter(node.target)(program.graph_module)
+        elif node.op == "call_function" and inliner.handles(node):
+            inliner.inline(node)
+        elif node.op == "call_function":
+            converter.add_call(node)
+        elif node.op == "output":
+            user_outputs = [result for result, spec in zip(node.args[0], signature.output_specs)
+                            if spec.kind is OutputKind.USER_OUTPUT]
+            converter.add_output(user_outputs)
+        else:
+            raise ValueError(f"unexpected exported node {node.format_node()}")
+    return _graph(converter, "export", program.module())
+
+
+def _add_export_input(
+    converter: GraphConverter, node: torch.fx.Node, spec: Any, model: torch.nn.Module,
+    program: torch.export.ExportedProgram,
+) -> None:
+    """Classify an exported placeholder: user input, parameter, buffer or lifted constant."""
+    if spec.kind is InputKind.USER_INPUT:
+        converter.add_input(node, node.name)
+    elif spec.kind is InputKind.PARAMETER:
+        converter.add_state(node, spec.target, True, NodeCall(operator.attrgetter(spec.target), (model,)))
+    elif spec.kind is InputKind.BUFFER:
+        converter.add_state(node, spec.target, False, NodeCall(operator.attrgetter(spec.target), (model,)))
+    elif spec.kind is InputKind.CONSTANT_TENSOR:
+        fetch = NodeCall(operator.getitem, (program.constants, spec.target))
+        converter.add_state(node, spec.target, False, fetch)
+    else:
+        raise ValueError(f"unsupported exported input {node.name} of kind {spec.kind.name}")
+
+
+class _HigherOrderInliner:
+    """Inlines ``wrap_with_set_grad_enabled``/``wrap_with_autocast`` bodies into the graph."""
+
+    def __init__(self, converter: GraphConverter, root: torch.fx.GraphModule) -> None:
+        self.converter = converter
+        self.root = root
+        self.results: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+        # getitems on an inlined op vanish, so their names are free for the body's nodes
+        hop_users = {user for node in root.graph.nodes if _is_context_only(node) for user in node.users}
+        self.taken = {node.name for node in root.graph.nodes if node not in hop_users}
+
+    def handles(self, node: torch.fx.Node) -> bool:
+        """A context-only higher-order op, or a getitem on one's results."""
+        if node.target is operator.getitem:
+            return node.args[0] in self.results
+        return _is_context_only(node)
+
+    def inline(self, node: torch.fx.Node) -> None:
+        """Add the body's nodes in place of the call; getitems on it alias the body's results."""
+        if node.target is operator.getitem:
+            self.converter.alias(node, self.results[node.args[0]][node.args[1]])
+            return
+        body_index = next(i for i, arg in enumerate(node.args)
+                          if isinstance(arg, torch.fx.Node) and arg.op == "get_attr")
+        body = operator.attrgetter(node.args[body_index].target)(self.root)
+        grad_enabled = bool(node.args[0]) if node.target is _SET_GRAD_ENABLED else True
+        operands = iter(node.args[body_index + 1:])
+        for inner in body.graph.nodes:
+            if inner.op == "placeholder":
+                self.converter.alias(inner, next(operands))
+            elif inner.op == "call_function":
+                self.converter.add_call(inner, self._fresh_name(node.name, inner.name), grad_enabled)
+            elif inner.op == "output":
+                self.results[node] = list(inner.args[0])
+            else:
+                raise ValueError(f"cannot inline {inner.format_node()} from {node.name}")
+
+    def _fresh_name(self, prefix: str, name: str) -> str:
+        candidate, counter = name, 0
+        while candidate in self.taken:
+            counter += 1
+            candidate = f"{prefix}_{name}" if counter == 1 else f"{prefix}_{name}_{counter}"
+        self.taken.add(candidate)
+        return candidate
+
+
+def _is_context_only(node: torch.fx.Node) -> bool:
+    """Higher-order ops that only run their body under a context (grad mode, autocast)."""
+    return node.op == "call_function" and node.target in (_SET_GRAD_ENABLED, _AUTOCAST)
+
+
+def _graph(converter: GraphConverter, frontend: str, module: torch.fx.GraphModule) -> OpGraph:
+    module.meta[NODE_CALLS_KEY] = converter.calls
+    return OpGraph(nodes=converter.nodes, frontend=frontend, module=module)
