@@ -131,6 +131,8 @@ class _Builder:
         self.rules = load_rules()
         self.allowed = (lambda d, r: d >= r - 2) if options.slapo_space else None
         self.reshard_cache: dict[tuple, int] = {}
+        self.candidate_cache: dict[object, Candidate] = {}
+        self.matrix_cache: dict[tuple, np.ndarray] = {}
         self.unsupported: Counter[str] = Counter()
         self.training = options.mode == "training"
         # In training a parameter's value is counted in the layout its first consumer reads it in
@@ -152,7 +154,21 @@ class _Builder:
         return self.reshard_cache[key]
 
     def candidate(self, node: OpNode) -> Candidate:
-        """Strategies, costs and memory of one graph node."""
+        """Strategies, costs and memory of one graph node; identical nodes (repeated layers) share them."""
+        operands = tuple(_operand_meta(self.graph, node, s) for s in node.inputs)
+        owned = tuple(k for k, src in enumerate(node.inputs) if self.value_owner.get(src) == node.name)
+        key = (node.kind, node.op, node.out, operands, repr(sorted(node.attrs.items())), node.requires_grad,
+               owned, node.name in self.value_owner)
+        if node.kind == NodeKind.OUTPUT or node.op is None and node.kind == NodeKind.OP:
+            key = node.name  # outputs and unknown ops are not shared (their warnings name them)
+        if key not in self.candidate_cache:
+            self.candidate_cache[key] = self._candidate(node)
+        found = self.candidate_cache[key]
+        if node.kind == NodeKind.OP and found.instance is None:
+            self.unsupported[node.op or node.target] += 1
+        return Candidate(node, found.strategies, found.costs, found.usages, found.instance)
+
+    def _candidate(self, node: OpNode) -> Candidate:
         metas = _out_metas(node)
         if node.kind == NodeKind.OUTPUT:
             return self.output_candidate(node)
@@ -179,7 +195,6 @@ class _Builder:
             except RuleError:
                 instance, options = None, []
         if not options:
-            self.unsupported[node.op or node.target] += 1
             options = [replicated_strategy(operands, len(out_shape))]
         flops = instance.flops if instance is not None else sum(m.numel for m in metas)
         aliasing = rule is not None and rule.kind in ALIASING_KINDS
@@ -231,7 +246,15 @@ class _Builder:
             cand.usages = [cand.usages[i] for i in keep]
 
     def edge_matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
-        """Cost of every (producer strategy, consumer strategy) pair on one edge."""
+        """Cost of every (producer strategy, consumer strategy) pair on one edge (shared across layers)."""
+        key = (id(src.strategies), id(dst.strategies), operand, meta, backward)
+        if key not in self.matrix_cache:
+            matrix = self._edge_matrix(src, dst, operand, meta, backward)
+            matrix.flags.writeable = False  # shared by every identical edge: nobody may edit it in place
+            self.matrix_cache[key] = matrix
+        return self.matrix_cache[key]
+
+    def _edge_matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
         outs = sorted({s.out_spec for s in src.strategies})
         ins = sorted({s.in_specs[operand] for s in dst.strategies})
         fwd = np.array([[self.reshard_ticks(a, b, meta) for b in ins] for a in outs], dtype=np.int64)
