@@ -35,7 +35,8 @@ class NodeCall:
     """A node's original call with operand placeholders; ``slots`` locate attributes by ATen name.
 
     A slot is a positional index into ``args`` or a keyword of ``kwargs``; ``method`` calls
-    ``getattr(args[0], target)(*args[1:], **kwargs)``.
+    ``getattr(args[0], target)(*args[1:], **kwargs)``; ``grad_enabled=False`` replays a call that
+    was traced under ``torch.no_grad`` the same way.
     """
 
     target: Callable[..., Any] | str
@@ -43,6 +44,7 @@ class NodeCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     slots: dict[str, Slot] = field(default_factory=dict)
     method: bool = False
+    grad_enabled: bool = True
 
     def __call__(self, operands: Sequence[Any], overrides: Mapping[str, Any]) -> Any:
         """Call the target with ``operands`` filled in and ``overrides`` put in their slots."""
@@ -57,9 +59,10 @@ class NodeCall:
                 args[slot] = _python_form(name, args[slot], value)
             else:
                 kwargs[slot] = _python_form(name, kwargs.get(slot), value)
-        if self.method:
-            return getattr(args[0], self.target)(*args[1:], **kwargs)
-        return self.target(*args, **kwargs)
+        with torch.set_grad_enabled(self.grad_enabled and torch.is_grad_enabled()):
+            if self.method:
+                return getattr(args[0], self.target)(*args[1:], **kwargs)
+            return self.target(*args, **kwargs)
 
 
 def _is_operand(value: Any) -> bool:

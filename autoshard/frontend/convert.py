@@ -8,6 +8,7 @@ not graph nodes: their values fold into the attributes of the nodes that use the
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import torch
@@ -115,7 +116,7 @@ class GraphConverter:
         requires_grad = grad_enabled and _any_float(out) and any(self.nodes[i].requires_grad for i in inputs)
         self._add(node, OpNode(name, NodeKind.OP, _target_name(node), op=op, inputs=tuple(inputs), attrs=attrs,
                                out=out, module=module, requires_grad=requires_grad))
-        self.calls[name] = call
+        self.calls[name] = call if grad_enabled else replace(call, grad_enabled=False)
 
     def add_output(self, results: Iterable[Any]) -> None:
         """The graph output: every tensor it returns, flattened."""
@@ -125,11 +126,13 @@ class GraphConverter:
         self.nodes["output"] = OpNode("output", NodeKind.OUTPUT, "output", inputs=tuple(sources), out=out)
 
     def alias(self, node: torch.fx.Node, source: torch.fx.Node) -> None:
-        """Make ``node`` stand for ``source`` (inlined higher-order op inputs and outputs)."""
-        if source in self.producer:
+        """Make ``node`` stand for ``source``: a tied weight, or a higher-order op's inputs and outputs."""
+        if not isinstance(source, torch.fx.Node):
+            self.constant[node] = source
+        elif source in self.producer:
             self.producer[node] = self.producer[source]
         else:
-            self.constant[node] = self.constant.get(source, source.meta.get("val"))
+            self.constant[node] = self.constant[source]
 
     def _add(self, node: torch.fx.Node, op_node: OpNode) -> None:
         if op_node.name in self.nodes:
@@ -146,7 +149,8 @@ class GraphConverter:
         operands: list[str] = []
         marker = self._marker(operands)
         method = node.op == "call_method"
-        if node.target is operator.getitem and self._is_tensor(args[0]) and isinstance(args[0].meta.get("val"), (tuple, list)):
+        if node.target is operator.getitem and self._is_tensor(args[0]) and not isinstance(
+                args[0].meta.get("val"), torch.Tensor):  # an element of a multi-output op's result
             call = NodeCall(operator.getitem, (marker(args[0]), args[1]), slots={"index": 1})
             return "getitem", operands, {"index": args[1]}, call
         bound = bind_call(node.op, node.target, args, kwargs, self._is_tensor)

@@ -26,7 +26,8 @@ import torch
 
 from autoshard.errors import AutoshardError
 
-CONVENTION = "define `model` (an nn.Module) and `example_inputs` (a tensor or tuple of tensors), or `build()` returning both"
+_CONVENTION = ("define `model` (an nn.Module) and `example_inputs` (a tensor or tuple of tensors), "
+              "or `build()` returning both")
 _SHORT_CONVENTION = "defines `model` and `example_inputs` (or `build()`)"
 
 
@@ -43,7 +44,8 @@ def load_model(path: str) -> LoadedModel:
     """Run the model file at ``path`` and return its model and example inputs (see module doc)."""
     file = Path(path)
     if not file.exists():
-        raise AutoshardError(f"model file {path} does not exist; pass the path of a .py file that {_SHORT_CONVENTION}")
+        raise AutoshardError(f"model file {path} does not exist; "
+                             f"pass the path of a .py file that {_SHORT_CONVENTION}")
     if not file.is_file() or file.suffix != ".py":
         raise AutoshardError(f"model file {path} is not a .py file; pass a Python file that {_SHORT_CONVENTION}")
     module = _run_file(file)
@@ -55,7 +57,7 @@ def load_model(path: str) -> LoadedModel:
                                  "(a tensor or tuple of tensors passed as model(*example_inputs))")
         model, example_inputs = module.model, module.example_inputs
     else:
-        raise AutoshardError(f"{path} defines neither `model` nor `build()`; {CONVENTION}")
+        raise AutoshardError(f"{path} defines neither `model` nor `build()`; {_CONVENTION}")
     if not isinstance(model, torch.nn.Module):
         raise AutoshardError(f"{path}: `model` is a {type(model).__name__}, not a torch.nn.Module; "
                              "assign the module instance (e.g. model = MyNet()), not its class or output")
@@ -76,7 +78,7 @@ def _run_file(file: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as error:
         line = _line_in(file, error)
-        raise AutoshardError(f"{file}{line}: importing the model file raised {_describe(error)}; "
+        raise AutoshardError(f"{file}{line}: importing the model file raised {describe_error(error)}; "
                              f"fix it so that `python {file}` runs") from error
     finally:
         sys.path.remove(folder)
@@ -88,7 +90,7 @@ def _call_build(file: Path, build: Any) -> tuple[Any, Any]:
     try:
         result = build()
     except Exception as error:
-        raise AutoshardError(f"{file}{_line_in(file, error)}: build() raised {_describe(error)}; "
+        raise AutoshardError(f"{file}{_line_in(file, error)}: build() raised {describe_error(error)}; "
                              "fix build() so it returns (model, example_inputs)") from error
     if not (isinstance(result, tuple) and len(result) == 2):
         raise AutoshardError(f"{file}: build() returned a {type(result).__name__}, not (model, example_inputs); "
@@ -116,8 +118,8 @@ def _brief(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _describe(error: BaseException) -> str:
-    """``ValueError: first line of the message``."""
+def describe_error(error: BaseException) -> str:
+    """``ValueError: first line of the message``: an exception fit for a one-line error."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
@@ -127,5 +129,6 @@ def _line_in(file: Path, error: BaseException) -> str:
     target = file.resolve()
     if isinstance(error, SyntaxError) and error.lineno and Path(error.filename or "").resolve() == target:
         return f":{error.lineno}"
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if Path(frame.filename).resolve() == target]
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if Path(frame.filename).resolve() == target]
     return f":{frames[-1].lineno}" if frames else ""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import inspect
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from functools import cache
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,20 +83,6 @@ class BoundCall:
     optional_tensor_lists: frozenset[str]
 
 
-def _packet_of(target: Callable[..., Any]) -> str | None:
-    """The ATen packet name a torch.fx call_function target stands for, if it has one."""
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::", 1)[1]
-    if target in _OPERATOR_PACKETS:
-        return _OPERATOR_PACKETS[target]
-    if target in _FUNCTION_PACKETS:
-        return _FUNCTION_PACKETS[target][0]
-    if target in boolean_dispatched:
-        return None  # resolved per call from the dispatch flag
-    name = getattr(target, "__name__", None)
-    return name if name and hasattr(torch.ops.aten, name) else None
-
-
 def bind_call(
     kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool]
 ) -> BoundCall | None:
@@ -125,19 +112,34 @@ def bind_call(
             if bound is not None:
                 return bound
         return None
-    packet = _packet_of(target)
-    if packet is None or not getattr(target, "__module__", "").startswith("torch"):
-        return None  # only torch's own Python functions are trusted to mean the ATen op of their name
-    return _bind_python_function(target, packet, {}, args, kwargs, is_tensor)
+    # a torch Python function (F.relu, F.softmax) means the ATen op of its name; user functions do not
+    name = getattr(target, "__name__", "")
+    if not getattr(target, "__module__", "").startswith("torch") or not hasattr(torch.ops.aten, name):
+        return None
+    return _bind_python_function(target, name, {}, args, kwargs, is_tensor)
 
 
-def _overload_schemas(packet: str) -> Iterable[torch._C.FunctionSchema]:
+@cache
+def _overload_schemas(packet: str) -> tuple[torch._C.FunctionSchema, ...]:
     """Functional (non-out, non-in-place) schemas of an ATen packet."""
     ops = getattr(torch.ops.aten, packet, None)
     if ops is None:
-        return []
+        return ()
     schemas = (getattr(ops, name)._schema for name in ops.overloads())
-    return [s for s in schemas if not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)]
+    return tuple(schema for schema in schemas if not _writes_argument(schema))
+
+
+def _writes_argument(schema: torch._C.FunctionSchema) -> bool:
+    """True for out= and in-place overloads (``add.out``, ``add_.Tensor``)."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _op_name(schema: torch._C.FunctionSchema) -> str:
+    """The packet name, in-place ops (``mul_``) named by the functional op they compute (``mul``)."""
+    name = schema.name.split("::", 1)[1]
+    if name.endswith("_") and not name.startswith("_") and _writes_argument(schema):
+        return name[:-1]
+    return name
 
 
 def _bind_positional(
@@ -219,7 +221,8 @@ def _schema_slots(
     names = {a.name for a in schema.arguments}
     if len(args) > len(positional) or not set(kwargs) <= names:
         return None
-    named: dict[str, tuple[Slot, Any]] = {name: (i, value) for i, (name, value) in enumerate(zip(positional, args))}
+    named: dict[str, tuple[Slot, Any]] = {name: (i, value) for i, (name, value) in
+                                          enumerate(zip(positional, args))}
     named.update({name: (name, value) for name, value in kwargs.items()})
     if keywords:
         named.update({name: (name, _MISSING) for name in names if name not in named})
@@ -293,7 +296,7 @@ def _bind_schema(
             value = [value] * argument.N
         values[argument.name], slots[argument.name] = value, slot
     return BoundCall(
-        op=schema.name.split("::", 1)[1], values=values, slots=slots,
+        op=_op_name(schema), values=values, slots=slots,
         args=args, kwargs=kwargs, optional_tensor_lists=frozenset(optional_lists),
     )
 
@@ -318,19 +321,22 @@ def _fits(schema_type: Any, value: Any, length: int | None, is_tensor: Callable[
         return length is not None and _fits(element, value, None, is_tensor)
     if is_tensor(value):
         return kind == "TensorType"
-    checks: dict[str, Callable[[Any], bool]] = {
-        "TensorType": lambda v: isinstance(v, (int, float, bool)),  # scalars promote (add.Tensor(x, 2))
-        "IntType": lambda v: isinstance(v, int),
-        "SymIntType": lambda v: isinstance(v, int),
-        "FloatType": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "ComplexType": lambda v: isinstance(v, (int, float, complex)) and not isinstance(v, bool),
-        "NumberType": lambda v: isinstance(v, (int, float, complex)),
-        "BoolType": lambda v: isinstance(v, bool),
-        "StringType": lambda v: isinstance(v, str),
-        "DeviceObjType": lambda v: isinstance(v, (str, torch.device)),
-        "ScalarTypeType": lambda v: isinstance(v, torch.dtype),
-        "LayoutType": lambda v: isinstance(v, torch.layout),
-        "MemoryFormatType": lambda v: isinstance(v, torch.memory_format),
-    }
-    check = checks.get(kind)
+    check = _VALUE_CHECKS.get(kind)
     return check(value) if check is not None else True
+
+
+# Which non-tensor Python values each schema type accepts (unknown types accept anything).
+_VALUE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "TensorType": lambda v: isinstance(v, (int, float, bool)),  # scalars promote (add.Tensor(x, 2))
+    "IntType": lambda v: isinstance(v, int),
+    "SymIntType": lambda v: isinstance(v, int),
+    "FloatType": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "ComplexType": lambda v: isinstance(v, (int, float, complex)) and not isinstance(v, bool),
+    "NumberType": lambda v: isinstance(v, (int, float, complex)),
+    "BoolType": lambda v: isinstance(v, bool),
+    "StringType": lambda v: isinstance(v, str),
+    "DeviceObjType": lambda v: isinstance(v, (str, torch.device)),
+    "ScalarTypeType": lambda v: isinstance(v, torch.dtype),
+    "LayoutType": lambda v: isinstance(v, torch.layout),
+    "MemoryFormatType": lambda v: isinstance(v, torch.memory_format),
+}

@@ -5,11 +5,12 @@
   Keeps the user's Python-level ops; fails on models with data-dependent Python control flow,
   such as Hugging Face transformers.
 - ``export``: ``torch.export.export(strict=False)``, whose ATen graph already carries shapes.
-  Higher-order ops that only set a context (``wrap_with_set_grad_enabled`` around LLaMA's rotary
-  embedding, ``wrap_with_autocast``) are inlined here: their body's ATen ops become ordinary
-  nodes (outputs of a grad-disabled body do not require grad). ``ep.run_decompositions({})``
-  would inline them too, but it also rewrites ``dropout``/``contiguous`` into ``clone`` and
-  ``reshape`` into ``view``/``_unsafe_view`` and doubles the tracing time.
+  ``wrap_with_set_grad_enabled`` (LLaMA's rotary embedding runs under ``torch.no_grad``) is
+  inlined here: its body's ATen ops become ordinary nodes that do not require grad and replay
+  under the same grad mode. ``ep.run_decompositions({})`` would inline it too, but it also
+  rewrites ``dropout``/``contiguous`` into ``clone`` and ``reshape`` into ``view``/``_unsafe_view``
+  and doubles the tracing time. Other higher-order ops (``wrap_with_autocast``, whose body's
+  dtypes depend on the autocast context; control flow) stay single nodes with ``op=None``.
 - ``auto``: fx, falling back to export when fx fails.
 
 Both trace the model in eval mode (the user's train/eval flags are restored afterwards) and
@@ -32,11 +33,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
 from autoshard.frontend.convert import GraphConverter
+from autoshard.frontend.load import describe_error
 from autoshard.graph import OpGraph
 
 FRONTENDS = ("auto", "fx", "export")
 _SET_GRAD_ENABLED = torch.ops.higher_order.wrap_with_set_grad_enabled
-_AUTOCAST = torch.ops.higher_order.wrap_with_autocast
 
 
 def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], frontend: str = "auto") -> OpGraph:
@@ -52,13 +53,13 @@ def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], fron
             try:
                 return trace_fx(model, example_inputs)
             except Exception as error:
-                raise AutoshardError(f"torch.fx cannot trace {name}: {_first_line(error)}; "
+                raise AutoshardError(f"torch.fx cannot trace {name}: {describe_error(error)}; "
                                      "try --frontend export") from error
         if frontend == "export":
             try:
                 return trace_export(model, example_inputs)
             except Exception as error:
-                raise AutoshardError(f"torch.export cannot trace {name}: {_first_line(error)}; "
+                raise AutoshardError(f"torch.export cannot trace {name}: {describe_error(error)}; "
                                      "make forward traceable (no data-dependent Python control flow)") from error
         try:
             return trace_fx(model, example_inputs)
@@ -67,15 +68,10 @@ def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], fron
                 return trace_export(model, example_inputs)
             except Exception as export_error:
                 raise AutoshardError(
-                    f"cannot trace {name}: torch.fx failed ({_first_line(fx_error)}) and torch.export failed "
-                    f"({_first_line(export_error)}); make forward traceable (tensor-only inputs and outputs, "
+                    f"cannot trace {name}: torch.fx failed ({describe_error(fx_error)}) and torch.export failed "
+                    f"({describe_error(export_error)}); make forward traceable (tensor-only inputs and outputs, "
                     "no data-dependent Python control flow) or pass inputs that match forward's signature"
                 ) from export_error
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 @contextlib.contextmanager
@@ -149,8 +145,8 @@ def trace_export(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...
             _add_export_input(converter, node, spec, model, program)
         elif node.op == "get_attr":
             converter.constant[node] = operator.attrgetter(node.target)(program.graph_module)
-        elif node.op == "call_function" and inliner.handles(node):
-            inliner.inline(node)
+        elif inliner.handles(node):
+            inliner.inline(node, grad_enabled=True)
         elif node.op == "call_function":
             converter.add_call(node)
         elif node.op == "output":
@@ -181,37 +177,38 @@ def _add_export_input(
 
 
 class _HigherOrderInliner:
-    """Inlines ``wrap_with_set_grad_enabled``/``wrap_with_autocast`` bodies into the graph."""
+    """Inlines ``wrap_with_set_grad_enabled`` bodies (nested ones too) into the graph."""
 
     def __init__(self, converter: GraphConverter, root: torch.fx.GraphModule) -> None:
         self.converter = converter
         self.root = root
         self.results: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         # getitems on an inlined op vanish, so their names are free for the body's nodes
-        hop_users = {user for node in root.graph.nodes if _is_context_only(node) for user in node.users}
+        hop_users = {user for node in root.graph.nodes if _sets_grad_mode(node) for user in node.users}
         self.taken = {node.name for node in root.graph.nodes if node not in hop_users}
 
     def handles(self, node: torch.fx.Node) -> bool:
-        """A context-only higher-order op, or a getitem on one's results."""
-        if node.target is operator.getitem:
+        """A grad-mode higher-order op, or a getitem on one's results."""
+        if node.op == "call_function" and node.target is operator.getitem:
             return node.args[0] in self.results
-        return _is_context_only(node)
+        return _sets_grad_mode(node)
 
-    def inline(self, node: torch.fx.Node) -> None:
+    def inline(self, node: torch.fx.Node, grad_enabled: bool) -> None:
         """Add the body's nodes in place of the call; getitems on it alias the body's results."""
         if node.target is operator.getitem:
             self.converter.alias(node, self.results[node.args[0]][node.args[1]])
             return
-        body_index = next(i for i, arg in enumerate(node.args)
-                          if isinstance(arg, torch.fx.Node) and arg.op == "get_attr")
-        body = operator.attrgetter(node.args[body_index].target)(self.root)
-        grad_enabled = bool(node.args[0]) if node.target is _SET_GRAD_ENABLED else True
-        operands = iter(node.args[body_index + 1:])
+        enabled, body_node, *operands = node.args
+        body = operator.attrgetter(body_node.target)(self.root)
         for inner in body.graph.nodes:
             if inner.op == "placeholder":
-                self.converter.alias(inner, next(operands))
+                self.converter.alias(inner, operands.pop(0))
+            elif inner.op == "get_attr":
+                self.converter.constant[inner] = operator.attrgetter(inner.target)(body)
+            elif self.handles(inner):
+                self.inline(inner, bool(enabled))
             elif inner.op == "call_function":
-                self.converter.add_call(inner, self._fresh_name(node.name, inner.name), grad_enabled)
+                self.converter.add_call(inner, self._fresh_name(node.name, inner.name), bool(enabled))
             elif inner.op == "output":
                 self.results[node] = list(inner.args[0])
             else:
@@ -226,9 +223,9 @@ class _HigherOrderInliner:
         return candidate
 
 
-def _is_context_only(node: torch.fx.Node) -> bool:
-    """Higher-order ops that only run their body under a context (grad mode, autocast)."""
-    return node.op == "call_function" and node.target in (_SET_GRAD_ENABLED, _AUTOCAST)
+def _sets_grad_mode(node: torch.fx.Node) -> bool:
+    """``wrap_with_set_grad_enabled(enabled, body, *operands)``: the body under a grad mode."""
+    return node.op == "call_function" and node.target is _SET_GRAD_ENABLED
 
 
 def _graph(converter: GraphConverter, frontend: str, module: torch.fx.GraphModule) -> OpGraph:

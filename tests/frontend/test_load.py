@@ -71,7 +71,8 @@ def test_model_without_example_inputs(tmp_path: Path) -> None:
 
 
 def test_model_is_not_a_module(tmp_path: Path) -> None:
-    message = load_error(write(tmp_path, "import torch\nmodel = torch.nn.Linear\nexample_inputs = torch.ones(1)\n"))
+    source = "import torch\nmodel = torch.nn.Linear\nexample_inputs = torch.ones(1)\n"
+    message = load_error(write(tmp_path, source))
     assert "is a type, not a torch.nn.Module" in message
 
 

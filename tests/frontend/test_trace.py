@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoshard.errors import AutoshardError
-from autoshard.frontend import trace
+from autoshard.frontend import run_graph, trace
 from autoshard.graph import NodeKind, OpGraph, TensorMeta
 from tests.frontend.helpers import EXAMPLE_NAMES, FX_EXAMPLES, loaded, traced
 
@@ -75,7 +75,8 @@ def test_python_spellings_normalise_like_aten() -> None:
     assert [node.target for node in unknown] == ["operator.getitem"]
     fx_ops = op_signature(fx_graph)
     slice_attrs = {"dim": 2, "start": 0, "end": 16, "step": 1}
-    named = repr(fx_ops).replace("None, {}", f"'slice', {slice_attrs!r}").replace("('op', None,", "('op', 'slice',")
+    named = repr(fx_ops).replace("None, {}", f"'slice', {slice_attrs!r}")
+    named = named.replace("('op', None,", "('op', 'slice',")
     assert named == repr(op_signature(export_graph))
     by_op = {entry[0]: entry[1] for entry in fx_ops}
     assert by_op["softmax"] == {"dim": -1, "dtype": None}
@@ -121,6 +122,30 @@ def test_llama_rotary_embedding_is_inlined() -> None:
     assert not any(node.requires_grad for node in rotary)
     buffers = {node.qualname for node in llama if node.kind is NodeKind.BUFFER}
     assert "model.rotary_emb.inv_freq" in buffers
+
+
+def test_grad_mode_bodies_inline_and_autocast_stays_one_node() -> None:
+    class Contexts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.no_grad():
+                with torch.enable_grad():
+                    inner = self.lin(x * 2)
+                frozen = inner + 1
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                mixed = self.lin(x) @ x.T
+            return frozen, mixed
+
+    model, x = Contexts(), torch.randn(4, 8)
+    graph = trace(model, (x,), "export")
+    grad = {node.op: node.requires_grad for node in graph if node.op in ("mul", "linear", "add")}
+    assert grad == {"mul": False, "linear": True, "add": False}
+    autocast = next(node for node in graph if node.kind is NodeKind.OP and node.op is None)
+    assert autocast.target == "wrap_with_autocast" and autocast.out[0].dtype == "bfloat16"
+    assert all(torch.equal(a, b) for a, b in zip(run_graph(graph, (x,)), model(x)))
 
 
 def test_bert_has_two_outputs() -> None:
