@@ -48,13 +48,16 @@ class NodeCall:
 
     def __call__(self, operands: Sequence[Any], overrides: Mapping[str, Any]) -> Any:
         """Call the target with ``operands`` filled in and ``overrides`` put in their slots."""
-        fill = lambda value: operands[value.index] if isinstance(value, Operand) else value  # noqa: E731
+        def fill(value: Any) -> Any:
+            return operands[value.index] if isinstance(value, Operand) else value
+
         args = list(pytree.tree_map(fill, self.args, is_leaf=_is_operand))
         kwargs = pytree.tree_map(fill, self.kwargs, is_leaf=_is_operand)
         for name, value in overrides.items():
             slot = self.slots.get(name)
             if slot is None:
-                raise KeyError(f"{self.target}: attribute {name!r} cannot be passed (known: {sorted(self.slots)})")
+                passable = sorted(attr for attr, where in self.slots.items() if where is not None)
+                raise KeyError(f"{self.target}: attribute {name!r} cannot be passed (passable: {passable})")
             if isinstance(slot, int):
                 args[slot] = _python_form(name, args[slot], value)
             else:
