@@ -289,6 +289,17 @@ def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
                       (), mean, 4 * math.prod(logits))
 
 
+def _pointwise_loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    """Elementwise loss of broadcast operands, then reduced over everything unless reduction is none."""
+    full = tuple(max(dims) for dims in zip(*[(1,) * (max(map(len, shapes)) - len(s)) + tuple(s) for s in shapes]))
+    base = _elementwise(rule, shapes, full, attrs)
+    reduction = attrs.get("reduction", 1)
+    if reduction == 0:
+        return base
+    mean = frozenset(l for l in base.output) if reduction == 1 else frozenset()
+    return OpInstance(base.operands, (), base.sizes, frozenset(), (), mean, math.prod(full))
+
+
 def _view(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     """Reshapes: in each group of dims with equal products, only the outermost dims correspond."""
     in_shape = shapes[0]
@@ -325,6 +336,8 @@ def _permute(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     perm = list(range(rank))
     if rule.op == "permute":
         perm = _dims(attrs["dims"], rank)
+    elif rule.op == "numpy_T":
+        perm = list(reversed(perm))
     elif rank >= 2:
         first, second = ("axis0", "axis1") if rule.op == "swapaxes" else ("dim0", "dim1")
         a, b = _dims(attrs.get(first, 0), rank)[0], _dims(attrs.get(second, 1), rank)[0]
@@ -380,6 +393,7 @@ _KINDS: dict[str, Callable[..., OpInstance]] = {
     "reduce": _reduce,
     "layer_norm": _layer_norm,
     "loss": _loss,
+    "pointwise_loss": _pointwise_loss,
     "view": _view,
     "permute": _permute,
     "expand": _expand,

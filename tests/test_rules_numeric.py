@@ -223,3 +223,17 @@ def test_slapo_search_space_keeps_only_the_last_two_dims():
     inst = instantiate(rule, metas, (8, 16, 32), {})
     allowed = {s.assignment for s in strategies(inst, (8,), lambda d, r: d >= r - 2)}
     assert (("b0", (0,)),) not in allowed and (("b1", (0,)),) in allowed
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_pointwise_losses_shard_every_dim(reduction):
+    names = {0: "none", 1: "mean", 2: "sum"}
+    fn = lambda x, t, local: F.mse_loss(x, t, reduction=names[reduction])
+    found = check_op("mse_loss", fn, [R(4, 8), R(4, 8)], {"reduction": reduction}, (2, 2))
+    assert any(s.out_spec.partial for s in found) == (reduction != 0)
+
+
+def test_conv_with_groups_keeps_channels_whole():
+    fn = lambda x, w, local: F.conv2d(x, w, groups=2)
+    found = check_op("conv2d", fn, [R(2, 4, 4, 4), R(4, 2, 1, 1)], {"groups": 2}, (2,))
+    assert all(not s.in_specs[0].dims[1] for s in found)
