@@ -1,0 +1,313 @@
+"""Run a solved plan on torch.distributed with the numerics of the unsharded model, forward and backward.
+
+:func:`parallelize` turns a model and its :class:`~autoshard.plan.Plan` into a
+:class:`ParallelModule` that holds only this rank's pieces of the parameters and buffers (laid
+out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph node by node:
+
+- model inputs arrive whole on every rank and are cut to their planned layout;
+- every operand goes through its edge's reshard, an autograd Function whose forward runs the
+  edge's ``steps`` and whose backward runs its ``grad_steps`` (``runtime.collectives.reshard``);
+  a ``getitem`` takes its element of the producer's tuple first, then reshards it;
+- operands added into a partial-sum output (``masked_operands``) are zeroed off coordinate 0 of
+  the partial axes, so the sum counts them once;
+- the op runs through ``frontend.call.node_caller`` with the plan's ``local_attrs`` and its
+  output is multiplied by ``scale``;
+- the outputs are returned in their planned layout (replicated in inference; in training where
+  the loss reads them, so the caller computes the loss on local pieces).
+
+Every collective is logged on the edge it belongs to, in both passes, so
+:meth:`ParallelModule.collectives` can be compared with :func:`expected_collectives`, the list
+the plan (and the cost model) charged. An inference plan has no gradient steps, so its
+forward runs without autograd rather than produce gradients nobody planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autoshard.build import fingerprint
+from autoshard.errors import AutoshardError
+from autoshard.frontend.call import node_caller
+from autoshard.frontend.trace import trace
+from autoshard.graph import NodeKind, OpGraph, OpNode
+from autoshard.plan import EdgeReshard, Plan
+from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, reshard_steps
+from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, mask_to_first, reshard, run_steps
+from autoshard.runtime.groups import MeshGroups
+from autoshard.spec import TensorSpec
+
+BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
+    "gloo": frozenset(COLLECTIVES),  # CPU tensors, torch 2.13
+    "nccl": frozenset(COLLECTIVES),
+    "mpi": frozenset({ALL_GATHER, ALL_REDUCE, ALL_TO_ALL}),  # ProcessGroupMPI raises on reduce_scatter
+}
+"""Collectives each torch.distributed backend can run; a plan needing another one is refused."""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a plan edge: its kind, mesh axis, bytes each device sends, and pass."""
+
+    edge: str
+    kind: str
+    axis: int
+    sent_bytes: int
+    phase: str
+
+
+def edge_label(edge: EdgeReshard) -> str:
+    """``src->dst[operand]``: how collectives name the edge they belong to."""
+    return f"{edge.src}->{edge.dst}[{edge.operand}]"
+
+
+def expected_collectives(plan: Plan) -> list[Collective]:
+    """The collectives one forward (and, for a training plan, one backward) must run, by plan edge.
+
+    Bytes are ``Step.sent_bytes``, the quantity the cost model prices; slices are local and omitted.
+    """
+    result = []
+    for edge in plan.edges:
+        passes = [(FORWARD, edge.steps)]
+        if plan.mode == "training":
+            passes.append((BACKWARD, edge.grad_steps))
+        for phase, steps in passes:
+            for step in steps:
+                if step.kind != SLICE:
+                    sent = step.sent_bytes(plan.mesh.shape[step.axis])
+                    result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
+    return result
+
+
+def required_collectives(plan: Plan) -> set[str]:
+    """Kinds of collective the plan runs on mesh axes with more than one device."""
+    return {step.kind for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)
+            if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
+
+
+def check_backend(plan: Plan, backend: str, table: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> None:
+    """Refuse a plan that needs a collective ``backend`` lacks (backends not in ``table`` are trusted)."""
+    supported = table.get(backend)
+    if supported is None:
+        return
+    missing = sorted(required_collectives(plan) - supported)
+    if missing:
+        others = [name for name, kinds in table.items() if required_collectives(plan) <= kinds]
+        hint = f"run it with --backend {others[0]}" if others else "re-plan for a mesh this backend can serve"
+        raise AutoshardError(f"the plan needs {', '.join(missing)}, which the {backend} backend cannot run: {hint}")
+
+
+def check_world(plan: Plan, world_size: int) -> None:
+    """Refuse to run a plan on a world whose size is not the plan mesh's device count."""
+    if world_size != plan.mesh.size:
+        raise AutoshardError(f"plan is for mesh {plan.mesh.label} ({plan.mesh.size} devices) but the world has "
+                             f"{world_size} ranks: launch torchrun --nproc_per_node={plan.mesh.size}")
+
+
+def check_model(plan: Plan, graph: OpGraph) -> None:
+    """Refuse a plan made for another model (its fingerprint is not the traced graph's)."""
+    if plan.fingerprint != fingerprint(graph):
+        which = f" ({plan.model})" if plan.model else ""
+        raise AutoshardError(f"plan was made for another model{which}: its fingerprint {plan.fingerprint} is not "
+                             f"this model's {fingerprint(graph)}; re-plan this model with autoshard.solve")
+
+
+def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
+    """This rank's piece of a tensor every rank holds whole (a view; ``spec`` must not be partial)."""
+    if spec.partial:
+        raise ValueError(f"cannot cut a whole tensor into the partial layout {spec}")
+    shape = groups.mesh.shape
+    for d, n in enumerate(full.shape):
+        k = n // spec.shard_factor(d, shape)
+        full = full.narrow(d, spec.chunk_index(d, groups.coords, shape) * k, k)
+    return full
+
+
+def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
+    """The whole tensor on every rank from the local pieces of layout ``spec`` (collective, no autograd)."""
+    mesh = groups.mesh.shape
+    shape = tuple(n * spec.shard_factor(d, mesh) for d, n in enumerate(local.shape))
+    steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
+    with torch.no_grad():
+        return run_steps(local, steps, groups)
+
+
+class ParallelModule(nn.Module):
+    """A model running one plan on this rank: local parameter shards and the planned collectives.
+
+    Parameters and buffers keep their original dotted names (``named_parameters()`` matches the
+    model's) with local shapes; ``param_specs[name]`` is their layout and ``output_specs`` that
+    of each output, for :func:`gather_full`.
+    """
+
+    def __init__(self, graph: OpGraph, plan: Plan, groups: MeshGroups, state: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.plan, self.groups = plan, groups
+        self.param_specs: dict[str, TensorSpec] = {}
+        self._graph = graph
+        self._edges = {(e.dst, e.operand): e for e in plan.edges}
+        self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
+        self._state_names: dict[str, str] = {}
+        self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
+        for node in graph:
+            if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+                spec = plan.nodes[node.name].out_spec
+                local = distribute(state[node.name].detach(), spec, groups).clone()
+                self._register(node, local)
+                self.param_specs[node.qualname] = spec
+                self._state_names[node.name] = node.qualname
+        output = next(n for n in graph if n.kind == NodeKind.OUTPUT)
+        self.output_specs: list[TensorSpec] = list(plan.nodes[output.name].in_specs)
+
+    def _register(self, node: OpNode, local: torch.Tensor) -> None:
+        """Attach a local tensor under its dotted name, creating empty parent modules on the way."""
+        *path, leaf = node.qualname.split(".")
+        owner: nn.Module = self
+        for part in path:
+            if part not in owner._modules:
+                if hasattr(owner, part):
+                    raise AutoshardError(f"{node.qualname}: the name {part!r} is taken by ParallelModule itself; "
+                                         "rename that submodule of the model")
+                owner.add_module(part, nn.Module())
+            owner = owner._modules[part]
+        if node.kind == NodeKind.PARAM:
+            owner.register_parameter(leaf, nn.Parameter(local, requires_grad=node.requires_grad))
+        else:
+            owner.register_buffer(leaf, local)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        """Run the plan on whole inputs; returns the local output pieces (a tuple if several)."""
+        grad = self.plan.mode == "training" and torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad):
+            outputs = self._interpret(inputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _interpret(self, inputs: Sequence[torch.Tensor]) -> list[Any]:
+        """Walk the graph once: every node's local value, then the output node's operands."""
+        placeholders = [n for n in self._graph if n.kind == NodeKind.INPUT]
+        if len(inputs) != len(placeholders):
+            raise AutoshardError(f"the model takes {len(placeholders)} inputs ({', '.join(n.name for n in placeholders)}) "
+                                 f"but got {len(inputs)}: pass them positionally as to the original model")
+        fed = dict(zip((n.name for n in placeholders), inputs))
+        values: dict[str, Any] = {}
+        for node in self._graph:
+            place = self.plan.nodes.get(node.name)
+            if node.kind == NodeKind.INPUT:
+                values[node.name] = distribute(self._checked_input(node, fed[node.name]), place.out_spec, self.groups)
+            elif node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+                values[node.name] = self.get_parameter(self._state_names[node.name]) if node.kind == NodeKind.PARAM \
+                    else self.get_buffer(self._state_names[node.name])
+            elif node.kind == NodeKind.OUTPUT:
+                return [self._operand(node, k, values) for k in range(len(node.inputs))]
+            elif node.op == "getitem" and isinstance(values[node.inputs[0]], (tuple, list)):
+                values[node.name] = self._operand(node, 0, values)
+            else:
+                operands = [self._operand(node, k, values) for k in range(len(node.inputs))]
+                if place is not None:
+                    for k in place.masked_operands:
+                        operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups)
+                out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
+                values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
+        raise AutoshardError("the traced graph has no output node: re-trace the model")
+
+    def _checked_input(self, node: OpNode, value: torch.Tensor) -> torch.Tensor:
+        want = node.tensor.shape if node.tensor is not None else None
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != want:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise AutoshardError(f"input {node.name} is {got} but the plan was made for shape {want}: "
+                                 "pass inputs of the traced shapes (or re-plan for the new ones)")
+        return value
+
+    def _operand(self, node: OpNode, index: int, values: Mapping[str, Any]) -> Any:
+        """Operand ``index`` of ``node`` in the layout the node's strategy requires."""
+        value = values[node.inputs[index]]
+        if node.op == "getitem" and isinstance(value, (tuple, list)):
+            value = value[node.attrs.get("index", 0)]
+        edge = self._edges.get((node.name, index))
+        if edge is None or not (edge.steps or edge.grad_steps):
+            return value
+        return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[edge_label(edge)])
+
+    def collectives(self) -> list[Collective]:
+        """Every collective run since the last :meth:`reset_log`, by plan edge (then execution order)."""
+        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase)
+                for label, log in self._logs.items() for r in log.records]
+
+    def reset_log(self) -> None:
+        """Forget the collectives run so far."""
+        for log in self._logs.values():
+            log.records.clear()
+
+    def parameter_bytes(self) -> int:
+        """Bytes of this rank's parameters and buffers."""
+        return sum(t.numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
+
+
+def _local_attrs(node: OpNode, plan: Plan) -> dict[str, Any]:
+    """The plan's attribute overrides for ``node``, checked against the attributes the node has."""
+    place = plan.nodes.get(node.name)
+    attrs = dict(place.local_attrs) if place is not None else {}
+    # specs/ops.toml names reshape's shape argument "size" (view's name); ATen calls it "shape".
+    if node.op == "reshape" and "size" in attrs and "shape" in node.attrs:
+        attrs["shape"] = attrs.pop("size")
+    unknown = sorted(set(attrs) - set(node.attrs))
+    if unknown:
+        raise AutoshardError(f"plan overrides {', '.join(unknown)} of node {node.name} ({node.op}), which has only "
+                             f"{', '.join(node.attrs) or 'no attributes'}: fix the op's rule in specs/ops.toml")
+    return attrs
+
+
+def _scaled(out: Any, factor: float) -> Any:
+    if isinstance(out, (tuple, list)):
+        return type(out)(_scaled(o, factor) for o in out)
+    return out * factor if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+
+def _state(model: nn.Module, graph: OpGraph) -> dict[str, torch.Tensor]:
+    """Whole parameter and buffer values by node name: the model's own, else the traced constant."""
+    state = {}
+    for node in graph:
+        if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+            try:
+                value = model.get_parameter(node.qualname) if node.kind == NodeKind.PARAM else model.get_buffer(node.qualname)
+            except AttributeError:  # a constant lifted by torch.export belongs to the program
+                value = node_caller(graph, node.name)([], {})
+            state[node.name] = value
+    return state
+
+
+def parallelize(
+    model: nn.Module,
+    plan: Plan,
+    mesh_groups: MeshGroups | None = None,
+    *,
+    example_inputs: Sequence[torch.Tensor] | None = None,
+    graph: OpGraph | None = None,
+) -> ParallelModule:
+    """This rank's part of ``model`` running ``plan``; call on every rank with the same arguments.
+
+    The model is re-traced on ``example_inputs`` unless its ``graph`` is given, and checked
+    against the plan (fingerprint, world size, collectives of the backend) before anything runs.
+    ``mesh_groups`` defaults to the plan mesh's groups over the initialized default process group.
+    """
+    if graph is None:
+        if example_inputs is None:
+            raise AutoshardError("parallelize needs example_inputs (to re-trace the model) or the traced graph")
+        graph = trace(model, tuple(example_inputs))
+    distributed = dist.is_available() and dist.is_initialized()
+    world = mesh_groups.mesh.size if mesh_groups is not None else dist.get_world_size() if distributed else 1
+    check_model(plan, graph)
+    check_world(plan, world)
+    if mesh_groups is not None and mesh_groups.mesh.shape != plan.mesh.shape:
+        raise AutoshardError(f"plan is for mesh {plan.mesh.label} but the groups span mesh {mesh_groups.mesh.label}: "
+                             f"create them with MeshGroups.create(plan.mesh)")
+    if distributed:
+        check_backend(plan, dist.get_backend())
+    if mesh_groups is None:
+        mesh_groups = MeshGroups.create(plan.mesh) if distributed else MeshGroups.single()
+    return ParallelModule(graph, plan, mesh_groups, _state(model, graph))
+

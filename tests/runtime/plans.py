@@ -1,0 +1,177 @@
+"""Models, traced graphs and plans (data-parallel, Megatron, random) for the executor tests.
+
+Tracing is the slow part (GPT-2 through torch.export takes seconds), so each model is traced
+once per session. Any choice of one strategy per problem node is a valid plan, so random
+choices are the broadest correctness test the executor has.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from autoshard.baselines import megatron_choice
+from autoshard.build import BuildOptions, ModelProblem, build_problem
+from autoshard.costmodel import make_cost_model
+from autoshard.frontend.load import load_model
+from autoshard.frontend.trace import trace
+from autoshard.graph import NodeKind, OpGraph
+from autoshard.mesh import parse_mesh
+from autoshard.plan import Plan
+from autoshard.planning import make_plan
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+class MLP(nn.Module):
+    """The seed MLP's structure (fc1 -> GELU -> fc2, with biases) at a CPU-test size."""
+
+    def __init__(self, hidden: int = 16, inner: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, inner)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SequenceParallelBlock(nn.Module):
+    """Two MLPs joined by a LayerNorm: Megatron with sequence parallelism uses all three DTensor styles."""
+
+    def __init__(self, hidden: int = 16, inner: int = 32) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(hidden, inner), nn.Linear(inner, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.fc3, self.fc4 = nn.Linear(hidden, inner), nn.Linear(inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.fc2(torch.nn.functional.gelu(self.fc1(x))))
+        return self.fc4(torch.nn.functional.gelu(self.fc3(h)))
+
+
+@dataclass
+class Traced:
+    """A model, its example inputs and its graph."""
+
+    name: str
+    model: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    graph: OpGraph
+
+
+def _seeded(cls: type[nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return cls().eval()
+
+
+@functools.lru_cache(maxsize=None)
+def traced(name: str) -> Traced:
+    """``tiny_mlp``, ``sp_block`` (test models, x [8, 8, 16]) or an example's stem (``mlp``, ``attention``, ``gpt2``)."""
+    if name in ("tiny_mlp", "sp_block"):
+        model = _seeded(MLP if name == "tiny_mlp" else SequenceParallelBlock)
+        inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)
+    else:
+        loaded = load_model(str(EXAMPLES / f"{name}.py"))
+        model, inputs = loaded.model.eval(), loaded.example_inputs
+    return Traced(name, model, inputs, trace(model, inputs))
+
+
+def problem(t: Traced, mesh: str, mode: str, pins: dict[str, str] | None = None) -> ModelProblem:
+    """The sharding problem of a traced model under the alpha-beta cost model."""
+    m = parse_mesh(mesh)
+    return build_problem(t.graph, m, make_cost_model("alpha-beta", m), BuildOptions(mode=mode, pins=pins or {}))
+
+
+def data_parallel_choice(mp: ModelProblem) -> list[int]:
+    """Parameters replicated, every activation split on its first (batch) dim over all mesh axes."""
+    every = tuple(range(mp.mesh.ndim))
+    choice = []
+    for name in mp.names:
+        cand = mp.candidates[name]
+
+        def fits(i: int) -> bool:
+            spec = cand.strategies[i].out_spec
+            if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+                return spec.is_replicated
+            return spec.ndim > 0 and spec.dims[0] == every and not spec.partial
+
+        options = [i for i in range(len(cand.strategies)) if fits(i)] or range(len(cand.strategies))
+        choice.append(min(options, key=lambda i: cand.costs[i]))
+    return choice
+
+
+def random_choices(mp: ModelProblem, count: int, seed: int) -> list[list[int]]:
+    """``count`` distinct uniformly random choices (fewer if the problem has fewer)."""
+    rng = random.Random(seed)
+    seen: set[tuple[int, ...]] = set()
+    for _ in range(20 * count):
+        if len(seen) == count:
+            break
+        seen.add(tuple(rng.randrange(mp.problem.num_strategies(i)) for i in range(mp.problem.num_nodes)))
+    return [list(c) for c in sorted(seen)]
+
+
+def scaled_choice(mp: ModelProblem, seed: int) -> list[int] | None:
+    """A random choice that runs every op it can as a scaled partial (a mean over a sharded dim), or None."""
+    rng = random.Random(seed)
+    choice, scaled = [], False
+    for name in mp.names:
+        strategies = mp.candidates[name].strategies
+        options = [i for i, s in enumerate(strategies) if s.scale != 1]
+        scaled |= bool(options)
+        choice.append(rng.choice(options or range(len(strategies))))
+    return choice if scaled else None
+
+
+def plans(t: Traced, mesh: str, mode: str, n_random: int, data_parallel: bool = False) -> dict[str, Plan]:
+    """Megatron (and data-parallel) plus random plans (one with scaled means if the model has means), by label."""
+    mp = problem(t, mesh, mode)
+    seed = zlib.crc32(f"{t.name} {mesh} {mode}".encode())
+    chosen = {"megatron": megatron_choice(mp)}
+    if data_parallel:
+        chosen["data-parallel"] = data_parallel_choice(mp)
+    for k, choice in enumerate(random_choices(mp, n_random, seed)):
+        chosen[f"random{k}"] = choice
+    scaled = scaled_choice(mp, seed)
+    if scaled is not None:
+        chosen["random-scaled"] = scaled
+    return {label: make_plan(mp, choice, model=t.name) for label, choice in chosen.items()}
+
+
+def sequence_parallel_plan(t: Traced, mesh: str, mode: str) -> Plan:
+    """Megatron with the LayerNorm of ``sp_block`` run sequence-parallel (reduce-scatter in, all-gather out)."""
+    mp = problem(t, mesh, mode, pins={"layer_norm": "RSR"})
+    return make_plan(mp, megatron_choice(mp), model=t.name)
+
+
+def loss_weights(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The fixed random R of loss = sum(output * R), one per output."""
+    gen = torch.Generator().manual_seed(2)
+    return [torch.randn(o.shape, generator=gen) for o in outputs]
+
+
+def reference(t: Traced, training: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The unsharded model's outputs and (training) parameter gradients under loss = sum(output * R)."""
+    t.model.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(training):
+        outputs = pytree.tree_leaves(t.model(*t.inputs))
+    grads = {}
+    if training:
+        sum((o * w).sum() for o, w in zip(outputs, loss_weights(outputs))).backward()
+        grads = {name: p.grad.clone() for name, p in t.model.named_parameters()}
+        t.model.zero_grad(set_to_none=True)
+    return [o.detach() for o in outputs], grads
+
+
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|, in float64."""
+    got, want = got.double(), want.double()
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))

@@ -1,0 +1,164 @@
+"""Plans executed on forked gloo ranks against the unsharded model: numerics, shards and collectives.
+
+One forked run per (model, mesh) executes every plan of both modes: Megatron, data-parallel
+(MLP) and random choices, each of which must reproduce the reference outputs and every
+parameter gradient within 1e-5 relative, hold parameters in their planned local shapes, and run
+exactly the collectives the plan lists, with the bytes the cost model charged for each edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from autoshard.costmodel import make_cost_model
+from autoshard.errors import AutoshardError
+from autoshard.plan import Plan
+from autoshard.reshard import REDUCE_SCATTER
+from autoshard.runtime.collectives import BACKWARD, FORWARD
+from autoshard.runtime.executor import (Collective, check_backend, distribute, expected_collectives, gather_full,
+                                        parallelize, required_collectives)
+from autoshard.runtime.groups import MeshGroups
+
+from .dist import run_ranks
+from .plans import Traced, loss_weights, plans, reference, rel_error, sequence_parallel_plan, traced
+
+TOLERANCE = 1e-5
+# (model, mesh, random plans per mode, data-parallel plan too)
+CASES = [
+    ("tiny_mlp", "2", 4, True), ("tiny_mlp", "4", 4, True), ("tiny_mlp", "8", 4, True), ("tiny_mlp", "2x2", 4, True),
+    ("tiny_mlp", "2x4", 4, True),
+    ("attention", "2", 4, False), ("attention", "4", 4, False), ("attention", "8", 3, False),
+    ("attention", "2x2", 4, False), ("attention", "2x4", 3, False),
+    ("gpt2", "2", 3, False), ("gpt2", "4", 3, False), ("gpt2", "8", 1, False), ("gpt2", "2x2", 3, False),
+    ("gpt2", "2x4", 1, False), ("llama", "2", 2, False), ("llama", "4", 1, False), ("llama", "2x2", 1, False),
+]
+
+
+@dataclass
+class Case:
+    """One plan to run, with the reference it must reproduce."""
+
+    label: str
+    plan: Plan
+    outputs: list[torch.Tensor]
+    grads: dict[str, torch.Tensor]
+
+
+@dataclass
+class Outcome:
+    """What one rank observed running one plan (errors of the whole tensors it gathered)."""
+
+    label: str
+    errors: dict[str, float]
+    param_shapes: dict[str, tuple[int, ...]]
+    collectives: list[Collective]
+
+
+def _grad(p: nn.Parameter) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _run_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[Outcome]:
+    groups = MeshGroups.create(cases[0].plan.mesh)
+    outcomes = []
+    for case in cases:
+        module = parallelize(t.model, case.plan, groups, graph=t.graph)
+        local = module(*t.inputs)
+        local = list(local) if isinstance(local, tuple) else [local]
+        outputs = [gather_full(o.detach(), s, groups) for o, s in zip(local, module.output_specs)]
+        grads = {}
+        if case.plan.mode == "training":
+            weights = loss_weights(outputs)
+            sum((o * distribute(w, s, groups)).sum() for o, w, s in zip(local, weights, module.output_specs)).backward()
+            grads = {name: gather_full(_grad(p), module.param_specs[name], groups) for name, p in module.named_parameters()}
+        errors: dict[str, float] = {}
+        if len(outputs) != len(case.outputs) or set(grads) != set(case.grads):
+            errors["structure"] = float("inf")
+        errors.update({f"output{k}": rel_error(got, want) for k, (got, want) in enumerate(zip(outputs, case.outputs))})
+        errors.update({f"grad {n}": rel_error(grads[n], want) for n, want in case.grads.items() if n in grads})
+        shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+        outcomes.append(Outcome(case.label, errors, shapes, module.collectives()))
+    return outcomes
+
+
+def _charged_ticks(plan: Plan, collectives: list[Collective]) -> dict[str, int]:
+    """Per edge, the alpha-beta price of the executed collectives, rounded per pass as the builder does."""
+    cost = make_cost_model("alpha-beta", plan.mesh)
+    seconds: dict[tuple[str, str], float] = {}
+    for c in collectives:
+        key = (c.edge, c.phase)
+        seconds[key] = seconds.get(key, 0.0) + plan.mesh.latency[c.axis] + c.sent_bytes / plan.mesh.bandwidth[c.axis]
+    ticks: dict[str, int] = {}
+    for (edge, _), value in seconds.items():
+        ticks[edge] = ticks.get(edge, 0) + cost.ticks(value)
+    return ticks
+
+
+@pytest.mark.parametrize("model,mesh,n_random,data_parallel", CASES, ids=[f"{m}-{s}" for m, s, *_ in CASES])
+def test_plans_match_reference(model: str, mesh: str, n_random: int, data_parallel: bool) -> None:
+    t = traced(model)
+    cases = []
+    for mode in ("inference", "training"):
+        outputs, grads = reference(t, mode == "training")
+        for label, plan in plans(t, mesh, mode, n_random, data_parallel).items():
+            cases.append(Case(f"{mode}/{label}", plan, outputs, grads))
+    results = run_ranks(cases[0].plan.mesh.size, _run_cases, t, cases, timeout=150)
+    full_shapes = {name: tuple(p.shape) for name, p in t.model.named_parameters()}
+    for k, case in enumerate(cases):
+        plan, where = case.plan, f"{model} on {mesh}, {case.label}"
+        expected = expected_collectives(plan)
+        for rank, outcome in enumerate(r[k] for r in results):
+            bad = {name: err for name, err in outcome.errors.items() if not err <= TOLERANCE}
+            assert not bad, f"{where}: relative errors above {TOLERANCE} on rank {rank}: {bad}"
+            assert len(outcome.errors) == len(case.outputs) + len(case.grads)
+            assert outcome.collectives == expected, f"{where}: rank {rank} ran other collectives than the plan lists"
+            local = {n: plan.param_specs[n].local_shape(s, plan.mesh.shape) for n, s in full_shapes.items()}
+            assert outcome.param_shapes == local, f"{where}: rank {rank} holds other parameter shapes than planned"
+        charged = _charged_ticks(plan, results[0][k].collectives)
+        assert {e.src + e.dst + str(e.operand): charged.get(f"{e.src}->{e.dst}[{e.operand}]", 0) for e in plan.edges} \
+            == {e.src + e.dst + str(e.operand): e.cost for e in plan.edges}, f"{where}: executed bytes priced differently"
+        if plan.mode == "training":
+            assert any(c.phase == BACKWARD for c in expected) or plan.mesh.size == 1
+        assert all(c.phase in (FORWARD, BACKWARD) for c in expected)
+
+
+def test_plan_for_another_model_is_refused_before_running() -> None:
+    mlp, attention = traced("tiny_mlp"), traced("attention")
+    plan = next(iter(plans(attention, "2", "training", 0).values()))
+    with pytest.raises(AutoshardError, match=r"^plan was made for another model \(attention\)"):
+        parallelize(mlp.model, plan, graph=mlp.graph)
+
+
+def test_wrong_world_size_is_refused_before_running() -> None:
+    t = traced("tiny_mlp")
+    plan = plans(t, "4", "training", 0)["megatron"]
+    with pytest.raises(AutoshardError, match=r"plan is for mesh 4 \(4 devices\) but the world has 1 ranks"):
+        parallelize(t.model, plan, example_inputs=t.inputs)
+
+
+def test_unsupported_collective_is_refused() -> None:
+    t = traced("tiny_mlp")
+    plan = plans(t, "2", "training", 0)["megatron"]
+    assert required_collectives(plan) == {"all_reduce"}
+    check_backend(plan, "gloo")
+    with pytest.raises(AutoshardError, match=r"needs all_reduce, which the gloo backend cannot run: run it with"):
+        check_backend(plan, "gloo", {"gloo": frozenset({"all_gather"}), "nccl": frozenset({"all_reduce"})})
+    sequence_parallel = sequence_parallel_plan(traced("sp_block"), "2", "inference")
+    assert REDUCE_SCATTER in required_collectives(sequence_parallel)
+    with pytest.raises(AutoshardError, match=r"^the plan needs reduce_scatter, which the mpi backend cannot run"):
+        check_backend(sequence_parallel, "mpi")
+
+
+def test_inference_plan_runs_without_autograd_and_on_one_device() -> None:
+    t = traced("tiny_mlp")
+    plan = plans(t, "1", "inference", 0)["megatron"]
+    module = parallelize(t.model, plan, example_inputs=t.inputs)
+    out = module(*t.inputs)
+    assert not out.requires_grad
+    assert rel_error(out, reference(t, False)[0][0]) <= TOLERANCE
+    with pytest.raises(AutoshardError, match=r"input x is \(8, 8, 8\) but the plan was made for shape \(8, 8, 16\)"):
+        module(torch.zeros(8, 8, 8))
