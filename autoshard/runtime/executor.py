@@ -251,9 +251,6 @@ def _local_attrs(node: OpNode, plan: Plan) -> dict[str, Any]:
     """The plan's attribute overrides for ``node``, checked against the attributes the node has."""
     place = plan.nodes.get(node.name)
     attrs = dict(place.local_attrs) if place is not None else {}
-    # specs/ops.toml names reshape's shape argument "size" (view's name); ATen calls it "shape".
-    if node.op == "reshape" and "size" in attrs and "shape" in node.attrs:
-        attrs["shape"] = attrs.pop("size")
     unknown = sorted(set(attrs) - set(node.attrs))
     if unknown:
         raise AutoshardError(f"plan overrides {', '.join(unknown)} of node {node.name} ({node.op}), which has only "
