@@ -1,0 +1,113 @@
+"""``python -m autoshard.run``: the README's torchrun command end to end, and its one-line refusals.
+
+The refusals run ``main`` in this process with torchrun's environment variables: every check
+happens before ``init_process_group``, so no process group may exist afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from autoshard.baselines import megatron_choice
+from autoshard.planning import make_plan
+from autoshard.run import main
+
+from .plans import EXAMPLES, plans, problem, sequence_parallel_plan, traced
+
+ROOT = EXAMPLES.parent
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _seed_plan(path: Path, mesh: str) -> None:
+    """The Megatron training plan of the seed example (examples/mlp.py), saved to ``path``."""
+    mp = problem(traced("mlp"), mesh, "training")
+    make_plan(mp, megatron_choice(mp), model="mlp").save(path)
+
+
+def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run([str(TORCHRUN), f"--nproc_per_node={nproc}", "-m", "autoshard.run", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_readme_torchrun_command(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    _seed_plan(plan, "2")
+    done = _torchrun(2, "examples/mlp.py", "--plan", str(plan))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "mlp on mesh 2 (training plan, 2 ranks, gloo)" in out
+    assert "grad fc2.bias [1024]" in out and "largest relative error" in out and ": ok" in out
+    assert "rank 1: parameters 16 MiB of 32 MiB unsharded; sent all_reduce 2x" in out
+    assert "collectives: 2 executed per rank, 2 planned, equal to the plan's list" in out
+
+
+def test_torchrun_with_the_wrong_world_size_prints_one_line(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    _seed_plan(plan, "2")
+    done = _torchrun(1, "examples/mlp.py", "--plan", str(plan))
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("autoshard.run: error:")]
+    assert ours == ["autoshard.run: error: plan is for mesh 2 (2 devices) but the world has 1 ranks: "
+                    "launch torchrun --nproc_per_node=2"]
+    assert "exitcode  : 2" in done.stderr  # torchrun's own failure report names our status
+
+
+@pytest.fixture
+def rank0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's variables for rank 0 of 2."""
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+
+
+def _refusal(capsys: pytest.CaptureFixture, argv: list[str], **kwargs: object) -> str:
+    assert main(argv, **kwargs) == 2
+    assert not dist.is_initialized()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autoshard.run: error: ")
+    return lines[0]
+
+
+def _model_file(tmp_path: Path, cls: str) -> str:
+    """A model file for a test model class of tests/runtime/plans.py, built as ``traced`` builds it."""
+    path = tmp_path / f"{cls}.py"
+    path.write_text(f"import torch\nfrom tests.runtime.plans import {cls}\n\ntorch.manual_seed(0)\nmodel = {cls}()\n"
+                    "example_inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)\n")
+    return str(path)
+
+
+@pytest.mark.usefixtures("rank0")
+def test_refusals_before_any_computation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    mlp = _model_file(tmp_path, "MLP")
+    for mesh, name in (("4", "wrong_world"), ("2", "mlp")):
+        plans(traced("tiny_mlp"), mesh, "training", 0)["megatron"].save(tmp_path / f"{name}.json")
+    plans(traced("attention"), "2", "training", 0)["megatron"].save(tmp_path / "attention.json")
+    sequence_parallel_plan(traced("sp_block"), "2", "inference").save(tmp_path / "sp.json")
+
+    line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "wrong_world.json")])
+    assert "plan is for mesh 4 (4 devices) but the world has 2 ranks: launch torchrun --nproc_per_node=4" in line
+    line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "attention.json")])
+    assert "plan was made for another model (attention)" in line
+    line = _refusal(capsys, [_model_file(tmp_path, "SequenceParallelBlock"), "--plan", str(tmp_path / "sp.json"), "--backend", "mpi"])
+    assert "the plan needs reduce_scatter, which the mpi backend cannot run: run it with --backend gloo" in line
+    reduced = {"gloo": frozenset({"all_gather"})}
+    line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "mlp.json")], collectives=reduced)
+    assert "the plan needs all_reduce, which the gloo backend cannot run: re-plan" in line
+    line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "missing.json")])
+    assert "does not exist" in line
+
+
+def test_refusal_outside_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    line = _refusal(capsys, ["examples/mlp.py", "--plan", str(tmp_path / "plan.json")])
+    assert "RANK and WORLD_SIZE are not set: launch with torchrun" in line
