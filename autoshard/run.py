@@ -29,10 +29,13 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from autoshard.errors import AutoshardError
+from autoshard.frontend.load import load_model
+from autoshard.frontend.trace import trace
 from autoshard.graph import OpGraph
 from autoshard.plan import Plan
 from autoshard.runtime.executor import (BACKEND_COLLECTIVES, ParallelModule, check_backend, check_model,
-                                        check_world, distribute, expected_collectives, gather_full, parallelize)
+                                        check_world, distribute, expected_collectives, gather_full, parallelize,
+                                        relative_errors)
 from autoshard.runtime.collectives import FORWARD
 from autoshard.runtime.groups import MeshGroups
 from autoshard.units import format_bytes
@@ -80,9 +83,6 @@ def launch_env(environ: Mapping[str, str]) -> tuple[int, int, int]:
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
             collectives: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> Prepared:
     """Load and check plan and model, cheapest checks first; raises AutoshardError, computes nothing."""
-    from autoshard.frontend.load import load_model
-    from autoshard.frontend.trace import trace
-
     plan = Plan.load(args.plan)
     check_world(plan, world_size)
     check_backend(plan, args.backend, collectives)
@@ -93,14 +93,6 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
     graph = trace(model, inputs)
     check_model(plan, graph)
     return Prepared(plan, model, inputs, graph, device)
-
-
-def rel_error(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
-    """(max absolute error, that divided by max |want|), in float64."""
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    abs_err = float((got - want).abs().max()) if want.numel() else 0.0
-    scale = float(want.abs().max()) if want.numel() else 0.0
-    return abs_err, abs_err / scale if scale > 0 else abs_err
 
 
 def _loss_weights(outputs: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor | None]:
@@ -171,20 +163,15 @@ def _check_numerics(prep: Prepared, outputs: list[torch.Tensor], grads: dict[str
                     tolerance: float) -> bool:
     """Rank 0: print each output's and gradient's error against the unsharded model; True if all fit."""
     ref_outputs, ref_grads = _reference(prep, prep.plan.mode == "training")
-    worst = 0.0
-    if len(outputs) != len(ref_outputs):
-        print(f"  the plan returns {len(outputs)} outputs but the model {len(ref_outputs)}")
-        worst = float("inf")
-    missing = sorted(set(ref_grads) - set(grads)) if grads else []
-    if missing:
-        print(f"  no sharded gradient for {', '.join(missing)}")
-        worst = float("inf")
-    rows = [(f"output {k}", got, want) for k, (got, want) in enumerate(zip(outputs, ref_outputs))]
-    rows += [(f"grad {name}", grads[name], want) for name, want in ref_grads.items() if name in grads]
-    for label, got, want in rows:
-        abs_err, rel_err = rel_error(got, want)
-        worst = max(worst, rel_err)
-        print(f"  {label} {list(want.shape)}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g}")
+    rows = relative_errors({f"output {k}": o for k, o in enumerate(outputs)},
+                           {f"output {k}": o for k, o in enumerate(ref_outputs)})
+    if grads:
+        rows |= relative_errors({f"grad {n}": g for n, g in grads.items()}, {f"grad {n}": g for n, g in ref_grads.items()})
+    shapes = {f"output {k}": list(o.shape) for k, o in enumerate(ref_outputs)}
+    shapes |= {f"grad {n}": list(g.shape) for n, g in ref_grads.items()}
+    for label, (abs_err, rel_err) in rows.items():
+        print(f"  {label} {shapes.get(label, '')}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g}")
+    worst = max(rel for _, rel in rows.values())
     ok = worst <= tolerance
     print(f"  largest relative error {worst:.3g} (tolerance {tolerance:g}): {'ok' if ok else 'FAILED'}")
     return ok

@@ -18,7 +18,7 @@ would compute something else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -46,10 +46,8 @@ class _Style:
     """One styled module: its style and the layouts at its boundary (None: the style's default)."""
 
     kind: str
-    ndim: int
     input_layout: TensorSpec | None = None
     output_layout: TensorSpec | None = None
-    nodes: list[str] = field(default_factory=list)
 
 
 def _sharded_dims(spec: TensorSpec) -> list[int]:
@@ -81,13 +79,13 @@ def _style_of(node: OpNode, graph: OpGraph, plan: Plan, model: nn.Module) -> tup
     if node.op == "linear" and isinstance(module, nn.Linear):
         weight, bias = specs[0], specs[1] if len(specs) > 1 else None
         if _shards(weight, 0) and (bias is None or _shards(bias, 0)):
-            return path, _Style(COLWISE, place.out_spec.ndim)
+            return path, _Style(COLWISE)
         if _shards(weight, 1) and (bias is None or bias.is_replicated):
-            return path, _Style(ROWWISE, place.out_spec.ndim)
+            return path, _Style(ROWWISE)
     if node.op == "layer_norm" and isinstance(module, nn.LayerNorm) and all(s.is_replicated for s in specs):
         dims = _sharded_dims(place.in_specs[0])
         if len(dims) == 1 and not place.in_specs[0].partial:
-            return path, _Style(SEQUENCE, place.out_spec.ndim, input_layout=place.in_specs[0])
+            return path, _Style(SEQUENCE, input_layout=place.in_specs[0])
     return None
 
 
@@ -104,7 +102,7 @@ def _styles(plan: Plan, graph: OpGraph, model: nn.Module) -> dict[str, _Style]:
         path, style = found
         if path in styles and styles[path].kind != style.kind:
             raise NotMappable(f"module {path} is called with two different shardings")
-        styles.setdefault(path, style).nodes.append(node.name)
+        styles.setdefault(path, style)
         styled[node.name] = path
     _check_state(plan, graph, styled)
     for node in graph:

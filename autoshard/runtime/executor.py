@@ -47,6 +47,8 @@ BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
     "mpi": frozenset({ALL_GATHER, ALL_REDUCE, ALL_TO_ALL}),  # ProcessGroupMPI raises on reduce_scatter
 }
 """Collectives each torch.distributed backend can run; a plan needing another one is refused."""
+ZERO_FLOOR = 1e-5
+"""Below this fraction of the largest reference tensor, a reference is zero up to rounding."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def check_backend(plan: Plan, backend: str, table: Mapping[str, frozenset[str]] 
     missing = sorted(required_collectives(plan) - supported)
     if missing:
         others = [name for name, kinds in table.items() if required_collectives(plan) <= kinds]
-        hint = f"run it with --backend {others[0]}" if others else "re-plan for a mesh this backend can serve"
+        hint = f"use the {others[0]} backend (--backend {others[0]})" if others else "re-plan so it needs none of them"
         raise AutoshardError(f"the plan needs {', '.join(missing)}, which the {backend} backend cannot run: {hint}")
 
 
@@ -134,6 +136,26 @@ def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> to
     steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
     with torch.no_grad():
         return run_steps(local, steps, groups)
+
+
+def relative_errors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """Per name of ``want``, (max |got - want|, that over max |want|), in float64; missing names get inf.
+
+    A reference whose largest entry is below ``ZERO_FLOOR`` times the largest of all ``want``
+    tensors is zero up to float rounding (an attention key bias's gradient: softmax ignores it),
+    so its error is taken relative to that floor rather than to its own rounding noise.
+    """
+    floor = ZERO_FLOOR * max((float(w.detach().abs().max()) for w in want.values() if w.numel()), default=0.0)
+    errors = {}
+    for name, w in want.items():
+        if name not in got or tuple(got[name].shape) != tuple(w.shape):
+            errors[name] = (float("inf"), float("inf"))
+            continue
+        g, w64 = got[name].detach().double().cpu(), w.detach().double().cpu()
+        abs_err = float((g - w64).abs().max()) if w64.numel() else 0.0
+        scale = max(float(w64.abs().max()) if w64.numel() else 0.0, floor)
+        errors[name] = (abs_err, abs_err / scale if scale > 0 else abs_err)
+    return errors
 
 
 class ParallelModule(nn.Module):

@@ -169,9 +169,3 @@ def reference(t: Traced, training: bool) -> tuple[list[torch.Tensor], dict[str, 
         grads = {name: p.grad.clone() for name, p in t.model.named_parameters()}
         t.model.zero_grad(set_to_none=True)
     return [o.detach() for o in outputs], grads
-
-
-def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| / max |want|, in float64."""
-    got, want = got.double(), want.double()
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))

@@ -97,7 +97,7 @@ def test_refusals_before_any_computation(tmp_path: Path, capsys: pytest.CaptureF
     line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "attention.json")])
     assert "plan was made for another model (attention)" in line
     line = _refusal(capsys, [_model_file(tmp_path, "SequenceParallelBlock"), "--plan", str(tmp_path / "sp.json"), "--backend", "mpi"])
-    assert "the plan needs reduce_scatter, which the mpi backend cannot run: run it with --backend gloo" in line
+    assert "the plan needs reduce_scatter, which the mpi backend cannot run: use the gloo backend (--backend gloo)" in line
     reduced = {"gloo": frozenset({"all_gather"})}
     line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "mlp.json")], collectives=reduced)
     assert "the plan needs all_reduce, which the gloo backend cannot run: re-plan" in line
