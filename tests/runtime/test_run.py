@@ -12,13 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from autoshard.baselines import megatron_choice
 from autoshard.planning import make_plan
-from autoshard.run import main
+from autoshard.errors import AutoshardError
+from autoshard.run import check_same_model, main
 
-from .plans import EXAMPLES, plans, problem, sequence_parallel_plan, traced
+from .dist import run_ranks
+from .plans import EXAMPLES, MLP, plans, problem, sequence_parallel_plan, traced
 
 ROOT = EXAMPLES.parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -111,3 +114,18 @@ def test_refusal_outside_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture,
         monkeypatch.delenv(name, raising=False)
     line = _refusal(capsys, ["examples/mlp.py", "--plan", str(tmp_path / "plan.json")])
     assert "RANK and WORLD_SIZE are not set: launch with torchrun" in line
+
+
+def _build_and_compare(rank: int, world: int, seeded: bool) -> str:
+    torch.manual_seed(0 if seeded else rank)
+    try:
+        check_same_model(MLP())
+    except AutoshardError as error:
+        return str(error)
+    return "same"
+
+
+def test_model_files_that_build_different_weights_per_rank_are_refused() -> None:
+    assert run_ranks(2, _build_and_compare, True) == ["same", "same"]
+    assert all(r.startswith("the model file builds different weights on different ranks: seed")
+               for r in run_ranks(2, _build_and_compare, False))
