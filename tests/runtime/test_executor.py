@@ -10,6 +10,7 @@ attention key biases) is judged against a floor of 1e-5 of the largest gradient.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,3 +166,41 @@ def test_inference_plan_runs_without_autograd_and_on_one_device() -> None:
     assert relative_errors({0: out}, {0: reference(t, False)[0][0]})[0][1] <= TOLERANCE
     with pytest.raises(AutoshardError, match=r"input x is \(8, 8, 8\) but the plan was made for shape \(8, 8, 16\)"):
         module(torch.zeros(8, 8, 8))
+
+
+def _sgd_steps(rank: int, world: int, t: Traced, plan_list: list[Plan], steps: int,
+               want: dict[str, torch.Tensor]) -> list[dict[str, tuple[float, float]]]:
+    """Per plan, the errors of the parameters after ``steps`` SGD steps on local shards, gathered whole."""
+    groups = MeshGroups.create(plan_list[0].mesh)
+    results = []
+    for plan in plan_list:
+        module = parallelize(t.model, plan, groups, graph=t.graph)
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            module.reset_log()
+            local = module(*t.inputs)
+            spec = module.output_specs[0]
+            weight = loss_weights([gather_full(local.detach(), spec, groups)])[0]
+            (local * distribute(weight, spec, groups)).sum().backward()
+            optimizer.step()
+            assert module.collectives() == expected_collectives(plan)
+        got = {n: gather_full(p.detach(), module.param_specs[n], groups) for n, p in module.named_parameters()}
+        results.append(relative_errors(got, want))
+    return results
+
+
+def test_optimizer_steps_on_local_shards_track_the_reference() -> None:
+    t = traced("tiny_mlp")
+    named = plans(t, "2x2", "training", 1, data_parallel=True)
+    reference_model = copy.deepcopy(t.model)
+    optimizer = torch.optim.SGD(reference_model.parameters(), lr=0.01)
+    for _ in range(3):
+        optimizer.zero_grad()
+        out = reference_model(*t.inputs)
+        (out * loss_weights([out])[0]).sum().backward()
+        optimizer.step()
+    want = {n: p.detach() for n, p in reference_model.named_parameters()}
+    for rank_results in run_ranks(4, _sgd_steps, t, list(named.values()), 3, want, timeout=60):
+        for label, errors in zip(named, rank_results):
+            assert max(rel for _, rel in errors.values()) <= TOLERANCE, (label, errors)
