@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import torch
@@ -58,7 +57,7 @@ class Outcome:
     """What one rank observed running one plan (errors of the whole tensors it gathered)."""
 
     label: str
-    errors: dict[Any, tuple[float, float]]
+    errors: dict[str, tuple[float, float]]
     param_shapes: dict[str, tuple[int, ...]]
     collectives: list[Collective]
 
@@ -80,7 +79,8 @@ def _run_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[Outc
             weights = loss_weights(outputs)
             sum((o * distribute(w, s, groups)).sum() for o, w, s in zip(local, weights, module.output_specs)).backward()
             grads = {name: gather_full(_grad(p), module.param_specs[name], groups) for name, p in module.named_parameters()}
-        errors = relative_errors(dict(enumerate(outputs)), dict(enumerate(case.outputs)))
+        errors = relative_errors({f"output {k}": o for k, o in enumerate(outputs)},
+                                 {f"output {k}": o for k, o in enumerate(case.outputs)})
         errors |= relative_errors(grads, case.grads)
         if len(outputs) != len(case.outputs) or set(grads) != set(case.grads):
             errors["structure"] = (float("inf"), float("inf"))
@@ -163,7 +163,7 @@ def test_inference_plan_runs_without_autograd_and_on_one_device() -> None:
     module = parallelize(t.model, plan, example_inputs=t.inputs)
     out = module(*t.inputs)
     assert not out.requires_grad
-    assert relative_errors({0: out}, {0: reference(t, False)[0][0]})[0][1] <= TOLERANCE
+    assert relative_errors({"out": out}, {"out": reference(t, False)[0][0]})["out"][1] <= TOLERANCE
     with pytest.raises(AutoshardError, match=r"input x is \(8, 8, 8\) but the plan was made for shape \(8, 8, 16\)"):
         module(torch.zeros(8, 8, 8))
 
