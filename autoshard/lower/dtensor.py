@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from autoshard.graph import NodeKind, OpGraph, OpNode
-from autoshard.plan import Plan
+from autoshard.plan import EdgeReshard, Plan
 from autoshard.spec import TensorSpec
 
 COLWISE, ROWWISE, SEQUENCE = "ColwiseParallel", "RowwiseParallel", "SequenceParallel"
@@ -105,39 +105,51 @@ def _styles(plan: Plan, graph: OpGraph, model: nn.Module) -> dict[str, _Style]:
         styles.setdefault(path, style)
         styled[node.name] = path
     _check_state(plan, graph, styled)
+    _check_nodes(plan, graph, styled)
+    for edge in plan.edges:
+        _place_edge(edge, graph, styles, styled)
+    return styles
+
+
+def _check_nodes(plan: Plan, graph: OpGraph, styled: dict[str, str]) -> None:
+    """Whole inputs and outputs; no local shapes, scaling or masking outside styled modules."""
     for node in graph:
         place = plan.nodes.get(node.name)
-        if node.kind == NodeKind.INPUT and place is not None and not place.out_spec.is_replicated:
+        if place is None:
+            continue
+        if node.kind == NodeKind.INPUT and not place.out_spec.is_replicated:
             raise NotMappable(f"input {node.name} is fed sharded ({place.out_spec.format(1)}); the styles take whole inputs")
         if node.kind == NodeKind.OUTPUT and not all(s is None or s.is_replicated for s in place.in_specs):
             raise NotMappable("the plan leaves an output sharded; the exported model returns whole outputs")
-        if node.kind == NodeKind.OP and node.name not in styled and place is not None:
-            if place.local_attrs or place.scale != 1 or place.masked_operands:
-                raise NotMappable(f"{node.name} ({node.op}) runs with local shapes or a partial-sum correction "
-                                  "outside any Linear/LayerNorm, which the model's own code would not apply")
-    for edge in plan.edges:
-        if graph[edge.src].kind in (NodeKind.PARAM, NodeKind.BUFFER):
-            if edge.steps:
-                raise NotMappable(f"{graph[edge.src].qualname} is resharded before use ({edge.src_spec.format(1)}->"
-                                  f"{edge.dst_spec.format(1)}); a style keeps parameters in place")
-            continue
-        src, dst = styles.get(styled.get(edge.src, "")), styles.get(styled.get(edge.dst, ""))
-        arriving = edge.src_spec
-        if src is not None and src.kind != SEQUENCE:
-            _set_layout(src, "output_layout", edge.dst_spec, f"output of {styled[edge.src]}")
-            arriving = edge.dst_spec
-        elif edge.steps and not (dst is not None and dst.kind != SEQUENCE and edge.operand == 0):
-            raise NotMappable(f"edge {edge.src} -> {edge.dst} reshards {edge.src_spec.format(1)}->"
-                              f"{edge.dst_spec.format(1)} away from any Linear input or output")
-        if dst is not None and edge.operand == 0:
-            _check_input(dst, edge.dst_spec, styled[edge.dst])
-            if dst.kind == SEQUENCE and arriving != dst.input_layout:
-                raise NotMappable(f"{styled[edge.dst]} gets {arriving.format(1)}, not its sequence-sharded input")
-            if dst.kind != SEQUENCE:
-                _set_layout(dst, "input_layout", arriving, f"input of {styled[edge.dst]}")
-        elif src is None and edge.src_spec.partial:
-            raise NotMappable(f"{edge.src} is a partial sum outside any RowwiseParallel Linear")
-    return styles
+        if node.kind == NodeKind.OP and node.name not in styled and (
+                place.local_attrs or place.scale != 1 or place.masked_operands):
+            raise NotMappable(f"{node.name} ({node.op}) runs with local shapes or a partial-sum correction "
+                              "outside any Linear/LayerNorm, which the model's own code would not apply")
+
+
+def _place_edge(edge: EdgeReshard, graph: OpGraph, styles: dict[str, _Style], styled: dict[str, str]) -> None:
+    """Attribute an edge's reshard to a style's output or input layout, or raise NotMappable."""
+    if graph[edge.src].kind in (NodeKind.PARAM, NodeKind.BUFFER):
+        if edge.steps:
+            raise NotMappable(f"{graph[edge.src].qualname} is resharded before use ({edge.src_spec.format(1)}->"
+                              f"{edge.dst_spec.format(1)}); a style keeps parameters in place")
+        return
+    src, dst = styles.get(styled.get(edge.src, "")), styles.get(styled.get(edge.dst, ""))
+    arriving = edge.src_spec
+    if src is not None and src.kind != SEQUENCE:
+        _set_layout(src, "output_layout", edge.dst_spec, f"output of {styled[edge.src]}")
+        arriving = edge.dst_spec
+    elif edge.steps and not (dst is not None and dst.kind != SEQUENCE and edge.operand == 0):
+        raise NotMappable(f"edge {edge.src} -> {edge.dst} reshards {edge.src_spec.format(1)}->"
+                          f"{edge.dst_spec.format(1)} away from any Linear input or output")
+    if dst is not None and edge.operand == 0:
+        _check_input(dst, edge.dst_spec, styled[edge.dst])
+        if dst.kind == SEQUENCE and arriving != dst.input_layout:
+            raise NotMappable(f"{styled[edge.dst]} gets {arriving.format(1)}, not its sequence-sharded input")
+        if dst.kind != SEQUENCE:
+            _set_layout(dst, "input_layout", arriving, f"input of {styled[edge.dst]}")
+    elif src is None and edge.src_spec.partial:
+        raise NotMappable(f"{edge.src} is a partial sum outside any RowwiseParallel Linear")
 
 
 def _check_state(plan: Plan, graph: OpGraph, styled: dict[str, str]) -> None:
