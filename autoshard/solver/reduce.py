@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.solver.core import INF, Core, Segment, sat
-from autoshard.solver.memory import compress_rows, normalize, prune_by_slack
+from autoshard.solver.memory import capacity_deficit, compress_rows, normalize, prune_by_slack
 
 MAX_TABLE = 4_000_000
 """Largest min-plus tensor (k_a * k_v * k_b entries) a degree-2 elimination may build."""
@@ -38,7 +38,8 @@ _SAFE = 2**62 // (MAX_DOMINANCE_DEGREE + 2)
 
 
 class NoAssignment(Exception):
-    """Some node has no strategy left: the problem has no allowed (and fitting) assignment."""
+    """No allowed (and fitting) assignment exists: ``node`` has no strategy left (-1: the memory
+    no choice can avoid already exceeds the limit somewhere)."""
 
     def __init__(self, node: int, memory: bool) -> None:
         super().__init__(node)
@@ -84,6 +85,8 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
         changed, empty = prune_by_slack(core)
         if empty is not None:
             raise NoAssignment(empty, memory=True)
+        if capacity_deficit(core):
+            raise NoAssignment(-1, memory=True)
         counts["slack"] += len(changed)
         before = {v for v in core.alive if core.segments[v]}
         compress_rows(core)

@@ -1,0 +1,159 @@
+"""The problem-file path of ``python -m autoshard.solve``: IOPDDL ``.json`` / ``.json.gz`` files.
+
+``run`` loads the file, solves it with a live progress line and one printed line per better
+plan, and ends with the contest's solution format ``[i, j, ...]`` as the last line of output.
+``add_solver_arguments`` / ``solve_options`` give every entry point the same solver flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from autoshard.errors import AutoshardError
+from autoshard.iopddl import format_solution, load_problem
+from autoshard.solver import Solution, SolveOptions, solve
+
+
+def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the solver's flags (shared by model and problem files)."""
+    group = parser.add_argument_group("solver")
+    group.add_argument("--no-reduce", action="store_true",
+                       help="skip the exact reductions (z3 sees the whole problem)")
+    group.add_argument("--no-warm-start", action="store_true",
+                       help="no heuristics, LP or Lagrangian search: z3 alone, showing every plan it finds")
+    group.add_argument("--no-prove", action="store_true",
+                       help="do not run z3 (heuristics and bounds only)")
+    group.add_argument("--seed", type=int, default=None, help="seed of the randomised heuristics (default 0)")
+
+
+def solve_options(args: argparse.Namespace, base: SolveOptions | None = None) -> SolveOptions:
+    """SolveOptions from parsed flags; flags the user set override ``base``."""
+    if base is None:
+        base = SolveOptions(timeout=getattr(args, "timeout", None))
+    changes: dict[str, Any] = {}
+    if getattr(args, "no_reduce", False):
+        changes["reduce"] = False
+    if getattr(args, "no_warm_start", False):
+        changes["warm_start"] = False
+    if getattr(args, "no_prove", False):
+        changes["prove"] = False
+    if getattr(args, "seed", None) is not None:
+        changes["seed"] = args.seed
+    return replace(base, **changes)
+
+
+class _Display:
+    """Prints one line per improvement and keeps a live status line (events -> text)."""
+
+    def __init__(self, console: Console, live: Live | None) -> None:
+        self.console, self.live = console, live
+        self.start = time.monotonic()
+        self.best: int | None = None
+        self.lower: int | None = None
+        self.phase = "starting"
+        self.checks = 0
+
+    def status(self) -> Text:
+        best = "-" if self.best is None else str(self.best)
+        lower = "-" if self.lower is None else str(self.lower)
+        return Text(
+            f"{self.phase}: best {best}  lower bound {lower}  gap {_gap(self.best, self.lower)}  "
+            f"z3 checks {self.checks}  {time.monotonic() - self.start:.1f}s",
+            style="cyan",
+        )
+
+    def __call__(self, event: Any) -> None:
+        kind = type(event).__name__
+        if kind == "Started":
+            limit = "none" if event.usage_limit is None else str(event.usage_limit)
+            self._line(f"{event.name or 'problem'}: {event.nodes} nodes, {event.edges} edges, "
+                       f"{event.strategies} strategies, usage limit {limit}")
+        elif kind == "Reduced":
+            self._line(f"reduced in {event.elapsed:.2f}s: {event.nodes_before} nodes / {event.edges_before} edges "
+                       f"-> {event.nodes_after} / {event.edges_after} ({event.strategies_after} strategies, "
+                       f"{event.memory_rows} memory rows)")
+        elif kind == "Phase":
+            self.phase = event.name
+        elif kind == "Improved":
+            self.best = event.cost
+            bound = "" if event.bound is None else f"  (asked < {event.bound})"
+            self._line(f"{event.elapsed:8.2f}s  cost {event.cost}  by {event.source}{bound}  "
+                       f"gap {_gap(self.best, self.lower)}")
+        elif kind == "LowerBound":
+            self.lower = event.value
+        elif kind == "Checked":
+            self.checks += 1
+            if event.result == "unsat":
+                self._line(f"{event.elapsed:8.2f}s  z3: no plan cheaper than {event.bound} (UNSAT)")
+        if self.live is not None:
+            self.live.update(self.status(), refresh=True)
+
+    def _line(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _gap(best: int | None, lower: int | None) -> str:
+    if best is None or lower is None:
+        return "-"
+    return f"{100 * (best - lower) / max(abs(best), 1):.2f}%"
+
+
+def run(
+    path: str,
+    timeout: float | None,
+    console: Console,
+    quiet: bool = False,
+    options: SolveOptions | None = None,
+) -> int:
+    """Solve an IOPDDL problem file; print progress and, last, the solution list. Returns 0."""
+    problem = load_problem(path)
+    options = replace(options or SolveOptions(), timeout=timeout)
+    if quiet:
+        solution = solve(problem, options)
+    else:
+        with Live(console=console, transient=True, auto_refresh=False) as live:
+            solution = solve(problem, options, _Display(console, live))
+        _summary(console, solution)
+    console.print(format_solution(solution.choice), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _summary(console: Console, solution: Solution) -> None:
+    if solution.status == "optimal":
+        text = (f"optimal: cost {solution.cost} proved by {solution.proof} in {solution.elapsed:.2f}s "
+                f"({solution.iterations} z3 checks)")
+    else:
+        lower = "none" if solution.lower_bound is None else str(solution.lower_bound)
+        text = (f"time limit: best cost {solution.cost}, lower bound {lower}, gap {_gap(solution.cost, solution.lower_bound)}, "
+                f"{solution.elapsed:.2f}s")
+    if solution.peak is not None:
+        text += f"; peak memory {solution.peak}"
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry: ``python -c 'from autoshard.problem_cli import main; main()' file.json``."""
+    parser = argparse.ArgumentParser(prog="autoshard-problem", description="Solve an IOPDDL problem file.")
+    parser.add_argument("path", help="problem file (.json or .json.gz)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds; default: until proved optimal")
+    parser.add_argument("--quiet", action="store_true", help="print only the solution list")
+    add_solver_arguments(parser)
+    args = parser.parse_args(argv)
+    console = Console()
+    try:
+        return run(args.path, args.timeout, console, quiet=args.quiet, options=solve_options(args))
+    except AutoshardError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

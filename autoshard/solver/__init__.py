@@ -1,0 +1,18 @@
+"""The torch-free solver core: exact reductions, warm start, z3 CEGIS (see api.py)."""
+
+from autoshard.solver.api import InfeasibleError, Solution, SolveOptions, solve
+from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Phase, Reduced, Started
+
+__all__ = [
+    "Checked",
+    "Finished",
+    "Improved",
+    "InfeasibleError",
+    "LowerBound",
+    "Phase",
+    "Reduced",
+    "Solution",
+    "SolveOptions",
+    "Started",
+    "solve",
+]

@@ -1,0 +1,462 @@
+"""``solve``: exact reductions, warm start, z3 CEGIS — anytime, with a proven lower bound.
+
+The problem (problem.py):
+
+    minimise   sum_i c_i[s_i] + sum_{(u,v)} m_uv[s_u, s_v]
+    subject to sum_{i live at t} usage_i[s_i] <= limit   for every time t,   no cost >= FORBIDDEN
+
+Pipeline and where each part lives:
+
+1. ``reduce.reduce_core``: exact reductions (dominated/forbidden strategies, folding, functional
+   merging with memory carried, degree-0/1/2 elimination of memory-free nodes, parallel edges);
+   ``memory.py`` puts the memory constraint on compressed rows.
+2. warm start on the core (``warm_start=True``): a minimum-memory plan polished by local search
+   (heuristics.py), the LP relaxation's certified bound and, when integral, its plan
+   (relax.py), then the Lagrangian relaxation of memory solved by TRW-S (lagrange.py, trws.py),
+   which yields plans and lower bounds until the time runs out or they meet.
+3. z3 CEGIS (cegis.py) on the core, seeded with the best plan: "is there any plan with cost <
+   best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it runs
+   in a background thread (z3 releases the GIL) with growing time slices, always asking about
+   the latest best cost.
+
+Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
+original problem before it is reported (events.py).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import z3
+
+from autoshard.errors import AutoshardError
+from autoshard.problem import ShardingProblem
+from autoshard.solver.cegis import CheckResult, Z3Search
+from autoshard.solver.core import Compact, Core
+from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Phase, Reduced, Started
+from autoshard.solver.heuristics import Search, min_memory_start
+from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.memory import attach_memory, smallest_peak
+from autoshard.solver.reduce import NoAssignment, Size, reduce_core
+from autoshard.solver.relax import DualCut, lp_bound
+
+Z3_MAX_TERMS = 400_000
+"""Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """How to solve.
+
+    ``timeout``: seconds (None: until proved). ``reduce``: exact reductions first. ``warm_start``:
+    heuristics, LP bound and Lagrangian search before and alongside z3 (without it z3 works alone,
+    showing every plan it finds). ``prove``: run z3 at all. ``seed``: for the randomised parts.
+    """
+
+    timeout: float | None = None
+    reduce: bool = True
+    warm_start: bool = True
+    prove: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Solution:
+    """The answer: a strategy per original node, its exact cost, and what is proved about it.
+
+    ``status`` is "optimal" (proved: ``proof`` says by what), "feasible" (best found, with
+    ``lower_bound`` and relative ``gap`` when a bound is known) or "infeasible" (no plan;
+    ``choice`` empty, ``cost`` None, ``message`` says why).
+    """
+
+    choice: list[int]
+    cost: int | None
+    lower_bound: int | None
+    status: str
+    gap: float | None
+    elapsed: float
+    iterations: int
+    peak: int | None = None
+    proof: str | None = None
+    message: str = ""
+    core_nodes: int = 0
+    core_edges: int = 0
+    core_rows: int = 0
+    reductions: dict[str, int] = field(default_factory=dict)
+
+
+class InfeasibleError(AutoshardError):
+    """No assignment avoids forbidden costs and fits the memory limit; ``solution`` has details."""
+
+    def __init__(self, message: str, solution: Solution) -> None:
+        super().__init__(message)
+        self.solution = solution
+
+
+def solve(
+    problem: ShardingProblem,
+    options: SolveOptions | None = None,
+    on_event: Callable[[object], None] | None = None,
+) -> Solution:
+    """Find the cheapest plan of ``problem`` (anytime); raise InfeasibleError when none exists."""
+    return _Run(problem, options or SolveOptions(), on_event or (lambda event: None)).run()
+
+
+class _Run:
+    """One call of ``solve``: the clock, the best plan and bound, and the events."""
+
+    def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: Callable[[object], None]) -> None:
+        self.problem, self.options, self.emit = problem, options, emit
+        self.start = time.monotonic()
+        self.deadline = None if options.timeout is None else self.start + options.timeout
+        self.rng = np.random.default_rng(options.seed)
+        self.best: list[int] | None = None
+        self.best_cost: int | None = None
+        self.best_local: np.ndarray | None = None
+        self.lower: int | None = None
+        self.lower_source: str | None = None
+        self._last_lower: tuple[int, float] | None = None
+        self.proof: str | None = None
+        self.iterations = 0
+        self.improvements = 0
+        self.size = Size(0, 0, 0)
+        self.counts: dict[str, int] = {}
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def proved(self) -> bool:
+        return self.proof is not None or (
+            self.lower is not None and self.best_cost is not None and self.lower >= self.best_cost
+        )
+
+    def offer(self, local: np.ndarray | list[int], source: str, bound: int | None) -> bool:
+        """Report a core plan if it beats the best (evaluated exactly on the original problem)."""
+        local = np.asarray(local, dtype=np.int64)
+        if self.comp.cost(local) >= (self.best_cost if self.best_cost is not None else 2**200):
+            return False
+        choice = self.core.expand({v: int(s) for v, s in zip(self.comp.nodes, local)})
+        ev = self.problem.evaluate(choice)
+        if not ev.feasible or (self.best_cost is not None and ev.cost >= self.best_cost):
+            return False
+        self.best, self.best_cost, self.best_local = choice, ev.cost, local.copy()
+        self.improvements += 1
+        peak = ev.peak if self.problem.usage_limit is not None else None
+        self.emit(Improved(self.improvements, ev.cost, tuple(choice), bound, self.elapsed(), source, peak))
+        return True
+
+    def bound(self, value: int | None, source: str) -> None:
+        """Record a proven lower bound if it is better than the one we have."""
+        if value is None or (self.lower is not None and value <= self.lower):
+            return
+        if self.best_cost is not None:
+            value = min(value, self.best_cost)
+        if self.lower is not None and value <= self.lower:
+            return
+        self.lower, self.lower_source = value, source
+        now = self.elapsed()
+        closes = self.best_cost is not None and value >= self.best_cost
+        if self._last_lower is None or closes or now - self._last_lower[1] >= 1.0 or (
+            value - self._last_lower[0] >= 0.001 * abs(value)
+        ):
+            self._last_lower = (value, now)
+            self.emit(LowerBound(value, now, source))
+
+    # -- phases ------------------------------------------------------------------------------
+    def run(self) -> Solution:
+        p = self.problem
+        p.validate()
+        self.emit(
+            Started(p.name, p.num_nodes, len(p.edges), sum(len(c) for c in p.node_costs), p.usage_limit)
+        )
+        self._check_peak()
+        self.core = Core(p)
+        attach_memory(self.core, p)
+        before = Size.of(self.core)
+        try:
+            if self.options.reduce:
+                self.counts = dict(reduce_core(self.core, self.deadline))
+        except NoAssignment as err:
+            return self._infeasible(self._no_assignment_message(err))
+        self.comp = self.core.freeze()
+        self.size = Size.of(self.core)
+        rows = 0 if self.comp.capacity is None else len(self.comp.capacity)
+        self.emit(
+            Reduced(before.nodes, before.edges, before.strategies, self.size.nodes, self.size.edges,
+                    self.size.strategies, rows, dict(self.counts), self.elapsed())
+        )
+        if self.comp.n == 0:
+            self.offer([], "reductions", None)
+            self.proof = "reductions"
+            self.bound(self.best_cost, "reductions")
+        elif self.options.warm_start:
+            self._warm_search()
+        elif self.options.prove:
+            self._cegis_alone()
+        if self.best is None:
+            if self.options.prove and self.proof == "z3":
+                return self._infeasible(self._unsat_message())
+            raise AutoshardError(
+                f"no plan found within the time limit of {self.options.timeout:g}s: raise the timeout"
+                if self.options.timeout is not None
+                else "no plan found: enable z3 (prove) or the warm start"
+            )
+        return self._finish()
+
+    def _check_peak(self) -> None:
+        """Fail fast when even the smallest-memory strategies overflow the limit."""
+        limit = self.problem.usage_limit
+        if limit is None:
+            return
+        peak = smallest_peak(self.problem)
+        if peak.value > limit:
+            what = "is" if peak.exact else "is at least"
+            raise self._infeasible_error(
+                f"memory limit {limit} is infeasible: the smallest achievable peak {what} {peak.value} "
+                f"(at time {peak.time}); raise the usage limit / memory budget to at least {peak.value}"
+            )
+
+    def _warm_search(self) -> None:
+        """Greedy start, LP bound, then Lagrangian/TRW-S search with z3 alongside."""
+        comp = self.comp
+        self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
+        search = Search(comp, min_memory_start(comp), self.rng)
+        if not search.feasible:
+            search.repair(self._soon(5.0))
+        if search.feasible:
+            search.descend(self._soon(5.0))
+            self.offer(search.x, "greedy", None)
+        cut = self._lp_phase()
+        z3_thread = self._start_z3(cut) if self.options.prove and not self.proved() else None
+        if not self.proved():
+            self._lagrangian(z3_thread)
+        if z3_thread is not None:
+            z3_thread.stop()
+            self._drain(z3_thread)
+
+    def _lp_phase(self) -> DualCut | None:
+        """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3."""
+        left = self.left()
+        budget = 60.0 if left is None else min(60.0, 0.3 * left)
+        self.emit(Phase("lp", "LP relaxation of the core (HiGHS)", self.elapsed()))
+        relax = lp_bound(self.comp, budget)
+        if relax.plan is not None:
+            self.offer(relax.plan, "lp", None)
+        self.bound(relax.bound, "lp")
+        return relax.cut
+
+    def _lagrangian(self, z3_thread: _Z3Thread | None) -> None:
+        comp = self.comp
+        memory = comp.has_memory
+        self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
+        lag = LagrangianSearch(comp, self.rng)
+        stale, last = 0, (self.best_cost, self.lower)
+        while not self.out_of_time() and not self.proved():
+            result = lag.step(self.best_cost, self._soon(30.0))
+            if result.plan is not None:
+                self.offer(result.plan, "lagrange", None)
+            self.bound(result.bound, "lagrange")
+            if z3_thread is not None:
+                z3_thread.bound = self.best_cost
+                self._drain(z3_thread)
+                if z3_thread.done and self.deadline is None:
+                    break
+            stale = stale + 1 if (self.best_cost, self.lower) == last else 0
+            last = (self.best_cost, self.lower)
+            if self.deadline is None and stale >= 200 and (z3_thread is None or z3_thread.done):
+                break
+        if z3_thread is not None and self.deadline is None and not self.proved():
+            z3_thread.join_until(None)
+            self._drain(z3_thread)
+
+    def _start_z3(self, cut: DualCut | None) -> _Z3Thread | None:
+        if _objective_size(self.comp) > Z3_MAX_TERMS:
+            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
+            return None
+        with_cut = " with the LP's reduced-cost cut" if cut is not None else ""
+        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} core nodes{with_cut} (background)", self.elapsed()))
+        thread = _Z3Thread(self.comp, self.deadline, cut)
+        thread.bound = self.best_cost
+        thread.start()
+        return thread
+
+    def _drain(self, thread: _Z3Thread) -> None:
+        """Turn the z3 thread's answers into events (the callback runs on this thread only)."""
+        while True:
+            try:
+                bound, result = thread.results.get_nowait()
+            except queue.Empty:
+                return
+            self._z3_answer(bound, result)
+
+    def _z3_answer(self, bound: int | None, result: CheckResult) -> None:
+        self.iterations += 1
+        self.emit(Checked(self.iterations, bound, result.result, self.elapsed()))
+        if result.result == "sat":
+            self.offer(result.choice, "z3", bound)
+        elif result.result == "unsat":
+            if bound is None or (self.best_cost is not None and bound >= self.best_cost):
+                self.proof = "z3"
+            if bound is not None:
+                self.bound(bound, "z3")
+
+    def _cegis_alone(self) -> None:
+        """z3 on its own: ask for any plan, then any plan cheaper than the last, until UNSAT."""
+        if _objective_size(self.comp) > Z3_MAX_TERMS:
+            self.emit(Phase("z3", "core too large for z3", self.elapsed()))
+            return
+        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} nodes", self.elapsed()))
+        z3s = Z3Search(self.comp)
+        while not self.out_of_time() and not self.proved():
+            bound = self.best_cost
+            result = z3s.check(bound, self.left())
+            self._z3_answer(bound, result)
+            if result.result != "sat":
+                break
+
+    # -- endings -------------------------------------------------------------------------------
+    def _soon(self, seconds: float) -> float:
+        t = time.monotonic() + seconds
+        return t if self.deadline is None else min(t, self.deadline)
+
+    def _solution(self, status: str, message: str) -> Solution:
+        cost = self.best_cost
+        lower = self.lower
+        if status == "optimal":
+            lower = cost
+        gap = None
+        if cost is not None and lower is not None:
+            gap = 0.0 if cost == lower else (cost - lower) / max(abs(cost), 1)
+        peak = None
+        if self.best is not None and self.problem.usage_limit is not None:
+            peak = self.problem.peak_usage(self.best)
+        rows = 0 if getattr(self, "comp", None) is None or self.comp.capacity is None else len(self.comp.capacity)
+        return Solution(
+            choice=list(self.best or []),
+            cost=cost,
+            lower_bound=lower,
+            status=status,
+            gap=gap,
+            elapsed=self.elapsed(),
+            iterations=self.iterations,
+            peak=peak,
+            proof=self._proof_name() if status == "optimal" else None,
+            message=message,
+            core_nodes=self.size.nodes,
+            core_edges=self.size.edges,
+            core_rows=rows,
+            reductions=dict(self.counts),
+        )
+
+    def _proof_name(self) -> str:
+        """Who proved optimality: z3's UNSAT, the reductions, or the source of a matching bound."""
+        return self.proof or self.lower_source or "lower bound"
+
+    def _finish(self) -> Solution:
+        solution = self._solution("optimal" if self.proved() else "feasible", "")
+        self.emit(Finished(solution))
+        return solution
+
+    def _infeasible(self, message: str) -> Solution:
+        raise self._infeasible_error(message)
+
+    def _infeasible_error(self, message: str) -> InfeasibleError:
+        solution = self._solution("infeasible", message)
+        self.emit(Finished(solution))
+        return InfeasibleError(message, solution)
+
+    def _no_assignment_message(self, err: NoAssignment) -> str:
+        if err.memory:
+            capacity = self.core.capacity
+            if err.node < 0 and capacity is not None and len(capacity):
+                limit = self.problem.usage_limit
+                row = int(np.argmin(capacity))
+                peak = limit - int(capacity[row])
+                return (
+                    f"memory limit {limit} is infeasible: the smallest achievable peak is at least {peak} "
+                    f"(at time {int(self.core.row_times[row])}); raise the usage limit / memory budget to at least {peak}"
+                )
+            return self._unsat_message()
+        return (
+            f"no plan exists: every strategy of node {self.problem.node_name(err.node)} is forbidden or conflicts "
+            "with all strategies of a neighbour; allow more strategies (or fewer pins) for it"
+        )
+
+    def _unsat_message(self) -> str:
+        limit = self.problem.usage_limit
+        if limit is None:
+            return "no plan avoids the forbidden strategy pairs; allow more strategies (or fewer pins)"
+        return (
+            f"memory limit {limit} is infeasible: no plan fits (proved exhaustively: the smallest achievable "
+            f"peak is at least {limit + 1}); raise the usage limit / memory budget"
+        )
+
+
+def _objective_size(comp: Compact) -> int:
+    """Weighted literals z3 would need: nonzero edge entries plus strategies."""
+    return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs)
+
+
+class _Z3Thread(threading.Thread):
+    """z3 CEGIS in the background: checks with growing time slices against the latest bound."""
+
+    def __init__(self, comp: Compact, deadline: float | None, cut: DualCut | None) -> None:
+        super().__init__(daemon=True)
+        self.comp, self.deadline, self.cut = comp, deadline, cut
+        self.bound: int | None = None
+        self.results: queue.Queue = queue.Queue()
+        self.done = False
+        self.search: Z3Search | None = None
+        self._stop_flag = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except z3.Z3Exception:
+            pass  # interrupted by stop()
+        finally:
+            self.done = True
+
+    def _loop(self) -> None:
+        self.search = z3s = Z3Search(self.comp)
+        if self.cut is not None:
+            z3s.add_cut(self.cut)
+        if self._stop_flag.is_set():
+            return
+        slice_ = 2.0
+        while not self._stop_flag.is_set():
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            bound = self.bound
+            result = z3s.check(bound, slice_ if left is None else min(slice_, left))
+            if result.result != "unknown":
+                self.results.put((bound, result))
+            if result.result == "unsat":
+                break
+            if result.result == "unknown":
+                slice_ = min(slice_ * 2, 60.0)
+
+    def stop(self) -> None:
+        """Interrupt the running check and wait for the thread to end."""
+        self._stop_flag.set()
+        while self.is_alive():
+            if self.search is not None:
+                self.search.interrupt()
+            self.join(0.05)
+
+    def join_until(self, deadline: float | None) -> None:
+        """Wait for the thread (until ``deadline``)."""
+        self.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

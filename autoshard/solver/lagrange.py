@@ -1,0 +1,118 @@
+"""Lagrangian relaxation of the memory rows, solved by TRW-S: plans and lower bounds.
+
+    L(lam) = min_x  cost(x) + sum_r lam_r * (usage_r(x) - capacity_r),   lam >= 0
+
+For every lam, L(lam) <= cost of every plan that fits, so any lower bound on the penalised
+minimum minus lam . capacity is a lower bound of the problem (``LagrangianSearch.step``). The
+penalised problem has no memory constraint: its cost per strategy of node i grows by
+usage_i[s] times the sum of lam over the node's rows (``penalties``). Each step runs TRW-S
+sweeps, reads a plan off the messages, repairs it if it overflows, polishes it by local search,
+and moves lam along the overflow of the penalised plan (Polyak step towards the best cost).
+Without a memory limit lam is empty and this is plain TRW-S with local-search polishing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.solver.core import Compact
+from autoshard.solver.heuristics import Search
+from autoshard.solver.trws import MessagePassing, safe_bound
+
+
+@dataclass
+class StepResult:
+    """A fitting plan found in this step (or None) and a proven lower bound (or None)."""
+
+    plan: np.ndarray | None
+    cost: int | None
+    bound: int | None
+
+
+class LagrangianSearch:
+    """Subgradient ascent on lam with TRW-S as the inner solver, one ``step`` at a time."""
+
+    def __init__(self, comp: Compact, rng: np.random.Generator, sweeps: int = 2) -> None:
+        self.comp = comp
+        self.rng = rng
+        self.sweeps = sweeps
+        self.mp = MessagePassing(comp)
+        rows = 0 if comp.capacity is None else len(comp.capacity)
+        self.capacity = np.zeros(rows) if comp.capacity is None else comp.capacity.astype(np.float64)
+        self.lam = np.zeros(rows)
+        self.alpha = 1.0
+        self.best_value = -np.inf
+        self.stale = 0
+        self.last_overflow = 0.0
+        self.repair_threshold = 0.01
+
+    def penalties(self) -> list[np.ndarray] | None:
+        """Per-node penalty vectors: usage of each strategy times the node's summed multipliers."""
+        if not len(self.lam) or not self.lam.any():
+            return None
+        cum = np.concatenate([[0.0], np.cumsum(self.lam)])
+        out = []
+        for c, segs in zip(self.comp.costs, self.comp.segments):
+            pen = np.zeros(len(c))
+            for start, stop, usage in segs:
+                pen += usage * (cum[stop] - cum[start])
+            out.append(pen)
+        return out
+
+    def step(self, upper: int | None, deadline: float) -> StepResult:
+        """One round: sweeps, bound, plan, repair and polish, multiplier update."""
+        pen = self.penalties()
+        for _ in range(self.sweeps):
+            self.mp.sweep(pen)
+        value, scale = self.mp.bound(pen)
+        value -= float(self.lam @ self.capacity)
+        scale += float(np.abs(self.lam * self.capacity).sum())
+        bound = safe_bound(value, scale)
+        x = self.mp.primal(pen)
+        search = Search(self.comp, x, self.rng)
+        overflow = -np.minimum(search.slack, 0) if search.memory else None
+        self.last_overflow = 0.0 if overflow is None else float(overflow.sum() / max(1.0, self.capacity.sum()))
+        if not search.feasible and self.last_overflow <= self.repair_threshold:
+            search.repair(deadline)
+        plan, cost = None, None
+        if search.feasible:
+            search.descend(deadline)
+            plan, cost = search.x.copy(), search.total
+        if overflow is not None:
+            self._update(x, value, upper if upper is not None else cost)
+        return StepResult(plan, cost, bound)
+
+    def _update(self, x: np.ndarray, value: float, upper: int | None) -> None:
+        """Polyak subgradient step on lam along the penalised plan's usage minus capacity."""
+        if value > self.best_value + 1e-9 * abs(value):
+            self.best_value, self.stale = value, 0
+        else:
+            self.stale += 1
+            if self.stale >= 8:
+                self.alpha, self.stale = max(self.alpha / 2, 1e-3), 0
+        g = self.comp.profile(x).astype(np.float64) - self.capacity
+        g[(self.lam <= 0) & (g < 0)] = 0.0
+        norm = float(g @ g)
+        if norm <= 0:
+            return
+        target = upper if upper is not None else value + abs(value) * 0.05 + 1.0
+        step = self.alpha * max(target - value, 1.0) / norm
+        self.lam = np.maximum(0.0, self.lam + step * g)
+
+
+def run_for(search: LagrangianSearch, seconds: float, upper: int | None = None) -> StepResult:
+    """Run steps for ``seconds``; return the best plan and the best bound seen (a test helper)."""
+    deadline = time.monotonic() + seconds
+    best = StepResult(None, None, None)
+    while time.monotonic() < deadline:
+        r = search.step(upper if best.cost is None else best.cost, deadline)
+        if r.cost is not None and (best.cost is None or r.cost < best.cost):
+            best.plan, best.cost = r.plan, r.cost
+        if r.bound is not None and (best.bound is None or r.bound > best.bound):
+            best.bound = r.bound
+        if best.cost is not None and best.bound is not None and best.bound >= best.cost:
+            break
+    return best

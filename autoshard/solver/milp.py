@@ -1,0 +1,143 @@
+"""The standard linearised ILP of a Compact, solved by HiGHS (scipy): the reference optimum the
+tests and the benchmark compare against (``solve_problem_milp``), and the LP relaxation that
+``relax.py`` turns into a proven lower bound.
+
+    x[i,s] in {0,1},  y[e,s,t] in [0,1]
+    minimise   sum c_i[s] x[i,s] + sum m_e[s,t] y[e,s,t]
+    subject to sum_s x[i,s] = 1                                  (one strategy per node)
+               sum_t y[e,s,t] = x[u,s],  sum_s y[e,s,t] = x[v,t]  (y is the pair's indicator)
+               sum_i usage_i,r[s] x[i,s] <= capacity[r]           (memory, every row r)
+    forbidden entries (cost >= INF) have upper bound 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array, csr_array
+
+from autoshard.problem import ShardingProblem
+from autoshard.solver.core import INF, Compact, Core
+from autoshard.solver.memory import attach_memory
+
+
+@dataclass
+class Linearised:
+    """min c.z  s.t.  a_eq z = b_eq,  a_ub z <= b_ub,  0 <= z <= upper; the first ``nx`` entries
+    of z are the x[i,s] (node i's block starts at ``offsets[i]``)."""
+
+    c: np.ndarray
+    a_eq: csr_array
+    b_eq: np.ndarray
+    a_ub: csr_array
+    b_ub: np.ndarray
+    upper: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def nx(self) -> int:
+        """Number of node variables."""
+        return int(self.offsets[-1])
+
+    @property
+    def columns(self) -> int:
+        """Number of variables."""
+        return len(self.c)
+
+    def choice(self, z: np.ndarray) -> list[int]:
+        """Each node's strategy with the largest x value."""
+        return [int(np.argmax(z[self.offsets[i] : self.offsets[i + 1]])) for i in range(len(self.offsets) - 1)]
+
+
+def linearise(comp: Compact) -> Linearised:
+    """Build the standard ILP of ``comp`` (forbidden entries get cost 0 and upper bound 0)."""
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in comp.costs])]).astype(np.int64)
+    nx = int(offsets[-1])
+    flat = np.concatenate(comp.costs) if comp.costs else np.zeros(0, dtype=np.int64)
+    objective, upper = [np.where(flat < INF, flat, 0).astype(np.float64)], [(flat < INF).astype(np.float64)]
+    rows, cols, vals = [np.repeat(np.arange(comp.n), np.diff(offsets))], [np.arange(nx)], [np.ones(nx)]
+    row, col = comp.n, nx
+    for u, v, m in comp.edges:
+        ku, kv = m.shape
+        ids = col + np.arange(ku * kv).reshape(ku, kv)
+        objective.append(np.where(m < INF, m, 0).astype(np.float64).ravel())
+        upper.append((m < INF).astype(np.float64).ravel())
+        rows += [np.repeat(row + np.arange(ku), kv), row + np.arange(ku)]
+        cols += [ids.ravel(), offsets[u] + np.arange(ku)]
+        vals += [np.ones(ku * kv), -np.ones(ku)]
+        row += ku
+        rows += [np.tile(row + np.arange(kv), ku), row + np.arange(kv)]
+        cols += [ids.ravel(), offsets[v] + np.arange(kv)]
+        vals += [np.ones(ku * kv), -np.ones(kv)]
+        row += kv
+        col += ku * kv
+    b_eq = np.zeros(row)
+    b_eq[: comp.n] = 1.0
+    a_eq = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, col)).tocsr()
+    urows, ucols, uvals = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0)]
+    capacity = np.zeros(0) if comp.capacity is None else comp.capacity.astype(np.float64)
+    for i, segs in enumerate(comp.segments):
+        for start, stop, usage in segs:
+            nz = np.flatnonzero(usage)
+            span = np.arange(start, stop)
+            urows.append(np.repeat(span, len(nz)))
+            ucols.append(np.tile(offsets[i] + nz, len(span)))
+            uvals.append(np.tile(usage[nz].astype(np.float64), len(span)))
+    a_ub = coo_array(
+        (np.concatenate(uvals), (np.concatenate(urows), np.concatenate(ucols))), shape=(len(capacity), col)
+    ).tocsr()
+    return Linearised(np.concatenate(objective), a_eq, b_eq, a_ub, capacity, np.concatenate(upper), offsets)
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    """What HiGHS returned: a plan (or None), its exact cost, HiGHS's dual bound and whether it proved it."""
+
+    choice: list[int] | None
+    cost: int | None
+    bound: float | None
+    optimal: bool
+    elapsed: float
+
+
+def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None) -> MilpResult:
+    """HiGHS on the unreduced problem (its plan's cost is evaluated exactly on ``problem``)."""
+    start = time.monotonic()
+    core = Core(problem)
+    attach_memory(core, problem)
+    compact = core.freeze()
+    left = None if time_limit is None else max(1.0, time_limit - (time.monotonic() - start))
+    result = solve_compact_milp(compact, left)
+    elapsed = time.monotonic() - start
+    if result.choice is None:
+        return MilpResult(None, None, result.bound, False, elapsed)
+    choice = core.expand(dict(zip(compact.nodes, result.choice)))
+    ev = problem.evaluate(choice)
+    if not ev.feasible:
+        return MilpResult(None, None, result.bound, False, elapsed)
+    return MilpResult(choice, ev.cost, result.bound, result.optimal, elapsed)
+
+
+def solve_compact_milp(compact: Compact, time_limit: float | None = None) -> MilpResult:
+    """HiGHS MILP on a Compact; the choice is in the compact's local strategy indices."""
+    start = time.monotonic()
+    lin = linearise(compact)
+    integrality = np.zeros(lin.columns)
+    integrality[: lin.nx] = 1
+    constraints = [LinearConstraint(lin.a_eq, lin.b_eq, lin.b_eq)]
+    if lin.a_ub.shape[0]:
+        constraints.append(LinearConstraint(lin.a_ub, -np.inf, lin.b_ub))
+    options = {"disp": False}
+    if time_limit is not None:
+        options["time_limit"] = max(1.0, float(time_limit) - (time.monotonic() - start))
+    res = milp(lin.c, constraints=constraints, integrality=integrality, bounds=Bounds(0, lin.upper), options=options)
+    elapsed = time.monotonic() - start
+    bound = getattr(res, "mip_dual_bound", None)
+    bound = None if bound is None or not np.isfinite(bound) else float(bound) + compact.const
+    if res.x is None:
+        return MilpResult(None, None, bound, False, elapsed)
+    choice = lin.choice(res.x)
+    return MilpResult(choice, compact.cost(choice), bound, res.status == 0, elapsed)

@@ -1,0 +1,118 @@
+"""Sequential tree-reweighted message passing (TRW-S, Kolmogorov 2006) on a Compact.
+
+It solves the dual of the problem's LP relaxation (the local polytope) approximately. On the
+reduced IOPDDL cores that LP is tight or nearly so, which makes TRW-S a strong source of plans
+(``primal``: nodes decided in order, each on its best strategy given the decided neighbours and
+the messages of the others) and of lower bounds (``bound``). ``penalty`` adds a per-node vector
+to the costs: the Lagrangian term of the memory rows (see lagrange.py).
+
+Arithmetic is float64 with forbidden entries at +inf; the bound is made safe against rounding
+by ``safe_bound``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autoshard.solver.core import INF, Compact
+
+_CAP = 1e250  # messages are clipped here so inf - inf never appears
+
+
+class MessagePassing:
+    """Messages of TRW-S over a Compact; ``sweep`` runs one forward and one backward pass."""
+
+    def __init__(self, comp: Compact) -> None:
+        self.comp = comp
+        n = comp.n
+        self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]
+        self.edges: list[tuple[int, int, np.ndarray]] = []
+        self.inc: list[list[tuple[int, int, bool]]] = [[] for _ in range(n)]
+        for u, v, m in comp.edges:
+            if u > v:
+                u, v, m = v, u, m.T
+            e = len(self.edges)
+            self.edges.append((u, v, np.where(m < INF, m.astype(np.float64), np.inf)))
+            self.inc[u].append((e, v, True))
+            self.inc[v].append((e, u, False))
+        self.to_u = [np.zeros(len(self.theta[u])) for u, _, _ in self.edges]
+        self.to_v = [np.zeros(len(self.theta[v])) for _, v, _ in self.edges]
+        self.gamma = [
+            1.0 / max(1, sum(j < i for _, j, _ in self.inc[i]), sum(j > i for _, j, _ in self.inc[i]))
+            for i in range(n)
+        ]
+
+    def _hat(self, i: int, penalty: list[np.ndarray] | None) -> np.ndarray:
+        hat = self.theta[i] if penalty is None else self.theta[i] + penalty[i]
+        for e, _, is_u in self.inc[i]:
+            hat = hat + (self.to_u[e] if is_u else self.to_v[e])
+        return hat
+
+    def sweep(self, penalty: list[np.ndarray] | None = None) -> None:
+        """One forward and one backward pass of message updates."""
+        n = self.comp.n
+        for forward in (True, False):
+            for i in range(n) if forward else range(n - 1, -1, -1):
+                hat = self._hat(i, penalty)
+                g = self.gamma[i]
+                for e, j, is_u in self.inc[i]:
+                    if (j > i) != forward:
+                        continue
+                    m = self.edges[e][2]
+                    if is_u:
+                        msg = np.minimum(((g * hat - self.to_u[e])[:, None] + m).min(axis=0), _CAP)
+                        self.to_v[e] = msg - msg.min()
+                    else:
+                        msg = np.minimum(((g * hat - self.to_v[e])[None, :] + m).min(axis=1), _CAP)
+                        self.to_u[e] = msg - msg.min()
+
+    def primal(self, penalty: list[np.ndarray] | None = None) -> np.ndarray:
+        """Decide nodes in order: best strategy given decided neighbours and others' messages."""
+        n = self.comp.n
+        x = np.full(n, -1, dtype=np.int64)
+        for i in range(n):
+            vec = self.theta[i] if penalty is None else self.theta[i] + penalty[i]
+            for e, j, is_u in self.inc[i]:
+                m = self.edges[e][2]
+                if x[j] >= 0:
+                    vec = vec + (m[:, x[j]] if is_u else m[x[j], :])
+                else:
+                    vec = vec + (self.to_u[e] if is_u else self.to_v[e])
+            x[i] = int(np.argmin(vec))
+        return x
+
+    def bound(self, penalty: list[np.ndarray] | None = None) -> tuple[float, float]:
+        """A lower bound on min cost + penalty, and the sum of magnitudes for ``safe_bound``.
+
+        Any split of the reparametrised costs among nodes and edges bounds the minimum by the
+        sum of the parts' minima; each node's reparametrised cost is split evenly over its edges.
+        """
+        hats = [self._hat(i, penalty) for i in range(self.comp.n)]
+        total, scale = 0.0, 0.0
+        for i, hat in enumerate(hats):
+            if not self.inc[i]:
+                low = float(hat.min())
+                total += low
+                scale += abs(low)
+        for e, (u, v, m) in enumerate(self.edges):
+            part = (
+                m
+                - self.to_u[e][:, None]
+                - self.to_v[e][None, :]
+                + hats[u][:, None] / len(self.inc[u])
+                + hats[v][None, :] / len(self.inc[v])
+            )
+            low = float(part.min())
+            total += low
+            scale += abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
+        return total, scale
+
+
+def safe_bound(value: float, scale: float) -> int:
+    """An integer lower bound on integer costs from a float64 bound ``value``: ceil after a
+    margin ~100 times the worst rounding of a sum whose terms' magnitudes add up to ``scale``."""
+    if not math.isfinite(value):
+        return -(2**62) if value < 0 else 2**62
+    return math.ceil(value - 1e-12 * (scale + abs(value)) - 1e-9)

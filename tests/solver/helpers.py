@@ -1,0 +1,67 @@
+"""Random small problems and a brute-force reference for the solver tests."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from autoshard.problem import FORBIDDEN, ShardingProblem
+
+
+def random_problem(
+    rng: np.random.Generator,
+    nodes: int,
+    max_k: int = 4,
+    edge_prob: float = 0.4,
+    forbid_prob: float = 0.15,
+    memory: bool = True,
+    functional_prob: float = 0.2,
+) -> ShardingProblem:
+    """A random problem with forbidden entries, functional edges and (optionally) a memory limit."""
+    ks = [int(rng.integers(1, max_k + 1)) for _ in range(nodes)]
+    costs = [rng.integers(0, 50, size=k).astype(np.int64) for k in ks]
+    for c in costs:
+        c[rng.random(len(c)) < forbid_prob / 2] = FORBIDDEN
+    usages = [rng.integers(0, 20, size=k).astype(np.int64) for k in ks]
+    intervals = []
+    for _ in range(nodes):
+        start = int(rng.integers(0, 10))
+        intervals.append((start, start + int(rng.integers(0, 6))))
+    edges, mats = [], []
+    for u in range(nodes):
+        for v in range(u + 1, nodes):
+            if rng.random() < edge_prob:
+                a, b = (u, v) if rng.random() < 0.5 else (v, u)
+                m = rng.integers(0, 60, size=(ks[a], ks[b])).astype(np.int64)
+                if rng.random() < functional_prob:
+                    m[:] = FORBIDDEN
+                    m[np.arange(ks[a]), rng.integers(0, ks[b], size=ks[a])] = rng.integers(0, 30, size=ks[a])
+                else:
+                    m[rng.random(m.shape) < forbid_prob] = FORBIDDEN
+                edges.append((a, b))
+                mats.append(m)
+    limit = None
+    if memory:
+        low = _peak(usages, intervals, [int(np.argmin(u)) for u in usages])
+        high = _peak(usages, intervals, [int(np.argmax(u)) for u in usages])
+        limit = int(rng.integers(low, high + 1))
+    return ShardingProblem(costs, usages, intervals, edges, mats, usage_limit=limit, name="random")
+
+
+def _peak(usages, intervals, pick) -> int:
+    top = max((e for _, e in intervals), default=0) + 1
+    level = np.zeros(top + 1, dtype=np.int64)
+    for (s, e), u, p in zip(intervals, usages, pick):
+        level[s:e] += u[p]
+    return int(level.max())
+
+
+def brute_force(problem: ShardingProblem) -> tuple[int, list[int]] | None:
+    """The optimal (cost, choice) among allowed, fitting assignments, or None when there is none."""
+    best = None
+    for choice in itertools.product(*[range(problem.num_strategies(i)) for i in range(problem.num_nodes)]):
+        ev = problem.evaluate(list(choice))
+        if ev.feasible and (best is None or ev.cost < best[0]):
+            best = (ev.cost, list(choice))
+    return best
