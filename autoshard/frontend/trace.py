@@ -22,6 +22,7 @@ model) whose ``meta`` holds each node's replayable call for ``autoshard.frontend
 from __future__ import annotations
 
 import contextlib
+import io
 import operator
 from typing import Any, Iterator
 
@@ -128,7 +129,9 @@ def trace_fx(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -
 
 def trace_export(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> OpGraph:
     """torch.export (non-strict) with context-only higher-order ops inlined."""
-    program = torch.export.export(model, tuple(example_inputs), strict=False)
+    # On failure torch.export prints the partial graph to stderr; the caller reports one line instead.
+    with contextlib.redirect_stderr(io.StringIO()):
+        program = torch.export.export(model, tuple(example_inputs), strict=False)
     signature = program.graph_signature
     input_specs = {spec.arg.name: spec for spec in signature.input_specs}
     converter = GraphConverter()

@@ -1,0 +1,100 @@
+"""The Python API: model in, proved plan out. The CLI is this plus rendering.
+
+    from autoshard import plan_model
+    result = plan_model(model, (x,), mesh="2x4", mode="training", pins={"fc1.weight": "S0R"})
+    result.plan.save("plan.json")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from autoshard.build import BuildOptions, ModelProblem, build_problem
+from autoshard.costmodel import DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS, make_cost_model
+from autoshard.graph import OpGraph
+from autoshard.mesh import Mesh, parse_mesh
+from autoshard.plan import Plan
+from autoshard.planning import make_plan
+from autoshard.solver import Solution, SolveOptions, solve
+
+# Problems this small (total strategies over all nodes) go straight to the z3 loop, so its log
+# shows every plan it tried; larger ones are reduced and warm-started first (plain z3 already
+# struggles with a handful of 25-strategy nodes on a 2-D mesh).
+DIRECT_Z3_MAX_STRATEGIES = 64
+
+
+@dataclass
+class ModelSolution:
+    """What solving a model produced: the problem, the solver's answer and the plan."""
+
+    model_problem: ModelProblem
+    solution: Solution
+    plan: Plan
+
+
+def default_solve_options(mp: ModelProblem, timeout: float | None = None) -> SolveOptions:
+    """Direct z3 CEGIS on small problems (every iteration is informative), reductions on large ones."""
+    p = mp.problem
+    large = sum(p.num_strategies(i) for i in range(p.num_nodes)) > DIRECT_Z3_MAX_STRATEGIES
+    return SolveOptions(timeout=timeout, reduce=large, warm_start=large)
+
+
+def as_mesh(mesh: Mesh | str | int) -> Mesh:
+    """Accept a Mesh, ``"2x4"`` or ``8``."""
+    return mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh))
+
+
+def build_model_problem(
+    graph: OpGraph,
+    mesh: Mesh | str | int = 8,
+    *,
+    cost_model: str = "alpha-beta",
+    mode: str = "inference",
+    memory_budget: int | None = None,
+    pins: Mapping[str, str] | None = None,
+    peak_flops: float = DEFAULT_PEAK_FLOPS,
+    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH,
+) -> ModelProblem:
+    """The sharding problem of a traced model."""
+    mesh = as_mesh(mesh)
+    model = make_cost_model(cost_model, mesh, peak_flops, memory_bandwidth)
+    options = BuildOptions(mode=mode, memory_budget=memory_budget, pins=dict(pins or {}),
+                           slapo_space=cost_model == "slapo")
+    return build_problem(graph, mesh, model, options)
+
+
+def solve_model_problem(
+    mp: ModelProblem,
+    options: SolveOptions | None = None,
+    on_event: Callable[[Any], None] | None = None,
+    model_name: str = "",
+) -> ModelSolution:
+    """Solve a model problem and read the answer back as a plan."""
+    solution = solve(mp.problem, options or default_solve_options(mp), on_event=on_event)
+    plan = make_plan(mp, list(solution.choice), model=model_name, lower_bound=solution.lower_bound,
+                     proved_optimal=solution.status == "optimal")
+    return ModelSolution(mp, solution, plan)
+
+
+def plan_model(
+    model: Any,
+    example_inputs: Any,
+    mesh: Mesh | str | int = 8,
+    *,
+    frontend: str = "auto",
+    timeout: float | None = None,
+    on_event: Callable[[Any], None] | None = None,
+    **build_options: Any,
+) -> ModelSolution:
+    """Trace ``model`` on ``example_inputs`` and return its optimal plan on ``mesh``.
+
+    ``build_options`` are those of :func:`build_model_problem` (cost_model, mode,
+    memory_budget, pins, peak_flops, memory_bandwidth).
+    """
+    from autoshard.frontend.trace import trace
+
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    graph = trace(model, inputs, frontend)
+    mp = build_model_problem(graph, mesh, **build_options)
+    return solve_model_problem(mp, default_solve_options(mp, timeout), on_event, type(model).__name__)

@@ -1,0 +1,87 @@
+"""Rich renderings of a model problem's solutions: per-iteration cost tables and the final plan.
+
+The solver reports progress as events (data); these functions turn a choice into the table a
+user reads to see what each plan costs and why (Name / InSpec / OutSpec / Cost, then one
+``|-producer`` row per resharded operand, then Total).
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from autoshard.build import ModelProblem
+from autoshard.graph import NodeKind
+from autoshard.planning import edge_cost
+from autoshard.spec import TensorSpec
+
+MAX_FULL_ROWS = 60
+
+
+def _text(spec: TensorSpec | None, mesh_ndim: int) -> str:
+    return "-" if spec is None else spec.format(mesh_ndim)
+
+
+def cost_rows(mp: ModelProblem, choice: list[int]) -> list[tuple[str, str, str, int, bool]]:
+    """(name, in-spec, out-spec, cost, interesting) rows: ops and output, each followed by its reshards."""
+    nd = mp.mesh.ndim
+    index = {n: i for i, n in enumerate(mp.names)}
+    incoming: dict[str, list] = {}
+    for e in mp.edges:
+        incoming.setdefault(e.dst, []).append(e)
+    rows = []
+    for name in mp.names:
+        cand = mp.candidates[name]
+        if cand.node.kind not in (NodeKind.OP, NodeKind.OUTPUT):
+            continue
+        s = cand.strategies[choice[index[name]]]
+        ins = "x".join(_text(spec, nd) for spec in s.in_specs if spec is not None) or "-"
+        out = "-" if cand.node.kind == NodeKind.OUTPUT else _text(s.out_spec, nd)
+        cost = cand.costs[choice[index[name]]]
+        rows.append((name, ins, out, cost, cost > 0 or not s.out_spec.is_replicated))
+        for e in incoming.get(name, []):
+            src = mp.candidates[e.src].strategies[choice[index[e.src]]].out_spec
+            dst = s.in_specs[e.operand]
+            c = edge_cost(mp, e.index, choice)
+            if c or (dst is not None and src != dst):
+                rows.append((f"|-{e.src}", _text(src, nd), _text(dst, nd), c, True))
+    return rows
+
+
+def iteration_table(mp: ModelProblem, choice: list[int], title: str | None = None, full: bool | None = None) -> Table:
+    """The cost breakdown of one plan; large graphs show only the rows that cost or shard something."""
+    rows = cost_rows(mp, choice)
+    if full is None:
+        full = len(rows) <= MAX_FULL_ROWS
+    table = Table(title=title, title_justify="left")
+    for col, justify in (("Name", "left"), ("InSpec", "left"), ("OutSpec", "left"), ("Cost", "right")):
+        table.add_column(col, justify=justify)
+    shown = rows if full else [r for r in rows if r[4]]
+    for name, ins, out, cost, _ in shown:
+        table.add_row(name, ins, out, mp.cost_model.format(cost))
+    hidden = len(rows) - len(shown)
+    if hidden:
+        table.add_row(f"({hidden} replicated zero-cost rows hidden)", "", "", "")
+    total = mp.problem.cost(choice)
+    table.add_row("Total", "", "", mp.cost_model.format(total), style="bold")
+    return table
+
+
+def layout_summary(mp: ModelProblem, choice: list[int]) -> Table:
+    """Parameter layouts of the plan: what every device stores."""
+    nd = mp.mesh.ndim
+    table = Table(title="Parameter layouts", title_justify="left")
+    for col in ("Parameter", "Shape", "Spec", "Bytes/device"):
+        table.add_column(col)
+    index = {n: i for i, n in enumerate(mp.names)}
+    for name in mp.names:
+        cand = mp.candidates[name]
+        if cand.node.kind != NodeKind.PARAM:
+            continue
+        s = cand.strategies[choice[index[name]]]
+        meta = cand.node.tensor
+        local = s.out_spec.local_shape(meta.shape, mp.mesh.shape)
+        size = meta.itemsize
+        for n in local:
+            size *= n
+        table.add_row(cand.node.qualname, str(list(meta.shape)), _text(s.out_spec, nd), f"{size:,}")
+    return table

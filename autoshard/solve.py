@@ -1,0 +1,201 @@
+"""``python -m autoshard.solve``: find, prove and print the cheapest sharding of a model (or IOPDDL problem).
+
+For a model file: trace it and print the graph, build the sharding problem, run the z3
+counterexample-guided loop (one cost table per improving plan, a live line with bound, best
+cost and time), then print the proved plan as Slapo schedule lines and write it as JSON.
+For an IOPDDL problem file (.json / .json.gz): solve it and print the contest's solution list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from autoshard import problem_cli
+from autoshard.costmodel import COST_MODELS, DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS
+from autoshard.errors import AutoshardError
+from autoshard.mesh import parse_mesh
+from autoshard.units import format_bytes, parse_bytes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag of the CLI, documented."""
+    p = argparse.ArgumentParser(
+        prog="python -m autoshard.solve",
+        description="Find the cheapest sharding of a PyTorch model on a device mesh, prove it optimal "
+                    "with z3, and print it as a Slapo schedule and a JSON plan. Also solves IOPDDL "
+                    "auto-sharding problem files (.json / .json.gz).",
+    )
+    p.add_argument("path", help="model file (defines `model` and `example_inputs`, or `build()` returning both), "
+                                "or an IOPDDL problem file ending in .json or .json.gz")
+    p.add_argument("--mesh", default="8", help="device mesh: a device count (8) or axis sizes (2x4, 2x2x2); default 8")
+    p.add_argument("--bandwidth", help="bytes/s per device on each mesh axis, comma-separated (300e9,25e9); "
+                                       "default: 300e9 for axes inside a node, 100e9 across nodes")
+    p.add_argument("--latency", help="seconds per collective on each mesh axis (1e-6,5e-6); default 1e-6 inside "
+                                     "a node, 5e-6 across")
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="devices per node, deciding which (innermost) axes get intra-node defaults; default 8")
+    p.add_argument("--cost-model", choices=COST_MODELS, default="alpha-beta",
+                   help="alpha-beta: seconds from bandwidth/latency and a compute roofline (default); "
+                        "slapo: Slapo autoshard's element counts and search space")
+    p.add_argument("--peak-flops", type=float, default=DEFAULT_PEAK_FLOPS,
+                   help=f"device flop/s for compute costs; default {DEFAULT_PEAK_FLOPS:.0e}")
+    p.add_argument("--memory-bandwidth", type=float, default=DEFAULT_MEMORY_BANDWIDTH,
+                   help=f"device memory bytes/s for compute costs; default {DEFAULT_MEMORY_BANDWIDTH:.0e}")
+    p.add_argument("--mode", choices=("inference", "training"), default="inference",
+                   help="inference: forward only; training: forward + backward, gradients and optimizer state")
+    p.add_argument("--memory-budget", help="bytes per device the plan may use, e.g. 16GiB")
+    p.add_argument("--pin", action="append", default=[], metavar="NAME=SPEC",
+                   help="fix a tensor's layout, e.g. fc1.weight=SR or fc1.weight=S0R on 2-D meshes (repeatable)")
+    p.add_argument("--frontend", choices=("auto", "fx", "export"), default="auto",
+                   help="tracer: torch.fx, torch.export, or auto (fx, falling back to export); default auto")
+    p.add_argument("--out", help="write the plan as JSON to this file")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds for the solver; at the limit it returns the best plan, its lower bound and gap")
+    p.add_argument("--tables", choices=("all", "last", "none"), default="all",
+                   help="cost tables to print: one per improving plan (all), the final plan's (last), or none")
+    p.add_argument("--quiet", action="store_true", help="no graph table, no live display")
+    problem_cli.add_solver_arguments(p)
+    return p
+
+
+def _pins(items: Sequence[str]) -> dict[str, str]:
+    pins = {}
+    for item in items:
+        name, sep, spec = item.partition("=")
+        if not sep or not name or not spec:
+            raise AutoshardError(f"--pin {item!r} is not NAME=SPEC, e.g. --pin fc1.weight=SR")
+        pins[name.strip()] = spec.strip()
+    return pins
+
+
+def _cost_text(mp: Any, ticks: int) -> str:
+    """``131072 elements`` or ``93.2 us (93200000 ps)``."""
+    if mp.cost_model.unit == "s":
+        return f"{mp.cost_model.format(ticks)} ({ticks} ps)"
+    return f"{ticks} {mp.cost_model.unit}"
+
+
+class _Progress:
+    """Turns solver events into tables and a live status line."""
+
+    def __init__(self, mp: Any, console: Console, tables: str, live: Live | None) -> None:
+        self.mp, self.console, self.tables, self.live = mp, console, tables, live
+        self.start = time.perf_counter()
+        self.best: int | None = None
+        self.lower: int | None = None
+        self.iterations = 0
+
+    def status(self) -> Text:
+        fmt = self.mp.cost_model.format
+        best = "-" if self.best is None else fmt(self.best)
+        lower = "-" if self.lower is None else fmt(self.lower)
+        return Text(f"iterations {self.iterations}  bound < {best}  best {best}  lower bound {lower}  "
+                    f"time {time.perf_counter() - self.start:.1f}s", style="cyan")
+
+    def __call__(self, event: Any) -> None:
+        kind = type(event).__name__
+        if kind == "Improved":
+            self.iterations += 1
+            self.best = event.cost
+            if self.tables == "all":
+                from autoshard.report import iteration_table
+                bound = "" if event.bound is None else f", asked for < {self.mp.cost_model.format(event.bound)}"
+                self.console.print(f"[bold]Iteration {self.iterations}[/] ({event.source}{bound}): "
+                                   f"total {_cost_text(self.mp, event.cost)}", highlight=False)
+                self.console.print(iteration_table(self.mp, list(event.choice), None))
+        elif kind == "LowerBound":
+            self.lower = event.value
+        elif kind == "Reduced":
+            self.console.print(f"reduced: {event.nodes_before} nodes / {event.edges_before} edges -> "
+                               f"{event.nodes_after} / {event.edges_after} left for z3")
+        if self.live is not None:
+            self.live.update(self.status())
+
+
+
+def run_model(args: argparse.Namespace, console: Console) -> int:
+    """Solve a model file end to end and print everything a user needs."""
+    from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
+    from autoshard.frontend.load import load_model
+    from autoshard.frontend.table import graph_table
+    from autoshard.frontend.trace import trace
+    from autoshard.lower.slapo import schedule_lines
+    from autoshard.report import iteration_table, layout_summary
+
+    mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node)
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    pins = _pins(args.pin)
+    loaded = load_model(args.path)
+    graph = trace(loaded.model, loaded.example_inputs, args.frontend)
+    if not args.quiet:
+        console.print(graph_table(graph))
+    mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
+                             pins=pins, peak_flops=args.peak_flops, memory_bandwidth=args.memory_bandwidth)
+    for warning in mp.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+    p = mp.problem
+    console.print(f"{loaded.name}: {len(graph)} graph nodes, {p.num_nodes} decision nodes, {len(p.edges)} edges, "
+                  f"mesh {mesh.label}, {args.mode}, cost model {mp.cost_model.name}"
+                  + (f", memory budget {format_bytes(budget)}" if budget else ""))
+    options = problem_cli.solve_options(args, default_solve_options(mp, args.timeout))
+    with Live(console=console, transient=True, auto_refresh=False) if not args.quiet else _NoLive() as live:
+        progress = _Progress(mp, console, args.tables, live if not args.quiet else None)
+        result = solve_model_problem(mp, options, progress, loaded.name)
+    solution, plan = result.solution, result.plan
+    fmt = mp.cost_model.format
+    if args.tables == "last":
+        console.print(f"[bold]Best plan[/]: total {_cost_text(mp, solution.cost)}", highlight=False)
+        console.print(iteration_table(mp, list(solution.choice), None))
+    if solution.status == "optimal":
+        console.print(f"[green]proved optimal[/]: no plan costs less than {_cost_text(mp, solution.cost)} "
+                      f"({solution.proof or 'z3 UNSAT'}; {solution.iterations} z3 checks, {solution.elapsed:.2f}s)",
+                      highlight=False)
+    else:
+        gap = "unknown" if solution.gap is None else f"{100 * solution.gap:.2f}%"
+        lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
+        console.print(f"[yellow]time limit[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
+    console.print(layout_summary(mp, list(solution.choice)))
+    peak = p.peak_usage(list(solution.choice))
+    console.print(f"peak memory per device: {format_bytes(peak)}")
+    console.print("Schedule (Slapo):")
+    for line in schedule_lines(plan, graph):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if args.out:
+        plan.save(args.out)
+        console.print(f"plan written to {args.out}")
+    return 0
+
+
+class _NoLive:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; user errors print one line and exit 2."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.path.endswith((".json", ".json.gz")):
+            return problem_cli.run(args.path, args.timeout, console, quiet=args.quiet, options=problem_cli.solve_options(args))
+        return run_model(args, console)
+    except AutoshardError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The ``python -m autoshard.solve`` command line on model files: output, plan file, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoshard.solve import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = str(ROOT / "examples" / "mlp.py")
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_documents_every_flag():
+    text = build_parser().format_help()
+    for action in build_parser()._actions:
+        for flag in action.option_strings:
+            assert flag in text
+        assert action.help, f"{action.option_strings or action.dest} has no help text"
+
+
+def test_seed_run_under_slapo_costs(capsys, tmp_path):
+    out_file = tmp_path / "plan.json"
+    code, out, err = run_cli(capsys, MLP, "--mesh", "8", "--cost-model", "slapo", "--out", str(out_file))
+    assert code == 0, err
+    totals = [int(t) for t in re.findall(r"Iteration \d+ \([^)]*\): total (\d+) elements", out)]
+    assert totals and totals[-1] == 131072
+    assert all(a > b for a, b in zip(totals, totals[1:])), totals
+    assert "proved optimal" in out
+    assert 'sch["fc1"].sync(mode="fwd_pre", sync_op_or_fn="RR->SR")' in out
+    assert 'sch["fc2"].sync(mode="fwd_post", sync_op_or_fn="SR->RR")' in out
+    assert out.index('sch["fc1"]') < out.index('sch["fc2"]')
+    plan = json.loads(out_file.read_text())
+    assert plan["total_cost"] == 131072 and plan["proved_optimal"]
+    assert "fc1.weight" in plan["param_specs"]
+
+
+def test_graph_table_lists_ops_and_parameters(capsys):
+    code, out, _ = run_cli(capsys, MLP, "--mesh", "8", "--tables", "none")
+    assert code == 0
+    for name in ("linear", "gelu", "linear_1", "fc1.weight", "fc2.bias", "float32"):
+        assert name in out
+    assert "[8, 1024, 4096]" in out or "8, 1024, 4096" in out
+
+
+def test_default_cost_model_proves_its_plan(capsys):
+    code, out, _ = run_cli(capsys, MLP, "--mesh", "2x4", "--tables", "last")
+    assert code == 0
+    assert "proved optimal" in out
+    assert "Schedule" in out
+
+
+def _error(capsys, *argv: str) -> str:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_missing_file(capsys, tmp_path):
+    assert "does not exist" in _error(capsys, str(tmp_path / "nope.py"))
+
+
+def test_file_without_a_model(capsys, tmp_path):
+    path = tmp_path / "empty.py"
+    path.write_text("x = 1\n")
+    assert "model" in _error(capsys, str(path))
+
+
+def test_untraceable_model(capsys, tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if x.sum().item() > 0:\n"
+        "            return x.nonzero()\n"
+        "        return x\n"
+        "model = M()\n"
+        "example_inputs = (torch.ones(4),)\n"
+    )
+    assert "cannot trace" in _error(capsys, str(path))
+
+
+@pytest.mark.parametrize("mesh", ["0", "-1", "2.5", "eight"])
+def test_bad_meshes(capsys, mesh):
+    assert "--mesh" in _error(capsys, MLP, "--mesh", mesh)
+
+
+def test_bad_pin_and_budget(capsys):
+    assert "--pin" in _error(capsys, MLP, "--pin", "fc9.weight=SR")
+    assert "memory" in _error(capsys, MLP, "--memory-budget", "lots")
+
+
+def test_module_entry_point_runs():
+    done = subprocess.run([sys.executable, "-m", "autoshard.solve", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and "--mesh" in done.stdout
