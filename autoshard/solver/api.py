@@ -43,7 +43,8 @@ from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
-from autoshard.solver.relax import DualCut, lp_bound
+from autoshard.solver.cut import DualCut
+from autoshard.solver.relax import lp_bound
 
 Z3_MAX_TERMS = 400_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
@@ -206,7 +207,7 @@ class _Run:
         elif self.options.prove:
             self._cegis_alone()
         if self.best is None:
-            if self.options.prove and self.proof == "z3":
+            if self.proof in ("z3", "lp"):
                 return self._infeasible(self._unsat_message())
             raise AutoshardError(
                 f"no plan found within the time limit of {self.options.timeout:g}s: raise the timeout"
@@ -239,9 +240,9 @@ class _Run:
             search.descend(self._soon(5.0))
             self.offer(search.x, "greedy", None)
         cut = self._lp_phase()
-        z3_thread = self._start_z3(cut) if self.options.prove and not self.proved() else None
+        z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.proved() else None
         if not self.proved():
-            self._lagrangian(z3_thread)
+            z3_thread = self._lagrangian(z3_thread)
         if z3_thread is not None:
             z3_thread.stop()
             self._drain(z3_thread)
@@ -252,18 +253,29 @@ class _Run:
         budget = 60.0 if left is None else min(60.0, 0.3 * left)
         self.emit(Phase("lp", "LP relaxation of the core (HiGHS)", self.elapsed()))
         relax = lp_bound(self.comp, budget)
+        if relax.infeasible:
+            self.proof = "lp"
+            return None
         if relax.plan is not None:
             self.offer(relax.plan, "lp", None)
         self.bound(relax.bound, "lp")
         return relax.cut
 
-    def _lagrangian(self, z3_thread: _Z3Thread | None) -> None:
+    def _lagrangian(self, z3_thread: _Z3Thread | None) -> _Z3Thread | None:
+        """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
+        a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
         comp = self.comp
         memory = comp.has_memory
         self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
         lag = LagrangianSearch(comp, self.rng)
-        stale, last = 0, (self.best_cost, self.lower)
+        stale, last, steps = 0, (self.best_cost, self.lower), 0
+        warmup = self._soon(min(10.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
+        wants_z3 = z3_thread is None and self.options.prove
         while not self.out_of_time() and not self.proved():
+            steps += 1
+            if wants_z3 and (steps > 30 or time.monotonic() >= warmup):
+                wants_z3 = False
+                z3_thread = self._start_z3(lag.cut())
             result = lag.step(self.best_cost, self._soon(30.0))
             if result.plan is not None:
                 self.offer(result.plan, "lagrange", None)
@@ -275,17 +287,18 @@ class _Run:
                     break
             stale = stale + 1 if (self.best_cost, self.lower) == last else 0
             last = (self.best_cost, self.lower)
-            if self.deadline is None and stale >= 200 and (z3_thread is None or z3_thread.done):
+            if self.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
                 break
         if z3_thread is not None and self.deadline is None and not self.proved():
             z3_thread.join_until(None)
             self._drain(z3_thread)
+        return z3_thread
 
     def _start_z3(self, cut: DualCut | None) -> _Z3Thread | None:
         if _objective_size(self.comp) > Z3_MAX_TERMS:
             self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
             return None
-        with_cut = " with the LP's reduced-cost cut" if cut is not None else ""
+        with_cut = f" with a dual cut (bound {cut.const})" if cut is not None else ""
         self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} core nodes{with_cut} (background)", self.elapsed()))
         thread = _Z3Thread(self.comp, self.deadline, cut)
         thread.bound = self.best_cost

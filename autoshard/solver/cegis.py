@@ -29,7 +29,7 @@ import numpy as np
 import z3
 
 from autoshard.solver.core import INF, Compact
-from autoshard.solver.relax import DualCut
+from autoshard.solver.cut import DualCut
 
 _CMAX = 2**31 - 1
 

@@ -23,11 +23,18 @@ from autoshard.solver.core import INF, Compact
 class Search:
     """An assignment of a Compact with its cost and memory slack, and moves that improve it."""
 
-    def __init__(self, comp: Compact, x: np.ndarray, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        comp: Compact,
+        x: np.ndarray,
+        rng: np.random.Generator,
+        penalty: list[np.ndarray] | None = None,
+    ) -> None:
         self.comp = comp
         self.rng = rng
         self.x = np.asarray(x, dtype=np.int64).copy()
-        self.memory = comp.capacity is not None and len(comp.capacity) > 0
+        self.penalty = penalty
+        self.memory = penalty is None and comp.capacity is not None and len(comp.capacity) > 0
         self.slack = (comp.capacity - comp.profile(self.x)) if self.memory else np.zeros(0, dtype=np.int64)
         self.total = comp.cost(self.x)
 
@@ -64,19 +71,18 @@ class Search:
         self.total += delta
 
     def sweep(self, order: np.ndarray | None = None) -> int:
-        """One pass of best single-node moves that fit; returns the number of moves made."""
+        """One pass of best single-node moves that fit (on the penalised cost when there is a
+        penalty); returns the number of moves made."""
         moves = 0
         for i in self.rng.permutation(self.comp.n) if order is None else order:
-            vec = self.local_costs(i)
+            true = self.local_costs(i)
+            vec = true if self.penalty is None else np.where(true < INF, true + self.penalty[i], np.inf)
             if self.memory and self.comp.segments[i]:
                 vec = np.where(self.fits(i), vec, INF)
             best = int(np.argmin(vec))
-            current = int(vec[self.x[i]]) if vec[self.x[i]] < INF else None
-            if current is None or int(vec[best]) < current:
-                if vec[best] >= INF:
-                    continue
-                before = self.local_costs(i)[self.x[i]]
-                self.set(i, best, int(vec[best]) - int(before))
+            s = self.x[i]
+            if true[best] < INF and (true[s] >= INF or vec[best] < vec[s]):
+                self.set(i, best, int(true[best]) - int(true[s]))
                 moves += 1
         return moves
 

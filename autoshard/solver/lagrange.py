@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.solver.core import Compact
+from autoshard.solver.cut import DualCut
 from autoshard.solver.heuristics import Search
 from autoshard.solver.trws import MessagePassing, safe_bound
 
@@ -72,6 +73,10 @@ class LagrangianSearch:
         scale += float(np.abs(self.lam * self.capacity).sum())
         bound = safe_bound(value, scale)
         x = self.mp.primal(pen)
+        if pen is not None:
+            polish = Search(self.comp, x, self.rng, penalty=pen)
+            polish.descend(deadline)
+            x = polish.x
         search = Search(self.comp, x, self.rng)
         overflow = -np.minimum(search.slack, 0) if search.memory else None
         self.last_overflow = 0.0 if overflow is None else float(overflow.sum() / max(1.0, self.capacity.sum()))
@@ -84,6 +89,10 @@ class LagrangianSearch:
         if overflow is not None:
             self._update(x, value, upper if upper is not None else cost)
         return StepResult(plan, cost, bound)
+
+    def cut(self) -> DualCut:
+        """The current multipliers and messages as a cut for z3 (valid for every plan that fits)."""
+        return self.mp.cut(self.penalties(), -float(self.lam @ self.capacity))
 
     def _update(self, x: np.ndarray, value: float, upper: int | None) -> None:
         """Polyak subgradient step on lam along the penalised plan's usage minus capacity."""

@@ -28,22 +28,12 @@ import numpy as np
 from scipy.optimize import linprog
 
 from autoshard.solver.core import Compact
+from autoshard.solver.cut import DualCut
 from autoshard.solver.milp import linearise
 from autoshard.solver.trws import safe_bound
 
 MAX_COLUMNS = 200_000
 """Cores whose LP has more variables are not relaxed (HiGHS would need minutes)."""
-
-
-@dataclass(frozen=True)
-class DualCut:
-    """``const + sum w * literal <= cost`` for every fitting plan. Node terms (i, s, w, positive)
-    stand for x[i,s] (positive) or not x[i,s]; pair terms (e, s, t, w, positive) for the indicator
-    of edge e taking (s, t) in ``comp.edges`` order, or its negation."""
-
-    const: int
-    node_terms: list[tuple[int, int, int, bool]]
-    pair_terms: list[tuple[int, int, int, int, bool]]
 
 
 @dataclass(frozen=True)
@@ -54,14 +44,20 @@ class Relaxation:
     plan: list[int] | None
     elapsed: float
     cut: DualCut | None = None
+    infeasible: bool = False
+
+
+def lp_columns(comp: Compact) -> int:
+    """Variables of the linearised ILP: one per strategy and one per edge-matrix entry."""
+    return sum(len(c) for c in comp.costs) + sum(m.size for _, _, m in comp.edges)
 
 
 def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
     """Solve the LP relaxation within ``time_limit`` seconds and certify its bound."""
     start = time.monotonic()
+    if lp_columns(comp) > MAX_COLUMNS or time_limit <= 0:
+        return Relaxation(None, None, 0.0)
     lin = linearise(comp)
-    if lin.columns > MAX_COLUMNS or time_limit <= 0:
-        return Relaxation(None, None, time.monotonic() - start)
     res = linprog(
         lin.c,
         A_ub=lin.a_ub if lin.a_ub.shape[0] else None,
@@ -72,6 +68,8 @@ def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
         method="highs-ds",
         options={"time_limit": max(0.5, time_limit - (time.monotonic() - start))},
     )
+    if res.status == 2:  # the relaxation has no solution, so neither has the problem
+        return Relaxation(None, None, time.monotonic() - start, infeasible=True)
     if res.status != 0 or res.x is None:
         return Relaxation(None, None, time.monotonic() - start)
     y_eq = np.asarray(res.eqlin.marginals, dtype=np.float64)

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from autoshard.solver.core import INF, Compact
+from autoshard.solver.cut import DualCut
 
 _CAP = 1e250  # messages are clipped here so inf - inf never appears
 
@@ -29,8 +30,10 @@ class MessagePassing:
         n = comp.n
         self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]
         self.edges: list[tuple[int, int, np.ndarray]] = []
+        self.flipped: list[bool] = []
         self.inc: list[list[tuple[int, int, bool]]] = [[] for _ in range(n)]
         for u, v, m in comp.edges:
+            self.flipped.append(u > v)
             if u > v:
                 u, v, m = v, u, m.T
             e = len(self.edges)
@@ -108,6 +111,39 @@ class MessagePassing:
             total += low
             scale += abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
         return total, scale
+
+
+    def cut(self, penalty: list[np.ndarray] | None, offset: float) -> DualCut:
+        """The split bound as a z3 cut: each edge part's excess over its minimum, floored, on the
+        pair's indicator (and isolated nodes' excess on their strategies). For every plan that fits,
+        cost >= const + sum of the excesses it uses, where const is the bound plus ``offset``
+        (minus lam . capacity for a Lagrangian penalty)."""
+        hats = [self._hat(i, penalty) for i in range(self.comp.n)]
+        total, scale = offset, abs(offset)
+        node_terms, pair_terms = [], []
+        for i, hat in enumerate(hats):
+            if not self.inc[i]:
+                low = float(hat.min())
+                total, scale = total + low, scale + abs(low)
+                excess = np.floor(hat - low - 1e-9 * (np.abs(hat) + abs(low)) - 1e-6)
+                for s in np.flatnonzero(np.isfinite(hat) & (excess >= 1)):
+                    node_terms.append((i, int(s), int(excess[s]), True))
+        for e, (u, v, m) in enumerate(self.edges):
+            part = (
+                m
+                - self.to_u[e][:, None]
+                - self.to_v[e][None, :]
+                + hats[u][:, None] / len(self.inc[u])
+                + hats[v][None, :] / len(self.inc[v])
+            )
+            low = float(part.min())
+            total, scale = total + low, scale + abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
+            excess = np.where(np.isfinite(part) & (part < _CAP), part - low, 0.0)
+            excess = np.floor(excess - 1e-9 * (np.abs(part) + abs(low)) - 1e-6)  # never above the true excess
+            for s, t in zip(*np.nonzero(excess >= 1)):
+                a, b = (int(t), int(s)) if self.flipped[e] else (int(s), int(t))
+                pair_terms.append((e, a, b, int(excess[s, t]), True))
+        return DualCut(safe_bound(total, scale), node_terms, pair_terms)
 
 
 def safe_bound(value: float, scale: float) -> int:

@@ -1,0 +1,90 @@
+"""The problem-file CLI path: progress lines, the solution list last, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from autoshard.iopddl import load_problem, parse_solution
+from autoshard.problem_cli import add_solver_arguments, main, run, solve_options
+from autoshard.solver import SolveOptions
+
+EXAMPLE = Path("/work/shared/iopddl/example.json")
+
+
+def console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=60, force_terminal=False), out
+
+
+def test_run_prints_improvements_and_the_solution_last():
+    con, out = console()
+    assert run(str(EXAMPLE), 10.0, con) == 0
+    lines = out.getvalue().strip().splitlines()
+    assert any("cost 445" in line for line in lines)
+    assert any(line.startswith("optimal: cost 445") for line in lines)
+    choice = parse_solution(lines[-1], load_problem(EXAMPLE))
+    assert load_problem(EXAMPLE).evaluate(choice).cost == 445
+
+
+def test_raw_z3_mode_prints_every_plan_and_the_unsat():
+    con, out = console()
+    run(str(EXAMPLE), None, con, options=SolveOptions(reduce=False, warm_start=False))
+    text = out.getvalue()
+    assert text.count("by z3") >= 2 and "UNSAT" in text
+
+
+def test_quiet_prints_only_the_solution():
+    con, out = console()
+    run(str(EXAMPLE), None, con, quiet=True)
+    lines = out.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[")
+
+
+def test_long_solution_stays_on_one_line(tmp_path):
+    data = json.loads(EXAMPLE.read_text())
+    nodes = data["problem"]["nodes"]
+    for key in ("intervals", "costs", "usages"):
+        nodes[key] = nodes[key] * 20
+    data["problem"]["edges"] = {"nodes": [], "costs": []}
+    data["problem"]["usage_limit"] = None
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps(data))
+    con, out = console()
+    run(str(path), None, con)
+    last = out.getvalue().strip().splitlines()[-1]
+    assert len(parse_solution(last, load_problem(path))) == 100
+
+
+def test_main_reports_bad_files_in_one_line(tmp_path, capsys):
+    path = tmp_path / "broken.json"
+    path.write_text(EXAMPLE.read_text()[:200])
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "not valid JSON" in err
+
+
+def test_main_reports_infeasible_limits(tmp_path, capsys):
+    data = json.loads(EXAMPLE.read_text())
+    data["problem"]["usage_limit"] = 20
+    path = tmp_path / "tight.json"
+    path.write_text(json.dumps(data))
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "smallest achievable peak is 50" in err and "\n" not in err
+
+
+def test_solver_flags_override_base_options():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--timeout", type=float)
+    add_solver_arguments(parser)
+    args = parser.parse_args(["--no-reduce", "--no-warm-start", "--seed", "3", "--timeout", "5"])
+    options = solve_options(args)
+    assert (options.reduce, options.warm_start, options.prove, options.seed, options.timeout) == (False, False, True, 3, 5.0)
+    base = SolveOptions(timeout=9.0, reduce=True, warm_start=True)
+    assert solve_options(parser.parse_args([]), base) == base
+    assert solve_options(parser.parse_args(["--no-prove"]), base).prove is False
