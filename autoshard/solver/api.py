@@ -46,7 +46,7 @@ from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.cut import DualCut
 from autoshard.solver.relax import lp_bound
 
-Z3_MAX_TERMS = 400_000
+Z3_MAX_TERMS = 200_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
 
 
@@ -269,11 +269,11 @@ class _Run:
         self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
         lag = LagrangianSearch(comp, self.rng)
         stale, last, steps = 0, (self.best_cost, self.lower), 0
-        warmup = self._soon(min(10.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
+        warmup = self._soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
         while not self.out_of_time() and not self.proved():
             steps += 1
-            if wants_z3 and (steps > 30 or time.monotonic() >= warmup):
+            if wants_z3 and (steps > 200 or time.monotonic() >= warmup):
                 wants_z3 = False
                 z3_thread = self._start_z3(lag.cut())
             result = lag.step(self.best_cost, self._soon(30.0))
@@ -463,9 +463,12 @@ class _Z3Thread(threading.Thread):
                 slice_ = min(slice_ * 2, 60.0)
 
     def stop(self) -> None:
-        """Interrupt the running check and wait for the thread to end."""
+        """Interrupt the running check and wait (at most about a second) for the thread to end;
+        a thread still building its formula notices the flag and ends right after."""
         self._stop_flag.set()
-        while self.is_alive():
+        for _ in range(20):
+            if not self.is_alive():
+                return
             if self.search is not None:
                 self.search.interrupt()
             self.join(0.05)

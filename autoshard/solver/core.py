@@ -187,37 +187,3 @@ class Compact:
     def is_feasible(self, x: np.ndarray | list[int]) -> bool:
         """True when x avoids forbidden costs and fits in memory."""
         return self.cost(x) < INF and self.overflow(x) == 0
-
-
-def subproblem(comp: Compact, nodes: list[int], x: np.ndarray) -> Compact:
-    """The part of ``comp`` over ``nodes`` with every other node fixed as in ``x``.
-
-    Edges to fixed nodes become node costs, memory rows keep the capacity left by the fixed
-    nodes, and the constant makes sub.cost(y) equal comp.cost of x with ``nodes`` set to y.
-    """
-    inside = {v: i for i, v in enumerate(nodes)}
-    costs = []
-    for v in nodes:
-        vec = comp.costs[v]
-        for j, m in comp.nbrs[v]:
-            if j not in inside:
-                vec = sat(vec + m[:, x[j]])
-        costs.append(vec)
-    edges = [(inside[u], inside[v], m) for u, v, m in comp.edges if u in inside and v in inside]
-    fixed = [j for j in range(comp.n) if j not in inside]
-    const = comp.const + sum(int(comp.costs[j][x[j]]) for j in fixed)
-    const += sum(int(m[x[u], x[v]]) for u, v, m in comp.edges if u not in inside and v not in inside)
-    capacity = None
-    if comp.capacity is not None:
-        outside = x.copy()
-        rest = Compact(nodes=[], costs=[comp.costs[j] for j in fixed], edges=[], capacity=comp.capacity,
-                       segments=[comp.segments[j] for j in fixed])
-        capacity = comp.capacity - rest.profile(outside[fixed])
-    return Compact(
-        nodes=list(nodes),
-        costs=costs,
-        edges=edges,
-        capacity=capacity,
-        segments=[comp.segments[v] for v in nodes],
-        const=const,
-    )

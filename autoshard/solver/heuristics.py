@@ -1,14 +1,15 @@
-"""Fast plans for the warm start: memory-aware local search on the reduced core.
+"""Local search on the reduced core: the greedy warm start and the polish of Lagrangian plans.
 
-``Search`` keeps an assignment with its exact cost and per-row memory slack, and improves it
-with moves that never break the memory limit once it holds:
+``Search`` keeps an assignment with its exact cost and per-row memory slack:
 
-- ``sweep``: iterated conditional modes, each node to its best strategy given its neighbours;
-- ``tree_move``: a breadth-first tree of up to ``size`` nodes re-optimised jointly by dynamic
-  programming (edges leaving the tree are conditioned on the current plan, edges inside it but
-  off the tree are re-checked exactly before the move is accepted);
+- ``sweep`` / ``descend``: iterated conditional modes, each node to its best strategy given its
+  neighbours, never breaking the memory limit once it holds (with a ``penalty``: on the
+  penalised cost, memory not enforced — used to polish a Lagrangian plan);
 - ``repair``: while some row overflows, take the change that frees the most memory on the worst
   row per unit of extra cost.
+
+(Tree-shaped dynamic-programming moves were tried too and never improved a Lagrangian plan on
+B, G or V, so they are not kept.)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Search:
         self.x = np.asarray(x, dtype=np.int64).copy()
         self.penalty = penalty
         self.memory = penalty is None and comp.capacity is not None and len(comp.capacity) > 0
+        self.blocks = [_disjoint(segs) for segs in comp.segments] if self.memory else [[] for _ in comp.costs]
         self.slack = (comp.capacity - comp.profile(self.x)) if self.memory else np.zeros(0, dtype=np.int64)
         self.total = comp.cost(self.x)
 
@@ -54,7 +56,7 @@ class Search:
         """Strategies of node i that keep every row within capacity (others unchanged)."""
         mask = np.ones(len(self.comp.costs[i]), dtype=bool)
         s = self.x[i]
-        for start, stop, usage in self.comp.segments[i]:
+        for start, stop, usage in self.blocks[i]:
             mask &= usage - usage[s] <= int(self.slack[start:stop].min())
         return mask
 
@@ -63,7 +65,7 @@ class Search:
         old = self.x[i]
         if old == s:
             return
-        for start, stop, usage in self.comp.segments[i]:
+        for start, stop, usage in self.blocks[i]:
             change = int(usage[s]) - int(usage[old])
             if change:
                 self.slack[start:stop] -= change
@@ -77,7 +79,7 @@ class Search:
         for i in self.rng.permutation(self.comp.n) if order is None else order:
             true = self.local_costs(i)
             vec = true if self.penalty is None else np.where(true < INF, true + self.penalty[i], np.inf)
-            if self.memory and self.comp.segments[i]:
+            if self.memory and self.blocks[i]:
                 vec = np.where(self.fits(i), vec, INF)
             best = int(np.argmin(vec))
             s = self.x[i]
@@ -90,102 +92,6 @@ class Search:
         """Sweep until no single move helps or the deadline passes."""
         while time.monotonic() < deadline and self.sweep():
             pass
-
-    def tree_move(self, root: int, size: int) -> bool:
-        """Re-optimise a BFS tree of up to ``size`` nodes around root; True when the plan improved."""
-        comp = self.comp
-        order, parent = [root], {root: -1}
-        for i in order:
-            for j, _ in comp.nbrs[i]:
-                if j not in parent and len(order) < size:
-                    parent[j] = i
-                    order.append(j)
-        if len(order) < 2:
-            return False
-        inside = set(order)
-        if self.memory:
-            for i in order:
-                self._release(i)
-        unary = {}
-        for i in order:
-            vec = comp.costs[i]
-            for j, m in comp.nbrs[i]:
-                if j not in inside or (parent[i] != j and parent.get(j) != i):
-                    vec = np.minimum(vec + m[:, self.x[j]], INF)
-            if self.memory and comp.segments[i]:
-                vec = np.where(self._fits_free(i), vec, INF)
-            unary[i] = vec
-        edge = {}
-        for i in order:
-            for j, m in comp.nbrs[i]:
-                if parent.get(j) == i:
-                    edge[j] = m  # rows: parent i, columns: child j
-        best_child = {}
-        for j in reversed(order[1:]):
-            t = np.minimum(edge[j] + unary[j][None, :], INF)
-            arg = np.argmin(t, axis=1)
-            best_child[j] = arg
-            p = parent[j]
-            unary[p] = np.minimum(unary[p] + t[np.arange(len(arg)), arg], INF)
-        new = {root: int(np.argmin(unary[root]))}
-        for j in order[1:]:
-            new[j] = int(best_child[j][new[parent[j]]])
-        old = {i: int(self.x[i]) for i in order}
-        if self.memory:
-            for i in order:
-                self._claim(i, old[i])
-        if new == old:
-            return False
-        delta = self._delta(order, new)
-        if delta >= 0 or not self._fits_jointly(order, new):
-            return False
-        for i in order:
-            self.set(i, new[i], 0)
-        self.total += delta
-        return True
-
-    def _release(self, i: int) -> None:
-        for start, stop, usage in self.comp.segments[i]:
-            self.slack[start:stop] += int(usage[self.x[i]])
-
-    def _claim(self, i: int, s: int) -> None:
-        for start, stop, usage in self.comp.segments[i]:
-            self.slack[start:stop] -= int(usage[s])
-
-    def _fits_free(self, i: int) -> np.ndarray:
-        mask = np.ones(len(self.comp.costs[i]), dtype=bool)
-        for start, stop, usage in self.comp.segments[i]:
-            mask &= usage <= int(self.slack[start:stop].min())
-        return mask
-
-    def _delta(self, nodes: list[int], new: dict[int, int]) -> int:
-        """Exact cost change of moving ``nodes`` to ``new`` (Python ints)."""
-        comp, x = self.comp, self.x
-        delta = 0
-        for i in nodes:
-            delta += int(comp.costs[i][new[i]]) - int(comp.costs[i][x[i]])
-            for j, m in comp.nbrs[i]:
-                if j in new:
-                    if i < j:
-                        delta += int(m[new[i], new[j]]) - int(m[x[i], x[j]])
-                else:
-                    delta += int(m[new[i], x[j]]) - int(m[x[i], x[j]])
-        return delta
-
-    def _fits_jointly(self, nodes: list[int], new: dict[int, int]) -> bool:
-        """True when moving all ``nodes`` together keeps every row within capacity."""
-        if not self.memory:
-            return True
-        diff = np.zeros(len(self.slack) + 1, dtype=np.int64)
-        touched = False
-        for i in nodes:
-            for start, stop, usage in self.comp.segments[i]:
-                change = int(usage[new[i]]) - int(usage[self.x[i]])
-                if change:
-                    diff[start] += change
-                    diff[stop] -= change
-                    touched = True
-        return not touched or bool((np.cumsum(diff[:-1]) <= self.slack).all())
 
     def repair(self, deadline: float) -> bool:
         """Move nodes off overflowing rows, cheapest memory first, until the plan fits."""
@@ -215,6 +121,20 @@ class Search:
         return self.feasible
 
 
+def _disjoint(segs: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, np.ndarray]]:
+    """A node's segments cut at all their ends: disjoint row ranges with the summed usage, so a
+    change of strategy can be checked range by range."""
+    if len(segs) < 2:
+        return list(segs)
+    cuts = sorted({r for start, stop, _ in segs for r in (start, stop)})
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        parts = [usage for start, stop, usage in segs if start <= a and b <= stop]
+        if parts:
+            out.append((a, b, np.sum(parts, axis=0)))
+    return out
+
+
 def _segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Owner node, first row and end row of every segment, as arrays."""
     flat = [(i, start, stop) for i, segs in enumerate(comp.segments) for start, stop, _ in segs]
@@ -234,22 +154,3 @@ def min_memory_start(comp: Compact) -> np.ndarray:
         key = np.lexsort((c, usage))
         x[i] = int(key[0])
     return x
-
-
-def cheapest_start(comp: Compact) -> np.ndarray:
-    """Each node on its cheapest strategy, ignoring edges and memory."""
-    return np.array([int(np.argmin(c)) for c in comp.costs], dtype=np.int64)
-
-
-def improve(search: Search, deadline: float, tree_size: int = 60) -> None:
-    """Alternate single-node sweeps and random tree moves until the deadline."""
-    search.descend(deadline)
-    n = search.comp.n
-    stale = 0
-    while time.monotonic() < deadline and stale < 3 * n:
-        root = int(search.rng.integers(n))
-        size = int(search.rng.integers(2, tree_size + 1))
-        if search.tree_move(root, size):
-            stale = 0
-        else:
-            stale += 1

@@ -13,7 +13,6 @@ Without a memory limit lam is empty and this is plain TRW-S with local-search po
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,18 +109,3 @@ class LagrangianSearch:
         target = upper if upper is not None else value + abs(value) * 0.05 + 1.0
         step = self.alpha * max(target - value, 1.0) / norm
         self.lam = np.maximum(0.0, self.lam + step * g)
-
-
-def run_for(search: LagrangianSearch, seconds: float, upper: int | None = None) -> StepResult:
-    """Run steps for ``seconds``; return the best plan and the best bound seen (a test helper)."""
-    deadline = time.monotonic() + seconds
-    best = StepResult(None, None, None)
-    while time.monotonic() < deadline:
-        r = search.step(upper if best.cost is None else best.cost, deadline)
-        if r.cost is not None and (best.cost is None or r.cost < best.cost):
-            best.plan, best.cost = r.plan, r.cost
-        if r.bound is not None and (best.bound is None or r.bound > best.bound):
-            best.bound = r.bound
-        if best.cost is not None and best.bound is not None and best.bound >= best.cost:
-            break
-    return best
