@@ -15,9 +15,10 @@ Pipeline and where each part lives:
    (relax.py), then the Lagrangian relaxation of memory solved by TRW-S (lagrange.py, trws.py),
    which yields plans and lower bounds until the time runs out or they meet.
 3. z3 CEGIS (cegis.py) on the core, seeded with the best plan: "is there any plan with cost <
-   best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it runs
-   in a background thread (z3 releases the GIL) with growing time slices, always asking about
-   the latest best cost.
+   best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it gets
+   the LP's (or TRW-S's) dual as a redundant cut (cut.py), without which z3 rarely proves
+   anything, and runs in a background thread (z3 releases the GIL) with growing time slices,
+   always asking about the latest best cost.
 
 Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
 original problem before it is reported (events.py).
@@ -26,24 +27,22 @@ original problem before it is reported (events.py).
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import z3
 
 from autoshard.errors import AutoshardError
 from autoshard.problem import ShardingProblem
-from autoshard.solver.cegis import CheckResult, Z3Search
+from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker
 from autoshard.solver.core import Compact, Core
+from autoshard.solver.cut import DualCut
 from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Phase, Reduced, Started
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
-from autoshard.solver.cut import DualCut
 from autoshard.solver.relax import lp_bound
 
 Z3_MAX_TERMS = 200_000
@@ -118,7 +117,6 @@ class _Run:
         self.rng = np.random.default_rng(options.seed)
         self.best: list[int] | None = None
         self.best_cost: int | None = None
-        self.best_local: np.ndarray | None = None
         self.lower: int | None = None
         self.lower_source: str | None = None
         self._last_lower: tuple[int, float] | None = None
@@ -152,7 +150,7 @@ class _Run:
         ev = self.problem.evaluate(choice)
         if not ev.feasible or (self.best_cost is not None and ev.cost >= self.best_cost):
             return False
-        self.best, self.best_cost, self.best_local = choice, ev.cost, local.copy()
+        self.best, self.best_cost = choice, ev.cost
         self.improvements += 1
         peak = ev.peak if self.problem.usage_limit is not None else None
         self.emit(Improved(self.improvements, ev.cost, tuple(choice), bound, self.elapsed(), source, peak))
@@ -261,7 +259,7 @@ class _Run:
         self.bound(relax.bound, "lp")
         return relax.cut
 
-    def _lagrangian(self, z3_thread: _Z3Thread | None) -> _Z3Thread | None:
+    def _lagrangian(self, z3_thread: Z3Worker | None) -> Z3Worker | None:
         """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
         a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
         comp = self.comp
@@ -294,18 +292,18 @@ class _Run:
             self._drain(z3_thread)
         return z3_thread
 
-    def _start_z3(self, cut: DualCut | None) -> _Z3Thread | None:
+    def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:
         if _objective_size(self.comp) > Z3_MAX_TERMS:
             self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
             return None
         with_cut = f" with a dual cut (bound {cut.const})" if cut is not None else ""
         self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} core nodes{with_cut} (background)", self.elapsed()))
-        thread = _Z3Thread(self.comp, self.deadline, cut)
+        thread = Z3Worker(self.comp, self.deadline, cut)
         thread.bound = self.best_cost
         thread.start()
         return thread
 
-    def _drain(self, thread: _Z3Thread) -> None:
+    def _drain(self, thread: Z3Worker) -> None:
         """Turn the z3 thread's answers into events (the callback runs on this thread only)."""
         while True:
             try:
@@ -420,59 +418,3 @@ class _Run:
 def _objective_size(comp: Compact) -> int:
     """Weighted literals z3 would need: nonzero edge entries plus strategies."""
     return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs)
-
-
-class _Z3Thread(threading.Thread):
-    """z3 CEGIS in the background: checks with growing time slices against the latest bound."""
-
-    def __init__(self, comp: Compact, deadline: float | None, cut: DualCut | None) -> None:
-        super().__init__(daemon=True)
-        self.comp, self.deadline, self.cut = comp, deadline, cut
-        self.bound: int | None = None
-        self.results: queue.Queue = queue.Queue()
-        self.done = False
-        self.search: Z3Search | None = None
-        self._stop_flag = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self._loop()
-        except z3.Z3Exception:
-            pass  # interrupted by stop()
-        finally:
-            self.done = True
-
-    def _loop(self) -> None:
-        self.search = z3s = Z3Search(self.comp)
-        if self.cut is not None:
-            z3s.add_cut(self.cut)
-        if self._stop_flag.is_set():
-            return
-        slice_ = 2.0
-        while not self._stop_flag.is_set():
-            left = None if self.deadline is None else self.deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            bound = self.bound
-            result = z3s.check(bound, slice_ if left is None else min(slice_, left))
-            if result.result != "unknown":
-                self.results.put((bound, result))
-            if result.result == "unsat":
-                break
-            if result.result == "unknown":
-                slice_ = min(slice_ * 2, 60.0)
-
-    def stop(self) -> None:
-        """Interrupt the running check and wait (at most about a second) for the thread to end;
-        a thread still building its formula notices the flag and ends right after."""
-        self._stop_flag.set()
-        for _ in range(20):
-            if not self.is_alive():
-                return
-            if self.search is not None:
-                self.search.interrupt()
-            self.join(0.05)
-
-    def join_until(self, deadline: float | None) -> None:
-        """Wait for the thread (until ``deadline``)."""
-        self.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

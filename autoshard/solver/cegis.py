@@ -22,6 +22,8 @@ again.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -227,6 +229,62 @@ class Z3Search:
                 return CheckResult("sat", choice)
             # a rounded constraint let a plan through that is not really better: exclude it exactly
             self.solver.add(z3.Or([z3.Not(self.x[i][s]) for i, s in enumerate(choice)]))
+
+
+class Z3Worker(threading.Thread):
+    """z3 CEGIS in the background: checks with growing time slices against the latest bound."""
+
+    def __init__(self, comp: Compact, deadline: float | None, cut: DualCut | None) -> None:
+        super().__init__(daemon=True)
+        self.comp, self.deadline, self.cut = comp, deadline, cut
+        self.bound: int | None = None
+        self.results: queue.Queue = queue.Queue()
+        self.done = False
+        self.search: Z3Search | None = None
+        self._stop_flag = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except z3.Z3Exception:
+            pass  # interrupted by stop()
+        finally:
+            self.done = True
+
+    def _loop(self) -> None:
+        self.search = z3s = Z3Search(self.comp)
+        if self.cut is not None:
+            z3s.add_cut(self.cut)
+        if self._stop_flag.is_set():
+            return
+        slice_ = 2.0
+        while not self._stop_flag.is_set():
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            bound = self.bound
+            result = z3s.check(bound, slice_ if left is None else min(slice_, left))
+            if result.result != "unknown":
+                self.results.put((bound, result))
+            if result.result == "unsat":
+                break
+            if result.result == "unknown":
+                slice_ = min(slice_ * 2, 60.0)
+
+    def stop(self) -> None:
+        """Interrupt the running check and wait (at most about a second) for the thread to end;
+        a thread still building its formula notices the flag and ends right after."""
+        self._stop_flag.set()
+        for _ in range(20):
+            if not self.is_alive():
+                return
+            if self.search is not None:
+                self.search.interrupt()
+            self.join(0.05)
+
+    def join_until(self, deadline: float | None) -> None:
+        """Wait for the thread (until ``deadline``)."""
+        self.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 def _assert(expr: str) -> str:
