@@ -17,6 +17,7 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-torch.manual_seed(0)
-model = MLP()
-example_inputs = (torch.randn(8, 1024, 1024),)
+def build() -> tuple[MLP, tuple[torch.Tensor]]:
+    """The seed model and its input x [8, 1024, 1024]."""
+    torch.manual_seed(0)
+    return MLP(), (torch.randn(8, 1024, 1024),)

@@ -30,17 +30,19 @@ from autoshard.planning import make_plan
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-class MLP(nn.Module):
-    """The seed MLP's structure (fc1 -> GELU -> fc2, with biases) at a CPU-test size."""
+def _example_module(name: str):
+    """Import examples/<name>.py by path (the examples folder is not a package)."""
+    import importlib.util
 
-    def __init__(self, hidden: int = 16, inner: int = 32) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, inner)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(inner, hidden)
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+
+MLP = functools.partial(_example_module("mlp").MLP, 16, 32)
+"""The seed MLP's structure (fc1 -> GELU -> fc2, with biases) at a CPU-test size."""
+
 
 
 class SequenceParallelBlock(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from autoshard.runtime.groups import MeshGroups
 from autoshard.schedule import create_schedule
 
 from .dist import run_ranks
+from .plans import _example_module
 
 MEGATRON = """
 sch["fc1"].shard("weight", axis=0)
@@ -37,19 +39,7 @@ sch["fc2"].shard("weight", axis=1)
 sch["fc2"].sync(mode="fwd_post", sync_op_or_fn="reduce_scatter", axis=1)
 """
 BATCH, SEQ, HIDDEN, FFN = 2, 8, 16, 32
-
-
-class MLP(nn.Module):
-    """The seed MLP's structure (fc1, act, fc2) at a size fast enough for CPU tests."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(HIDDEN, FFN)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(FFN, HIDDEN)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+MLP = functools.partial(_example_module("mlp").MLP, HIDDEN, FFN)
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
