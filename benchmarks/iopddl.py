@@ -82,6 +82,7 @@ def _ratio(cost: int | None, best: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every instance and print the table row by row."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("instances", nargs="+", help="IOPDDL problem files (.json or .json.gz)")
     parser.add_argument("--timeout", type=float, default=None,

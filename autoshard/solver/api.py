@@ -128,15 +128,19 @@ class _Run:
 
     # -- bookkeeping -------------------------------------------------------------------------
     def elapsed(self) -> float:
+        """Seconds since solve() started."""
         return time.monotonic() - self.start
 
     def left(self) -> float | None:
+        """Seconds left (None without a time limit)."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
     def out_of_time(self) -> bool:
+        """True once the time limit has passed."""
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def proved(self) -> bool:
+        """True when the best plan is proved optimal or the problem infeasible."""
         return self.proof is not None or (
             self.lower is not None and self.best_cost is not None and self.lower >= self.best_cost
         )
@@ -175,6 +179,7 @@ class _Run:
 
     # -- phases ------------------------------------------------------------------------------
     def run(self) -> Solution:
+        """Validate, reduce, search, and return (or raise) the answer."""
         p = self.problem
         p.validate()
         self.emit(

@@ -244,6 +244,7 @@ class Z3Worker(threading.Thread):
         self._stop_flag = threading.Event()
 
     def run(self) -> None:
+        """The thread body: CEGIS until UNSAT, the deadline or stop()."""
         try:
             self._loop()
         except z3.Z3Exception:

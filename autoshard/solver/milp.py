@@ -2,12 +2,17 @@
 tests and the benchmark compare against (``solve_problem_milp``), and the LP relaxation that
 ``relax.py`` turns into a proven lower bound.
 
-    x[i,s] in {0,1},  y[e,s,t] in [0,1]
+    x[i,s] in {0,1},  y[e,s,t] in [0,1],  0 <= level[r] <= capacity[r]
     minimise   sum c_i[s] x[i,s] + sum m_e[s,t] y[e,s,t]
     subject to sum_s x[i,s] = 1                                  (one strategy per node)
                sum_t y[e,s,t] = x[u,s],  sum_s y[e,s,t] = x[v,t]  (y is the pair's indicator)
-               sum_i usage_i,r[s] x[i,s] <= capacity[r]           (memory, every row r)
+               level[r] = level[r-1] + usage of segments starting at r - usage of those ending at r
+                                                                  (memory in use at row r)
     forbidden entries (cost >= INF) have upper bound 0.
+
+The memory rows are written as a running level (each segment enters twice) rather than as one
+inequality per row listing every live segment: the same LP, but linear in size — the latter has
+269 million nonzeros on S and does not fit in memory.
 """
 
 from __future__ import annotations
@@ -26,14 +31,12 @@ from autoshard.solver.memory import attach_memory
 
 @dataclass
 class Linearised:
-    """min c.z  s.t.  a_eq z = b_eq,  a_ub z <= b_ub,  0 <= z <= upper; the first ``nx`` entries
-    of z are the x[i,s] (node i's block starts at ``offsets[i]``)."""
+    """min c.z  s.t.  a_eq z = b_eq,  0 <= z <= upper; the first ``nx`` entries of z are the
+    x[i,s] (node i's block starts at ``offsets[i]``), then the y, then the memory levels."""
 
     c: np.ndarray
     a_eq: csr_array
     b_eq: np.ndarray
-    a_ub: csr_array
-    b_ub: np.ndarray
     upper: np.ndarray
     offsets: np.ndarray
 
@@ -74,22 +77,30 @@ def linearise(comp: Compact) -> Linearised:
         vals += [np.ones(ku * kv), -np.ones(kv)]
         row += kv
         col += ku * kv
-    b_eq = np.zeros(row)
-    b_eq[: comp.n] = 1.0
-    a_eq = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, col)).tocsr()
-    urows, ucols, uvals = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0)]
     capacity = np.zeros(0) if comp.capacity is None else comp.capacity.astype(np.float64)
+    rows_mem = len(capacity)
+    level = col + np.arange(rows_mem)  # column of level[r]; row (row + r) defines it
+    rows += [row + np.arange(rows_mem), row + np.arange(1, rows_mem)]
+    cols += [level, level[:-1]]
+    vals += [np.ones(rows_mem), -np.ones(max(rows_mem - 1, 0))]
     for i, segs in enumerate(comp.segments):
         for start, stop, usage in segs:
             nz = np.flatnonzero(usage)
-            span = np.arange(start, stop)
-            urows.append(np.repeat(span, len(nz)))
-            ucols.append(np.tile(offsets[i] + nz, len(span)))
-            uvals.append(np.tile(usage[nz].astype(np.float64), len(span)))
-    a_ub = coo_array(
-        (np.concatenate(uvals), (np.concatenate(urows), np.concatenate(ucols))), shape=(len(capacity), col)
-    ).tocsr()
-    return Linearised(np.concatenate(objective), a_eq, b_eq, a_ub, capacity, np.concatenate(upper), offsets)
+            rows.append(np.full(len(nz), row + start))
+            cols.append(offsets[i] + nz)
+            vals.append(-usage[nz].astype(np.float64))
+            if stop < rows_mem:
+                rows.append(np.full(len(nz), row + stop))
+                cols.append(offsets[i] + nz)
+                vals.append(usage[nz].astype(np.float64))
+    objective.append(np.zeros(rows_mem))
+    upper.append(capacity)
+    row += rows_mem
+    col += rows_mem
+    b_eq = np.zeros(row)
+    b_eq[: comp.n] = 1.0
+    a_eq = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, col)).tocsr()
+    return Linearised(np.concatenate(objective), a_eq, b_eq, np.concatenate(upper), offsets)
 
 
 @dataclass(frozen=True)
@@ -124,12 +135,12 @@ def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None
 def solve_compact_milp(compact: Compact, time_limit: float | None = None) -> MilpResult:
     """HiGHS MILP on a Compact; the choice is in the compact's local strategy indices."""
     start = time.monotonic()
+    if compact.capacity is not None and len(compact.capacity) and int(compact.capacity.min()) < 0:
+        return MilpResult(None, None, None, False, 0.0)  # unavoidable usage over the limit
     lin = linearise(compact)
     integrality = np.zeros(lin.columns)
     integrality[: lin.nx] = 1
     constraints = [LinearConstraint(lin.a_eq, lin.b_eq, lin.b_eq)]
-    if lin.a_ub.shape[0]:
-        constraints.append(LinearConstraint(lin.a_ub, -np.inf, lin.b_ub))
     options = {"disp": False}
     if time_limit is not None:
         options["time_limit"] = max(1.0, float(time_limit) - (time.monotonic() - start))

@@ -69,6 +69,7 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
     queued = set(queue)
 
     def push(nodes) -> None:
+        """Queue nodes for another look."""
         for w in nodes:
             if w not in queued and w in core.alive:
                 queued.add(w)

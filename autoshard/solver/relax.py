@@ -4,8 +4,7 @@ HiGHS's dual values y are only approximately optimal, so the bound is not HiGHS'
 the Lagrangian dual function evaluated at y (clipped to the right signs), which is a valid
 bound for *any* y:
 
-    L(y) = b_eq . y_eq + b_ub . y_ub + sum_j u_j * min(0, c_j - (A_eq^T y_eq + A_ub^T y_ub)_j),
-    y_ub <= 0,  0 <= z <= u
+    L(y) = b . y + sum_j u_j * min(0, c_j - (A^T y)_j)      (A z = b, 0 <= z <= u)
 
 computed in float64 with a safety margin (trws.safe_bound). When the LP optimum is integral it is
 also a plan. On the reduced IOPDDL cores B and G this LP is exact: bound = optimum.
@@ -55,13 +54,13 @@ def lp_columns(comp: Compact) -> int:
 def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
     """Solve the LP relaxation within ``time_limit`` seconds and certify its bound."""
     start = time.monotonic()
+    if comp.capacity is not None and len(comp.capacity) and int(comp.capacity.min()) < 0:
+        return Relaxation(None, None, 0.0, infeasible=True)  # unavoidable usage over the limit
     if lp_columns(comp) > MAX_COLUMNS or time_limit <= 0:
         return Relaxation(None, None, 0.0)
     lin = linearise(comp)
     res = linprog(
         lin.c,
-        A_ub=lin.a_ub if lin.a_ub.shape[0] else None,
-        b_ub=lin.b_ub if lin.a_ub.shape[0] else None,
         A_eq=lin.a_eq,
         b_eq=lin.b_eq,
         bounds=np.stack([np.zeros(lin.columns), lin.upper], axis=1),
@@ -76,11 +75,6 @@ def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
     reduced = lin.c - lin.a_eq.T @ y_eq
     magnitude = np.abs(lin.c) + abs(lin.a_eq).T @ np.abs(y_eq)
     terms = [lin.b_eq * y_eq]
-    if lin.a_ub.shape[0]:
-        y_ub = np.minimum(np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
-        reduced = reduced - lin.a_ub.T @ y_ub
-        magnitude = magnitude + abs(lin.a_ub).T @ np.abs(y_ub)
-        terms.append(lin.b_ub * y_ub)
     negative = (reduced < 0) & (lin.upper > 0)
     terms.append(np.where(negative, lin.upper * reduced, 0.0))
     flat = np.concatenate(terms)
