@@ -212,11 +212,14 @@ class _Run:
         if self.best is None:
             if self.proof in ("z3", "lp"):
                 return self._infeasible(self._unsat_message())
-            raise AutoshardError(
-                f"no plan found within the time limit of {self.options.timeout:g}s: raise the timeout"
-                if self.options.timeout is not None
-                else "no plan found: enable z3 (prove) or the warm start"
-            )
+            if self.options.timeout is not None and self.out_of_time():
+                raise AutoshardError(f"no plan found within the time limit of {self.options.timeout:g}s: raise the timeout")
+            if not self.options.warm_start:
+                raise AutoshardError(
+                    f"no plan found: z3 alone does not take a core of {self.comp.n} nodes "
+                    f"({_objective_size(self.comp)} weighted literals); keep the warm start on"
+                )
+            raise AutoshardError("no plan found by the heuristics: let z3 run (drop --no-prove) or give more time")
         return self._finish()
 
     def _check_peak(self) -> None:

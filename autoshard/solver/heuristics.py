@@ -15,6 +15,7 @@ B, G or V, so they are not kept.)
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class Search:
         self.x = np.asarray(x, dtype=np.int64).copy()
         self.penalty = penalty
         self.memory = penalty is None and comp.capacity is not None and len(comp.capacity) > 0
-        self.blocks = [_disjoint(segs) for segs in comp.segments] if self.memory else [[] for _ in comp.costs]
+        self.blocks = node_blocks(comp) if self.memory else [[] for _ in comp.costs]
         self.slack = (comp.capacity - comp.profile(self.x)) if self.memory else np.zeros(0, dtype=np.int64)
         self.total = comp.cost(self.x)
 
@@ -72,26 +73,33 @@ class Search:
         self.x[i] = s
         self.total += delta
 
-    def sweep(self, order: np.ndarray | None = None) -> int:
-        """One pass of best single-node moves that fit (on the penalised cost when there is a
-        penalty); returns the number of moves made."""
-        moves = 0
-        for i in self.rng.permutation(self.comp.n) if order is None else order:
-            true = self.local_costs(i)
-            vec = true if self.penalty is None else np.where(true < INF, true + self.penalty[i], np.inf)
-            if self.memory and self.blocks[i]:
-                vec = np.where(self.fits(i), vec, INF)
-            best = int(np.argmin(vec))
-            s = self.x[i]
-            if true[best] < INF and (true[s] >= INF or vec[best] < vec[s]):
-                self.set(i, best, int(true[best]) - int(true[s]))
-                moves += 1
-        return moves
+    def improve_node(self, i: int) -> bool:
+        """Move node i to its best strategy that fits (on the penalised cost when there is a
+        penalty); True when it moved."""
+        true = self.local_costs(i)
+        vec = true if self.penalty is None else np.where(true < INF, true + self.penalty[i], np.inf)
+        if self.memory and self.blocks[i]:
+            vec = np.where(self.fits(i), vec, INF)
+        best = int(np.argmin(vec))
+        s = self.x[i]
+        if true[best] < INF and (true[s] >= INF or vec[best] < vec[s]):
+            self.set(i, best, int(true[best]) - int(true[s]))
+            return True
+        return False
 
     def descend(self, deadline: float) -> None:
-        """Sweep until no single move helps or the deadline passes."""
-        while time.monotonic() < deadline and self.sweep():
-            pass
+        """Best single-node moves until none helps (or the deadline passes): one pass over all
+        nodes in random order, then only the neighbours of nodes that moved."""
+        queue = deque(int(i) for i in self.rng.permutation(self.comp.n))
+        queued = set(queue)
+        while queue and time.monotonic() < deadline:
+            i = queue.popleft()
+            queued.discard(i)
+            if self.improve_node(i):
+                for j, _ in self.comp.nbrs[i]:
+                    if j not in queued:
+                        queued.add(j)
+                        queue.append(j)
 
     def repair(self, deadline: float) -> bool:
         """Move nodes off overflowing rows, cheapest memory first, until the plan fits."""
@@ -119,6 +127,14 @@ class Search:
             _, i, s, delta = best
             self.set(i, s, delta)
         return self.feasible
+
+
+def node_blocks(comp: Compact) -> list[list[tuple[int, int, np.ndarray]]]:
+    """Every node's segments as disjoint row ranges (computed once per Compact)."""
+    cached = comp.__dict__.get("_blocks")
+    if cached is None:
+        cached = comp.__dict__["_blocks"] = [_disjoint(segs) for segs in comp.segments]
+    return cached
 
 
 def _disjoint(segs: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, np.ndarray]]:
