@@ -10,10 +10,12 @@ Pipeline and where each part lives:
 1. ``reduce.reduce_core``: exact reductions (dominated/forbidden strategies, folding, functional
    merging with memory carried, degree-0/1/2 elimination of memory-free nodes, parallel edges);
    ``memory.py`` puts the memory constraint on compressed rows.
-2. warm start on the core (``warm_start=True``): a minimum-memory plan polished by local search
-   (heuristics.py), the LP relaxation's certified bound and, when integral, its plan
-   (relax.py), then the Lagrangian relaxation of memory solved by TRW-S (lagrange.py, trws.py),
-   which yields plans and lower bounds until the time runs out or they meet.
+2. warm start on the core (``warm_start=True``): without memory, exact variable elimination when
+   the core is narrow enough (eliminate.py) — done, proved. Otherwise a minimum-memory plan
+   polished by local search (heuristics.py), the LP relaxation's certified bound and, when
+   integral, its plan (relax.py), then the Lagrangian relaxation of memory solved by elimination
+   or TRW-S (lagrange.py, trws.py), which yields plans and lower bounds until the time runs out
+   or they meet.
 3. z3 CEGIS (cegis.py) on the core, seeded with the best plan: "is there any plan with cost <
    best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it gets
    the LP's (or TRW-S's) dual as a redundant cut (cut.py), without which z3 rarely proves
@@ -39,6 +41,7 @@ from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.cut import DualCut
 from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Phase, Reduced, Started
+from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.memory import attach_memory, smallest_peak
@@ -210,7 +213,7 @@ class _Run:
         elif self.options.prove:
             self._cegis_alone()
         if self.best is None:
-            if self.proof in ("z3", "lp"):
+            if self.proof is not None:  # z3 UNSAT, an infeasible LP, or an exact minimum that is forbidden
                 return self._infeasible(self._unsat_message())
             if self.options.timeout is not None and self.out_of_time():
                 raise AutoshardError(f"no plan found within the time limit of {self.options.timeout:g}s: raise the timeout")
@@ -236,8 +239,18 @@ class _Run:
             )
 
     def _warm_search(self) -> None:
-        """Greedy start, LP bound, then Lagrangian/TRW-S search with z3 alongside."""
+        """Exact elimination when the core is narrow; else greedy start, LP bound, then
+        Lagrangian search with z3 alongside."""
         comp = self.comp
+        plan = EliminationPlan(comp, deadline=self._soon(5.0))
+        if plan.feasible and not comp.has_memory:
+            self.emit(Phase("elimination", f"variable elimination on {comp.n} core nodes "
+                            f"(largest table {plan.largest})", self.elapsed()))
+            x, value = plan.solve()
+            self.offer(x, "elimination", None)
+            self.proof = "elimination"
+            self.bound(int(value), "elimination")
+            return
         self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
         search = Search(comp, min_memory_start(comp), self.rng)
         if not search.feasible:
@@ -248,7 +261,7 @@ class _Run:
         cut = self._lp_phase()
         z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.proved() else None
         if not self.proved():
-            z3_thread = self._lagrangian(z3_thread)
+            z3_thread = self._lagrangian(z3_thread, plan)
         if z3_thread is not None:
             z3_thread.stop()
             self._drain(z3_thread)
@@ -267,22 +280,26 @@ class _Run:
         self.bound(relax.bound, "lp")
         return relax.cut
 
-    def _lagrangian(self, z3_thread: Z3Worker | None) -> Z3Worker | None:
+    def _lagrangian(self, z3_thread: Z3Worker | None, plan: EliminationPlan) -> Z3Worker | None:
         """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
         a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
         comp = self.comp
         memory = comp.has_memory
         self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
-        lag = LagrangianSearch(comp, self.rng)
-        stale, last, steps = 0, (self.best_cost, self.lower), 0
+        lag = LagrangianSearch(comp, self.rng, plan=plan)
+        stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, 0.0
         warmup = self._soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
         while not self.out_of_time() and not self.proved():
+            if self.deadline is not None and self.left() < 0.8 * last_step:
+                break  # another step would overrun the time limit
             steps += 1
             if wants_z3 and (steps > 200 or time.monotonic() >= warmup):
                 wants_z3 = False
                 z3_thread = self._start_z3(lag.cut())
+            began = time.monotonic()
             result = lag.step(self.best_cost, self._soon(30.0))
+            last_step = time.monotonic() - began
             if result.plan is not None:
                 self.offer(result.plan, "lagrange", None)
             self.bound(result.bound, "lagrange")

@@ -5,10 +5,12 @@
 For every lam, L(lam) <= cost of every plan that fits, so any lower bound on the penalised
 minimum minus lam . capacity is a lower bound of the problem (``LagrangianSearch.step``). The
 penalised problem has no memory constraint: its cost per strategy of node i grows by
-usage_i[s] times the sum of lam over the node's rows (``penalties``). Each step runs TRW-S
-sweeps, reads a plan off the messages, repairs it if it overflows, polishes it by local search,
-and moves lam along the overflow of the penalised plan (Polyak step towards the best cost).
-Without a memory limit lam is empty and this is plain TRW-S with local-search polishing.
+usage_i[s] times the sum of lam over the node's rows (``penalties``). Each step solves it — exactly
+by variable elimination when the core's treewidth allows (``plan``; then the bound is the exact
+Lagrangian dual value), otherwise approximately by TRW-S sweeps and a plan read off the messages
+— repairs the plan if it overflows, polishes it by local search, and moves lam along the
+overflow of the penalised plan (Polyak step towards the best cost). Without a memory limit lam
+is empty and this is plain TRW-S with local-search polishing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from autoshard.solver.core import Compact
 from autoshard.solver.cut import DualCut
+from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.heuristics import Search
 from autoshard.solver.trws import MessagePassing, safe_bound
 
@@ -35,10 +38,13 @@ class StepResult:
 class LagrangianSearch:
     """Subgradient ascent on lam with TRW-S as the inner solver, one ``step`` at a time."""
 
-    def __init__(self, comp: Compact, rng: np.random.Generator, sweeps: int = 2) -> None:
+    def __init__(
+        self, comp: Compact, rng: np.random.Generator, sweeps: int = 2, plan: EliminationPlan | None = None
+    ) -> None:
         self.comp = comp
         self.rng = rng
         self.sweeps = sweeps
+        self.plan = plan if plan is not None and plan.feasible else None
         self.mp = MessagePassing(comp)
         rows = 0 if comp.capacity is None else len(comp.capacity)
         self.capacity = np.zeros(rows) if comp.capacity is None else comp.capacity.astype(np.float64)
@@ -65,14 +71,22 @@ class LagrangianSearch:
     def step(self, upper: int | None, deadline: float) -> StepResult:
         """One round: sweeps, bound, plan, repair and polish, multiplier update."""
         pen = self.penalties()
-        for _ in range(self.sweeps):
-            self.mp.sweep(pen)
-        value, scale = self.mp.bound(pen)
+        if self.plan is not None:
+            unary = None if pen is None else [c.astype(np.float64) + p for c, p in zip(self.comp.costs, pen)]
+            x, value = self.plan.solve(unary)
+            x = np.asarray(x, dtype=np.int64)
+            magnitude = abs(float(value)) + (0.0 if pen is None else sum(float(np.abs(p).sum()) for p in pen))
+            scale = magnitude * max(1.0, self.comp.n / 100)  # float sums over up to n terms
+            value = float(value) + (0.0 if pen is None else self.comp.const)
+        else:
+            for _ in range(self.sweeps):
+                self.mp.sweep(pen)
+            value, scale = self.mp.bound(pen)
+            x = self.mp.primal(pen)
         value -= float(self.lam @ self.capacity)
         scale += float(np.abs(self.lam * self.capacity).sum())
         bound = safe_bound(value, scale)
-        x = self.mp.primal(pen)
-        if pen is not None:
+        if pen is not None and self.plan is None:
             polish = Search(self.comp, x, self.rng, penalty=pen)
             polish.descend(deadline)
             x = polish.x
