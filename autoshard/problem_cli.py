@@ -62,6 +62,7 @@ class _Display:
         self.checks = 0
 
     def status(self) -> Text:
+        """The live line: phase, best, bound, gap, z3 checks, time."""
         best = "-" if self.best is None else str(self.best)
         lower = "-" if self.lower is None else str(self.lower)
         return Text(
@@ -76,6 +77,9 @@ class _Display:
             limit = "none" if event.usage_limit is None else str(event.usage_limit)
             self._line(f"{event.name or 'problem'}: {event.nodes} nodes, {event.edges} edges, "
                        f"{event.strategies} strategies, usage limit {limit}")
+        elif kind == "Reduced" and not event.counts:
+            self._line(f"no reductions: z3 sees {event.nodes_after} nodes / {event.edges_after} edges "
+                       f"({event.memory_rows} memory rows)")
         elif kind == "Reduced":
             self._line(f"reduced in {event.elapsed:.2f}s: {event.nodes_before} nodes / {event.edges_before} edges "
                        f"-> {event.nodes_after} / {event.edges_after} ({event.strategies_after} strategies, "

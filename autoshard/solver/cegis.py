@@ -3,12 +3,13 @@
 Encoding (one-hot pseudo-Boolean; measured best, see benchmarks/README.md):
 
     x[i,s] Bool                         node i takes strategy s
-    sum_s x[i,s] = 1                    one strategy per node                 (_add_nodes)
-    not x[i,s]            if c_i[s] >= INF                                    (_add_nodes)
-    not x[u,s] or not x[v,t]            if m_e[s,t] >= INF                     (_add_edges)
-    not x[u,s] or not x[v,t] or y[e,s,t]  y[e,s,t] is forced on when both are   (_add_edges)
-    sum_i sum_s usage_i,r[s] x[i,s] <= capacity[r]    each memory row r        (_add_memory)
+    sum_s x[i,s] = 1                    one strategy per node                 (_nodes)
+    not x[i,s]            if c_i[s] >= INF                                    (_nodes)
+    not x[u,s] or not x[v,t]            if m_e[s,t] >= INF                     (_edges)
+    not x[u,s] or not x[v,t] or y[e,s,t]  y[e,s,t] is forced on when both are   (_edges)
+    sum_i sum_s usage_i,r[s] x[i,s] <= capacity[r]    each memory row r        (_memory)
     C + sum w_j lit_j <= B - 1          the bound (permanent: B only falls)    (tighten)
+    L + sum w'_j lit'_j <= B - 1        a dual cut (cut.py), optional          (add_cut)
 
 Each edge matrix first has its row minima, then its column minima, moved into the node costs
 (``shifted``), and each node's minimum into the constant C, so most weights w_j are small and
@@ -16,7 +17,7 @@ zero entries need no literal. A literal whose weight alone exceeds B - 1 - C is 
 z3's pseudo-Boolean coefficients are C ints: weights and usages are divided by their gcd, and if
 they are still too large the constraint is relaxed by rounding down (weights) — UNSAT stays a
 proof; a plan that is then not really better is excluded by a blocking clause and z3 is asked
-again.
+again. ``Z3Worker`` runs the loop in a background thread against the latest best cost.
 """
 
 from __future__ import annotations
