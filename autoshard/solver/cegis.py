@@ -35,6 +35,8 @@ from autoshard.solver.core import INF, Compact
 from autoshard.solver.cut import DualCut
 
 _CMAX = 2**31 - 1
+_EXACT_ARITH_MAX_TERMS = 2000
+"""Rows with weights beyond C ints and at most this many literals are encoded exactly (Int sum)."""
 
 
 @dataclass
@@ -78,7 +80,6 @@ class Z3Search:
     def __init__(self, comp: Compact) -> None:
         self.comp = comp
         self.ctx = z3.Context()  # own context: safe to run in a thread, and to interrupt
-        self.solver = z3.SolverFor("QF_FD", ctx=self.ctx)
         costs, edges, self.const = shifted(comp)
         self.names = [[f"x{i}_{s}" for s in range(len(c))] for i, c in enumerate(costs)]
         self.terms: list[tuple[str, int]] = []
@@ -86,6 +87,9 @@ class Z3Search:
         lines += self._nodes(costs)
         lines += self._edges(edges)
         lines += self._memory()
+        # The finite-domain solver is fastest on pseudo-Boolean rows; an objective that needs an
+        # exact integer sum (see _pb_le) runs far faster under the general solver.
+        self.solver = z3.Solver(ctx=self.ctx) if _needs_arith(self.terms) else z3.SolverFor("QF_FD", ctx=self.ctx)
         self.solver.from_string("\n".join(lines))
         self.x = [[z3.Bool(v, ctx=self.ctx) for v in row] for row in self.names]
         self.fixed_false: set[int] = set()
@@ -300,12 +304,22 @@ def _pb(lits: list[str], weights: list[int], rhs: int, kind: str) -> str:
     return f"((_ {kind} {rhs} {' '.join(map(str, weights))}) {' '.join(lits)})"
 
 
+def _needs_arith(row: list[tuple[str, int]]) -> bool:
+    """True when _pb_le may write this row as an exact integer sum (beyond C ints, few literals)."""
+    if not row or len(row) > _EXACT_ARITH_MAX_TERMS:
+        return False
+    g = 0
+    for _, w in row:
+        g = math.gcd(g, w)
+    return sum(w for _, w in row) // max(g, 1) > _CMAX  # budgets range up to the sum of the weights
+
+
 def _pb_le(row: list[tuple[str, int]], rhs: int) -> str:
     """sum w*lit <= rhs as a z3 pseudo-Boolean term, scaled to C ints.
 
     Divides by the gcd of the weights (exact); if weights or rhs are still beyond C ints, rounds
     weights down and rhs down after dividing by d — a relaxation, so every plan z3 returns is
-    re-checked exactly by the caller.
+    re-checked exactly by the caller. Short rows are written as an exact integer sum instead.
     """
     if not row or sum(w for _, w in row) <= rhs:
         return "true" if rhs >= 0 else "false"
@@ -315,6 +329,11 @@ def _pb_le(row: list[tuple[str, int]], rhs: int) -> str:
     row = [(lit, w // g) for lit, w in row]
     rhs //= g
     top = max(max(w for _, w in row), rhs)
+    if top > _CMAX and len(row) <= _EXACT_ARITH_MAX_TERMS:
+        # Small rows stay exact as integer arithmetic: z3 decides these in milliseconds, while the
+        # rounded pseudo-Boolean row let through plan after plan that the exact check rejected.
+        total = " ".join(f"(ite {lit} {w} 0)" for lit, w in row)
+        return f"(<= (+ 0 {total}) {rhs})"
     if top > _CMAX:
         d = -(-top // _CMAX)
         row = [(lit, w // d) for lit, w in row if w // d > 0]
