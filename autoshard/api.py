@@ -16,7 +16,10 @@ from autoshard.graph import OpGraph
 from autoshard.mesh import Mesh, parse_mesh
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
-from autoshard.solver import Solution, SolveOptions, solve
+from autoshard.errors import AutoshardError
+from autoshard.solver import InfeasibleError, Solution, SolveOptions, solve
+from autoshard.solver.memory import smallest_peak
+from autoshard.units import format_bytes
 
 # Problems this small (total strategies over all nodes) go straight to the z3 loop, so its log
 # shows every plan it tried; larger ones are reduced and warm-started first (plain z3 already
@@ -71,10 +74,26 @@ def solve_model_problem(
     model_name: str = "",
 ) -> ModelSolution:
     """Solve a model problem and read the answer back as a plan."""
-    solution = solve(mp.problem, options or default_solve_options(mp), on_event=on_event)
+    try:
+        solution = solve(mp.problem, options or default_solve_options(mp), on_event=on_event)
+    except InfeasibleError:
+        raise AutoshardError(_budget_message(mp)) from None
     plan = make_plan(mp, list(solution.choice), model=model_name, lower_bound=solution.lower_bound,
                      proved_optimal=solution.status == "optimal")
     return ModelSolution(mp, solution, plan)
+
+
+def _budget_message(mp: ModelProblem) -> str:
+    """One line for a memory budget no plan meets, in bytes per device."""
+    budget = mp.problem.usage_limit
+    peak = smallest_peak(mp.problem)
+    if peak.value > budget:
+        least = "" if peak.exact else "at least "
+        return (f"--memory-budget {format_bytes(budget)} is below the smallest peak any plan reaches "
+                f"({least}{format_bytes(peak.value)} per device, {peak.value} bytes): raise the budget to at least "
+                f"{format_bytes(peak.value)} or use a larger mesh")
+    return (f"no plan fits --memory-budget {format_bytes(budget)} per device (proved by the solver): "
+            f"raise the budget or use a larger mesh")
 
 
 def plan_model(

@@ -93,6 +93,8 @@ class ModelProblem:
     problem: ShardingProblem
     warnings: list[str]
     fingerprint: str
+    distinct_candidates: int = 0
+    distinct_matrices: int = 0
 
     def strategy(self, name: str, choice: list[int]) -> OpStrategy:
         """The strategy ``choice`` gives node ``name``."""
@@ -342,4 +344,5 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     if mesh.size > 1 and ops and all(len(c.strategies) == 1 for c in ops):
         warnings.append(f"mesh {mesh.label} divides no shardable dim of this model: the plan is replicated "
                         f"(choose a mesh whose axis sizes divide the batch, sequence or hidden sizes)")
-    return ModelProblem(graph, mesh, cost_model, options, names, candidates, edges, problem, warnings, fingerprint(graph))
+    return ModelProblem(graph, mesh, cost_model, options, names, candidates, edges, problem, warnings,
+                        fingerprint(graph), len(builder.candidate_cache), len(builder.matrix_cache))

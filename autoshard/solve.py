@@ -20,6 +20,7 @@ from rich.text import Text
 from autoshard import problem_cli
 from autoshard.costmodel import COST_MODELS, DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS
 from autoshard.errors import AutoshardError
+from autoshard.layers import find_repeated_layers
 from autoshard.mesh import parse_mesh
 from autoshard.units import format_bytes, parse_bytes
 
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-budget", help="bytes per device the plan may use, e.g. 16GiB")
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SPEC",
                    help="fix a tensor's layout, e.g. fc1.weight=SR or fc1.weight=S0R on 2-D meshes (repeatable)")
+    p.add_argument("--baseline", choices=("megatron",), default=None,
+                   help="also cost a hand-written plan in the same model and print it beside ours: "
+                        "megatron = column- then row-parallel linears (heads split), batch on other mesh axes")
     p.add_argument("--frontend", choices=("auto", "fx", "export"), default="auto",
                    help="tracer: torch.fx, torch.export, or auto (fx, falling back to export); default auto")
     p.add_argument("--out", help="write the plan as JSON to this file")
@@ -138,9 +142,15 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(graph_table(graph))
     mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
                              pins=pins, peak_flops=args.peak_flops, memory_bandwidth=args.memory_bandwidth)
+    p = mp.problem
+    layers = find_repeated_layers(graph)
+    if layers is not None:
+        console.print(f"repeated layers: {layers.count} identical {layers.container}.* blocks of "
+                      f"{len(layers.layers[0])} nodes; strategies computed for {mp.distinct_candidates} distinct "
+                      f"nodes of {p.num_nodes}, cost matrices for {mp.distinct_matrices} distinct edges of "
+                      f"{len(p.edges)}", highlight=False)
     for warning in mp.warnings:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
-    p = mp.problem
     console.print(f"{loaded.name}: {len(graph)} graph nodes, {p.num_nodes} decision nodes, {len(p.edges)} edges, "
                   f"mesh {mesh.label}, {args.mode}, cost model {mp.cost_model.name}"
                   + (f", memory budget {format_bytes(budget)}" if budget else ""))
@@ -161,6 +171,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         gap = "unknown" if solution.gap is None else f"{100 * solution.gap:.2f}%"
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
         console.print(f"[yellow]time limit[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
+    if args.baseline == "megatron":
+        _print_baseline(mp, solution.cost, console)
     console.print(layout_summary(mp, list(solution.choice)))
     peak = p.peak_usage(list(solution.choice))
     console.print(f"peak memory per device: {format_bytes(peak)}")
@@ -171,6 +183,17 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         plan.save(args.out)
         console.print(f"plan written to {args.out}")
     return 0
+
+
+def _print_baseline(mp: Any, ours: int, console: Console) -> None:
+    """Megatron's plan costed in the same model, beside ours (ours can never be higher once proved)."""
+    from autoshard.baselines import megatron_choice
+
+    choice = megatron_choice(mp)
+    cost = mp.problem.cost(choice)
+    fits = "" if mp.problem.is_feasible(choice) else " (does not fit the memory budget)"
+    console.print(f"Megatron baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)} = "
+                  f"{ours / cost:.3f}x Megatron", highlight=False)
 
 
 class _NoLive:
@@ -184,7 +207,7 @@ class _NoLive:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; user errors print one line and exit 2."""
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = Console(soft_wrap=True)
     try:
         if args.path.endswith((".json", ".json.gz")):
             return problem_cli.run(args.path, args.timeout, console, quiet=args.quiet, options=problem_cli.solve_options(args))

@@ -109,3 +109,15 @@ def test_module_entry_point_runs():
     done = subprocess.run([sys.executable, "-m", "autoshard.solve", "--help"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0 and "--mesh" in done.stdout
+
+
+def test_infeasible_budget_names_the_smallest_peak(capsys):
+    line = _error(capsys, MLP, "--memory-budget", "1MiB")
+    assert "smallest peak" in line and "52 MiB" in line
+
+
+def test_megatron_baseline_is_never_cheaper(capsys):
+    code, out, _ = run_cli(capsys, MLP, "--mesh", "8", "--mode", "training", "--baseline", "megatron", "--tables", "none")
+    assert code == 0
+    ratio = float(re.search(r"= ([0-9.]+)x Megatron", out).group(1))
+    assert ratio <= 1.0
