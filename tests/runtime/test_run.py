@@ -40,8 +40,13 @@ def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_readme_torchrun_command(tmp_path: Path) -> None:
+    """The README's two commands: solve the seed for 2 devices in training mode, then run it."""
     plan = tmp_path / "plan.json"
-    _seed_plan(plan, "2")
+    solved = subprocess.run([sys.executable, "-m", "autoshard.solve", "examples/mlp.py", "--mesh", "2",
+                             "--mode", "training", "--out", str(plan)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert solved.returncode == 0, solved.stderr
+    assert "proved optimal" in solved.stdout
     done = _torchrun(2, "examples/mlp.py", "--plan", str(plan))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
