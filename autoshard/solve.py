@@ -130,6 +130,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.load import load_model
     from autoshard.frontend.table import graph_table
     from autoshard.frontend.trace import trace
+    from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
     from autoshard.report import iteration_table, layout_summary
 
@@ -179,6 +180,13 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print("Schedule (Slapo):")
     for line in schedule_lines(plan, graph):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+    exported = export_dtensor(plan, graph, loaded.model)
+    if exported.source is None:
+        console.print(f"PyTorch tensor parallel (parallelize_module): not expressible: {exported.reason}",
+                      highlight=False, markup=False)
+    else:
+        console.print("PyTorch tensor parallel (parallelize_module):")
+        console.print(exported.source.rstrip(), highlight=False, markup=False, soft_wrap=True)
     if args.out:
         plan.save(args.out)
         console.print(f"plan written to {args.out}")

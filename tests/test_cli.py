@@ -121,3 +121,19 @@ def test_megatron_baseline_is_never_cheaper(capsys):
     assert code == 0
     ratio = float(re.search(r"= ([0-9.]+)x Megatron", out).group(1))
     assert ratio <= 1.0
+
+
+def test_prints_pytorch_tensor_parallel_export(capsys):
+    code, out, _ = run_cli(capsys, MLP, "--mesh", "8", "--mode", "training", "--tables", "none", "--quiet")
+    assert code == 0
+    source = out.split("PyTorch tensor parallel (parallelize_module):\n", 1)[1]
+    namespace: dict = {}
+    exec(compile(source, "<export>", "exec"), namespace)
+    assert callable(namespace["apply_tensor_parallel"])
+    assert '"fc1": ColwiseParallel()' in source and '"fc2": RowwiseParallel()' in source
+
+
+def test_says_why_a_plan_has_no_pytorch_tensor_parallel_form(capsys):
+    code, out, _ = run_cli(capsys, MLP, "--mesh", "2x4", "--tables", "none", "--quiet")
+    assert code == 0
+    assert "PyTorch tensor parallel (parallelize_module): not expressible: mesh 2x4 is 2-D" in out
