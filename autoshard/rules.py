@@ -12,7 +12,9 @@ axes, in ascending order); from the assignment everything follows mechanically:
   contracted indices;
 - the gradient of operand i is laid out like operand i, and is a partial sum over every
   assigned axis whose index operand i does not have (for a weight, the batch axes: the
-  data-parallel gradient all-reduce falls out of this);
+  data-parallel gradient all-reduce falls out of this), except the output's partial axes for an
+  operand added into a partial output (a row-parallel bias): the output's gradient arrives
+  replicated over those axes, so every device computes the bias's whole gradient itself;
 - the local computation is the global one divided by the product of all assigned axis sizes.
 """
 
@@ -448,10 +450,11 @@ def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
         partial = frozenset(a for i in contracted for a in axes_of.get(i, ()))
         used = frozenset(a for axes in axes_of.values() for a in axes)
         in_specs = tuple(None if labels is None else _spec(labels, axes_of) for labels in instance.operands)
-        grads = tuple(None if labels is None else _spec(labels, axes_of, used - {a for l in labels if l for a in axes_of.get(l, ())})
-                      for labels in instance.operands)
-        mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
         masked = tuple(k for k in instance.additive if partial and instance.operands[k] is not None)
+        grads = tuple(None if labels is None else _spec(labels, axes_of, used - {a for l in labels if l for a in axes_of.get(l, ())}
+                                                          - (partial if k in masked else frozenset()))
+                      for k, labels in enumerate(instance.operands))
+        mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
         result.append(OpStrategy(
             tuple(sorted(axes_of.items())), in_specs, _spec(instance.output, axes_of, partial), grads,
             math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked,

@@ -131,6 +131,8 @@ def test_prints_pytorch_tensor_parallel_export(capsys):
     exec(compile(source, "<export>", "exec"), namespace)
     assert callable(namespace["apply_tensor_parallel"])
     assert '"fc1": ColwiseParallel()' in source and '"fc2": RowwiseParallel()' in source
+    # The row-parallel bias gets its whole gradient on every device, as in Megatron: no all-reduce.
+    assert 'sch["fc2"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")' in out and "gradient of" not in out
 
 
 def test_says_why_a_plan_has_no_pytorch_tensor_parallel_form(capsys):

@@ -70,9 +70,10 @@ def check_op(op: str, fn: Callable, operands: list, attrs: dict, mesh_shape, siz
                 v = x if spec is None else _piece(x, spec, c, mesh_shape)
                 leaf = v.detach().clone().requires_grad_(x.is_floating_point())
                 local.append(leaf)
-                # A bias added into a partial sum counts once: devices off coordinate 0 add zeros.
+                # A bias added into a partial sum counts once: devices off coordinate 0 add zeros,
+                # while its gradient passes through unmasked (the executor's mask_to_first).
                 masked = k in st.masked and any(c[a] for a in st.out_spec.partial)
-                inputs.append(leaf * 0 if masked else leaf)
+                inputs.append(leaf - leaf.detach() if masked else leaf)
             local_shape = st.out_spec.local_shape(tuple(outs[0].shape), mesh_shape)
             y = fn(*inputs, local=local_shape)
             ys = y if isinstance(y, (tuple, list)) else (y,)

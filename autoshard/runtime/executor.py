@@ -9,7 +9,8 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
   edge's ``steps`` and whose backward runs its ``grad_steps`` (``runtime.collectives.reshard``);
   a ``getitem`` takes its element of the producer's tuple first, then reshards it;
 - operands added into a partial-sum output (``masked_operands``) are zeroed off coordinate 0 of
-  the partial axes, so the sum counts them once;
+  the partial axes, so the sum counts them once, while their gradient passes unmasked (the
+  output's gradient arrives replicated over those axes, so each device has the whole gradient);
 - the op runs through ``frontend.call.node_caller`` with the plan's ``local_attrs`` and its
   output is multiplied by ``scale``;
 - the outputs are returned in their planned layout (replicated in inference; in training where
@@ -231,7 +232,7 @@ class ParallelModule(nn.Module):
                 operands = [self._operand(node, k, values) for k in range(len(node.inputs))]
                 if place is not None:
                     for k in place.masked_operands:
-                        operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups)
+                        operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
                 out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
                 values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
         raise AutoshardError("the traced graph has no output node: re-trace the model")

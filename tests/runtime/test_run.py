@@ -52,8 +52,8 @@ def test_readme_torchrun_command(tmp_path: Path) -> None:
     out = done.stdout
     assert "mlp on mesh 2 (training plan, 2 ranks, gloo)" in out
     assert "grad fc2.bias [1024]" in out and "largest relative error" in out and ": ok" in out
-    assert "rank 1: parameters 16 MiB of 32 MiB unsharded; sent all_reduce 2x" in out
-    assert "collectives: 2 executed per rank, 2 planned, equal to the plan's list" in out
+    assert "rank 1: parameters 16 MiB of 32 MiB unsharded; sent all_reduce 1x 32 MiB" in out
+    assert "collectives: 1 executed per rank, 1 planned, equal to the plan's list" in out
 
 
 def test_torchrun_with_the_wrong_world_size_prints_one_line(tmp_path: Path) -> None:
