@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/scaling.py [--layers 1 12 24 48] [--meshes 8 2x4] [--timeout 60]
 
-Prints a markdown table (graph nodes, decision nodes, core left after reductions, build and
-solve time, proved or gap, our cost against the Megatron baseline in the same cost model) and
+Prints a markdown table (graph nodes, decision nodes, core left after reductions, trace (once
+per depth), build and solve time, what proved the optimum or the gap, our cost against the Megatron baseline in the same cost model) and
 writes scaling.png (solve time against layers).
 """
 
@@ -40,21 +40,21 @@ def run_case(layers: int, mesh: str, mode: str, timeout: float, graphs: dict) ->
     return {
         "layers": layers, "mesh": mesh, "mode": mode, "graph": len(graph), "nodes": mp.problem.num_nodes,
         "core": getattr(sol, "core_nodes", None), "trace_s": trace_s, "build_s": build_s, "solve_s": solve_s,
-        "status": sol.status, "gap": sol.gap, "ours": sol.cost, "megatron": baseline,
+        "status": sol.status, "proof": sol.proof, "gap": sol.gap, "ours": sol.cost, "megatron": baseline,
         "format": mp.cost_model.format,
     }
 
 
 def markdown(rows: list[dict]) -> str:
     """The results as a markdown table."""
-    head = ("| layers | mesh | mode | graph nodes | decision nodes | z3 core | build s | solve s | proved/gap "
+    head = ("| layers | mesh | mode | graph nodes | decision nodes | core after reductions | trace s | build s | solve s | proved by / gap "
             "| ours | Megatron | ours/Megatron |")
-    lines = [head, "|" + "|".join(["---"] * 12) + "|"]
+    lines = [head, "|" + "|".join(["---"] * 13) + "|"]
     for r in rows:
-        proved = "proved" if r["status"] == "optimal" else ("gap ?" if r["gap"] is None else f"gap {100 * r['gap']:.2f}%")
+        proved = (r["proof"] or "proved") if r["status"] == "optimal" else ("gap ?" if r["gap"] is None else f"gap {100 * r['gap']:.2f}%")
         lines.append(
             f"| {r['layers']} | {r['mesh']} | {r['mode']} | {r['graph']} | {r['nodes']} | "
-            f"{'-' if r['core'] is None else r['core']} | {r['build_s']:.2f} | {r['solve_s']:.2f} | {proved} | "
+            f"{'-' if r['core'] is None else r['core']} | {r['trace_s']:.2f} | {r['build_s']:.2f} | {r['solve_s']:.2f} | {proved} | "
             f"{r['format'](r['ours'])} | {r['format'](r['megatron'])} | {r['ours'] / r['megatron']:.3f} |")
     return "\n".join(lines)
 
