@@ -100,9 +100,10 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
 
 def step(core: Core, v: int, push, counts: Counter) -> None:
     """Try every reduction on node v; push the nodes whose situation changed."""
+    finite = {w: m < INF for w, m in core.adj[v].items()}
     keep = core.costs[v] < INF
-    for m in core.adj[v].values():
-        keep &= (m < INF).any(axis=1)
+    for f in finite.values():
+        keep &= f.any(axis=1)
     if not keep.all():
         if not keep.any():
             raise NoAssignment(v, memory=False)
@@ -110,28 +111,23 @@ def step(core: Core, v: int, push, counts: Counter) -> None:
         core.restrict(v, keep)
         normalize(core, v)
         push(core.adj[v])
-    keep = prune_dominated(core, v)
-    if keep is not None:
-        counts["dominated"] += int((~keep).sum())
-        core.restrict(v, keep)
-        normalize(core, v)
-        push(core.adj[v])
-    for w in list(core.adj[v]):
-        m = core.adj[v][w]
-        if _separable(m):
-            core.costs[v] = sat(core.costs[v] + m[:, 0])
-            core.costs[w] = sat(core.costs[w] + (m[0, :] - m[0, 0]))
-            del core.adj[v][w], core.adj[w][v]
-            counts["separable"] += 1
-            push([w])
+        finite = {w: f[keep] for w, f in finite.items()}
     if core.k(v) == 1:
         fold_single(core, v)
         counts["fixed"] += 1
         return
-    for w in list(core.adj[v]):
-        finite = core.adj[v][w] < INF
-        w_follows = bool((finite.sum(axis=1) == 1).all())
-        v_follows = bool((finite.sum(axis=0) == 1).all())
+    for w, f in finite.items():
+        m = core.adj[v][w]
+        if f.all():  # separable: m[s,t] = a[s] + b[t] moves into the node costs
+            if _separable(m):
+                core.costs[v] = sat(core.costs[v] + m[:, 0])
+                core.costs[w] = sat(core.costs[w] + (m[0, :] - m[0, 0]))
+                del core.adj[v][w], core.adj[w][v]
+                counts["separable"] += 1
+                push([w])
+            continue
+        w_follows = bool((f.sum(axis=1) == 1).all())
+        v_follows = bool((f.sum(axis=0) == 1).all())
         if w_follows or v_follows:
             if v_follows and (not w_follows or len(core.adj[v]) < len(core.adj[w])):
                 v, w = w, v
@@ -140,6 +136,14 @@ def step(core: Core, v: int, push, counts: Counter) -> None:
             counts["merged"] += 1
             push([v])
             return
+    keep = prune_dominated(core, v)  # after the cheap merges: a merged node is tested once
+    if keep is not None:
+        counts["dominated"] += int((~keep).sum())
+        core.restrict(v, keep)
+        normalize(core, v)
+        push(core.adj[v])
+        push([v])
+        return
     if core.segments[v]:
         return
     degree = len(core.adj[v])
@@ -221,9 +225,10 @@ def prune_dominated(core: Core, v: int) -> np.ndarray | None:
     for m in core.adj[v].values():
         if k * k * m.shape[1] > MAX_DOMINANCE_WORK:
             return None
-        fa = m < INF
-        blocked |= (fa[:, None, :] & ~fa[None, :, :]).any(axis=2)
-        gap = np.where(fa[:, None, :], m[None, :, :] - m[:, None, :], -INF).max(axis=2)
+        fa = (m < INF).astype(np.float32)  # b must allow every t that a allows: counts by matmul
+        blocked |= (fa @ fa.T) < fa.sum(axis=1)[:, None]
+        # t that a forbids: m[b,t] - 4 INF <= -3 INF, below every real difference (>= -INF)
+        gap = (m[None, :, :] - np.where(fa > 0, m, 4 * INF)[:, None, :]).max(axis=2)
         blocked |= np.abs(gap) > _SAFE
         total += gap
     for seg in core.segments[v]:
@@ -240,7 +245,5 @@ def prune_dominated(core: Core, v: int) -> np.ndarray | None:
 
 
 def _separable(m: np.ndarray) -> bool:
-    """True when m[s,t] = a[s] + b[t] exactly (no forbidden entries)."""
-    if (m >= INF).any():
-        return False
+    """True when m[s,t] = a[s] + b[t] exactly (m has no forbidden entries)."""
     return bool((m - m[:, :1] - m[:1, :] + m[0, 0] == 0).all())
