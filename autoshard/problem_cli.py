@@ -3,12 +3,18 @@
 ``run`` loads the file, solves it with a live progress line and one printed line per better
 plan, and ends with the contest's solution format ``[i, j, ...]`` as the last line of output.
 ``add_solver_arguments`` / ``solve_options`` give every entry point the same solver flags.
+
+The time limit counts the whole process, as the contest does: interpreter start, imports and
+reading the file come out of it (``Clock``), the solver stops ``reserve`` seconds early, and a
+watchdog prints the best plan found so far and exits if the solver overruns anyway.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Any, Sequence
@@ -110,23 +116,127 @@ def _gap(best: int | None, lower: int | None) -> str:
     return f"{100 * (best - lower) / max(abs(best), 1):.2f}%"
 
 
+class Clock:
+    """A wall-time limit counted from ``started`` (time.monotonic): the solver's share of what is
+    left, and the moment the watchdog must print whatever plan there is."""
+
+    def __init__(self, timeout: float | None, started: float) -> None:
+        self.timeout, self.started = timeout, started
+
+    @property
+    def reserve(self) -> float:
+        """Seconds kept back for printing the plan and leaving the process."""
+        return 0.0 if self.timeout is None else min(1.0 + 0.03 * self.timeout, 4.0)
+
+    def solver_budget(self) -> float | None:
+        """Seconds the solver may use from now (None without a limit; at least 0.1)."""
+        if self.timeout is None:
+            return None
+        return max(0.1, self.started + self.timeout - self.reserve - time.monotonic())
+
+    def hard_deadline(self) -> float | None:
+        """When the watchdog prints the best plan so far and ends the process."""
+        return None if self.timeout is None else self.started + self.timeout - min(0.75, 0.3 * self.reserve)
+
+
+def is_cli_process() -> bool:
+    """True when this process runs as ``python -m autoshard...`` (not tests or notebooks)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec is not None and str(spec.name).startswith("autoshard.")
+
+
+def launch_time() -> float:
+    """When this process started (time.monotonic) if it is the CLI, else now: in-process callers
+    (tests, notebooks) count their limit from the call."""
+    now = time.monotonic()
+    if not is_cli_process():
+        return now
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return now
+    age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return now - min(max(age, 0.0), 60.0)
+
+
+class _Watchdog:
+    """Keeps the best plan from the solver's events; at the hard deadline (when armed) prints it
+    and ends the process."""
+
+    def __init__(self, deadline: float | None, forward: Any) -> None:
+        self.forward = forward
+        self.choice: tuple[int, ...] | None = None
+        self.lock = threading.Lock()
+        self.printed = False
+        self.timer = None
+        if deadline is not None:
+            self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def __call__(self, event: Any) -> None:
+        if type(event).__name__ == "Improved":
+            self.choice = event.choice
+        if self.forward is not None:
+            self.forward(event)
+
+    def cancel(self) -> None:
+        """Disarm (the run is over, printed or failed)."""
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def print_once(self, console: Console, choice: Sequence[int]) -> None:
+        """Print the final plan unless the watchdog already has."""
+        with self.lock:
+            self.cancel()
+            if not self.printed:
+                self.printed = True
+                console.print(format_solution(choice), markup=False, highlight=False, soft_wrap=True)
+
+    def _fire(self) -> None:
+        with self.lock:
+            if self.printed:
+                return
+            self.printed = True
+            if self.choice is None:
+                sys.stderr.write("error: no plan found within the time limit: raise the timeout\n")
+                sys.stderr.flush()
+                os._exit(2)
+            sys.stdout.write("\n" + format_solution(self.choice) + "\n")
+            sys.stdout.flush()
+            os._exit(0)
+
+
 def run(
     path: str,
     timeout: float | None,
     console: Console,
     quiet: bool = False,
     options: SolveOptions | None = None,
+    started: float | None = None,
 ) -> int:
-    """Solve an IOPDDL problem file; print progress and, last, the solution list. Returns 0."""
-    problem = load_problem(path)
-    options = replace(options or SolveOptions(), timeout=timeout)
-    if quiet:
-        solution = solve(problem, options)
-    else:
-        with Live(console=console, transient=True, auto_refresh=False) as live:
-            solution = solve(problem, options, _Display(console, live))
-        _summary(console, solution)
-    console.print(format_solution(solution.choice), markup=False, highlight=False, soft_wrap=True)
+    """Solve an IOPDDL problem file; print progress and, last, the solution list. Returns 0.
+
+    ``timeout`` is wall time counted from ``started`` (default: ``launch_time()``), reading the
+    file included; the watchdog that ends an overrunning solve is armed in the CLI process only."""
+    clock = Clock(timeout, launch_time() if started is None else started)
+    watchdog = _Watchdog(clock.hard_deadline() if is_cli_process() else None, None)
+    try:
+        problem = load_problem(path)
+        options = replace(options or SolveOptions(), timeout=clock.solver_budget())
+        if quiet:
+            solution = solve(problem, options, watchdog)
+        else:
+            with Live(console=console, transient=True, auto_refresh=False) as live:
+                watchdog.forward = _Display(console, live)
+                solution = solve(problem, options, watchdog)
+            _summary(console, solution)
+        watchdog.print_once(console, solution.choice)
+    finally:
+        watchdog.cancel()
     return 0
 
 
@@ -147,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry: ``python -c 'from autoshard.problem_cli import main; main()' file.json``."""
     parser = argparse.ArgumentParser(prog="autoshard-problem", description="Solve an IOPDDL problem file.")
     parser.add_argument("path", help="problem file (.json or .json.gz)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds; default: until proved optimal")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="wall seconds for the whole process; default: until proved optimal")
     parser.add_argument("--quiet", action="store_true", help="print only the solution list")
     add_solver_arguments(parser)
     args = parser.parse_args(argv)

@@ -50,6 +50,9 @@ from autoshard.solver.relax import lp_bound
 
 Z3_MAX_TERMS = 200_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
+REDUCE_SHARE = 0.4
+"""At most this share of the time limit goes to the exact reductions (a partly reduced core is
+still exact; the first plan must come early on large instances)."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,7 @@ class _Run:
         before = Size.of(self.core)
         try:
             if self.options.reduce:
-                self.counts = dict(reduce_core(self.core, self.deadline))
+                self.counts = dict(reduce_core(self.core, self._share(REDUCE_SHARE)))
         except NoAssignment as err:
             return self._infeasible(self._no_assignment_message(err))
         self.comp = self.core.freeze()
@@ -242,7 +245,7 @@ class _Run:
         """Exact elimination when the core is narrow; else greedy start, LP bound, then
         Lagrangian search with z3 alongside."""
         comp = self.comp
-        plan = EliminationPlan(comp, deadline=self._soon(5.0))
+        plan = EliminationPlan(comp, deadline=self._soon(min(5.0, 0.05 * self.left()) if self.deadline else 5.0))
         if plan.feasible and not comp.has_memory:
             self.emit(Phase("elimination", f"variable elimination on {comp.n} core nodes "
                             f"(largest table {plan.largest})", self.elapsed()))
@@ -254,7 +257,7 @@ class _Run:
         self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
         search = Search(comp, min_memory_start(comp), self.rng)
         if not search.feasible:
-            search.repair(self._soon(5.0))
+            search.repair(self._soon(max(5.0, 0.5 * self.left()) if self.deadline else 5.0))
         if search.feasible:
             search.descend(self._soon(5.0))
             self.offer(search.x, "greedy", None)
@@ -363,6 +366,10 @@ class _Run:
                 break
 
     # -- endings -------------------------------------------------------------------------------
+    def _share(self, fraction: float) -> float | None:
+        """The deadline after ``fraction`` of the time left (None without a limit)."""
+        return None if self.deadline is None else time.monotonic() + fraction * self.left()
+
     def _soon(self, seconds: float) -> float:
         t = time.monotonic() + seconds
         return t if self.deadline is None else min(t, self.deadline)

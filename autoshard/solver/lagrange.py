@@ -80,7 +80,8 @@ class LagrangianSearch:
             value = float(value) + (0.0 if pen is None else self.comp.const)
         else:
             for _ in range(self.sweeps):
-                self.mp.sweep(pen)
+                if not self.mp.sweep(pen, deadline):
+                    return StepResult(None, None, None)  # out of time: no bound or plan this step
             value, scale = self.mp.bound(pen)
             x = self.mp.primal(pen)
         value -= float(self.lam @ self.capacity)

@@ -59,13 +59,16 @@ def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
     if lp_columns(comp) > MAX_COLUMNS or time_limit <= 0:
         return Relaxation(None, None, 0.0)
     lin = linearise(comp)
+    left = time_limit - (time.monotonic() - start)
+    if left < 0.2:
+        return Relaxation(None, None, time.monotonic() - start)
     res = linprog(
         lin.c,
         A_eq=lin.a_eq,
         b_eq=lin.b_eq,
         bounds=np.stack([np.zeros(lin.columns), lin.upper], axis=1),
         method="highs-ds",
-        options={"time_limit": max(0.5, time_limit - (time.monotonic() - start))},
+        options={"time_limit": left},
     )
     if res.status == 2:  # the relaxation has no solution, so neither has the problem
         return Relaxation(None, None, time.monotonic() - start, infeasible=True)

@@ -13,6 +13,7 @@ by ``safe_bound``.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -53,11 +54,14 @@ class MessagePassing:
             hat = hat + (self.to_u[e] if is_u else self.to_v[e])
         return hat
 
-    def sweep(self, penalty: list[np.ndarray] | None = None) -> None:
-        """One forward and one backward pass of message updates."""
+    def sweep(self, penalty: list[np.ndarray] | None = None, deadline: float | None = None) -> bool:
+        """One forward and one backward pass of message updates; False when cut short at
+        ``deadline`` (the messages stay valid)."""
         n = self.comp.n
         for forward in (True, False):
             for i in range(n) if forward else range(n - 1, -1, -1):
+                if deadline is not None and i % 256 == 0 and time.monotonic() > deadline:
+                    return False
                 hat = self._hat(i, penalty)
                 g = self.gamma[i]
                 for e, j, is_u in self.inc[i]:
@@ -70,6 +74,7 @@ class MessagePassing:
                     else:
                         msg = np.minimum(((g * hat - self.to_v[e])[None, :] + m).min(axis=1), _CAP)
                         self.to_u[e] = msg - msg.min()
+        return True
 
     def primal(self, penalty: list[np.ndarray] | None = None) -> np.ndarray:
         """Decide nodes in order: best strategy given decided neighbours and others' messages."""

@@ -65,3 +65,24 @@ def brute_force(problem: ShardingProblem) -> tuple[int, list[int]] | None:
         if ev.feasible and (best is None or ev.cost < best[0]):
             best = (ev.cost, list(choice))
     return best
+
+
+def large_problem(rng: np.random.Generator, nodes: int, max_k: int = 8) -> ShardingProblem:
+    """A model-like problem of many nodes: each node joins one to three recent ones, no forbidden
+    entries, intervals along a time axis, and a memory limit a third of the way from the smallest
+    peak to the largest (so it binds but the smallest-memory plan fits)."""
+    ks = rng.integers(2, max_k + 1, size=nodes)
+    costs = [rng.integers(0, 1000, size=k).astype(np.int64) for k in ks]
+    usages = [rng.integers(0, 100, size=k).astype(np.int64) for k in ks]
+    intervals = []
+    for i in range(nodes):
+        start = i // 4
+        intervals.append((start, start + int(rng.integers(1, 40))))
+    edges, mats = [], []
+    for v in range(1, nodes):
+        for u in set(rng.integers(max(0, v - 8), v, size=int(rng.integers(1, 4))).tolist()):
+            edges.append((u, v))
+            mats.append(rng.integers(0, 1000, size=(ks[u], ks[v])).astype(np.int64))
+    low = _peak(usages, intervals, [int(np.argmin(u)) for u in usages])
+    high = _peak(usages, intervals, [int(np.argmax(u)) for u in usages])
+    return ShardingProblem(costs, usages, intervals, edges, mats, usage_limit=low + (high - low) // 3, name="large")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import time
 from pathlib import Path
 
 from rich.console import Console
 
 from autoshard.iopddl import load_problem, parse_solution
-from autoshard.problem_cli import add_solver_arguments, main, run, solve_options
+from autoshard.problem_cli import Clock, add_solver_arguments, launch_time, main, run, solve_options
 from autoshard.solver import SolveOptions
 
 EXAMPLE = Path("/work/shared/iopddl/example.json")
@@ -88,3 +89,17 @@ def test_solver_flags_override_base_options():
     base = SolveOptions(timeout=9.0, reduce=True, warm_start=True)
     assert solve_options(parser.parse_args([]), base) == base
     assert solve_options(parser.parse_args(["--no-prove"]), base).prove is False
+
+
+def test_clock_counts_the_time_already_spent_and_keeps_a_reserve():
+    clock = Clock(60.0, time.monotonic() - 10.0)
+    assert 60.0 - 10.0 - clock.reserve - 0.5 < clock.solver_budget() <= 60.0 - 10.0 - clock.reserve
+    assert clock.hard_deadline() < clock.started + 60.0
+    assert Clock(None, 0.0).solver_budget() is None
+    assert abs(launch_time() - time.monotonic()) < 0.1  # in-process: counted from the call
+
+
+def test_run_with_most_of_the_limit_spent_still_prints_a_plan():
+    con, out = console()
+    run(str(EXAMPLE), 5.0, con, quiet=True, started=time.monotonic() - 4.9)
+    assert out.getvalue().strip().startswith("[")
