@@ -44,12 +44,17 @@ from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Pha
 from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.relax import lp_bound
 
 Z3_MAX_TERMS = 200_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
+LNS_AFTER_STEPS = 30
+"""Lagrangian steps without a better plan before a slice of neighbourhood search."""
+LNS_SLICE = 5.0
+"""Seconds of neighbourhood search per slice (or a tenth of the time left, if more)."""
 REDUCE_SHARE = 0.4
 """At most this share of the time limit goes to the exact reductions (a partly reduced core is
 still exact; the first plan must come early on large instances)."""
@@ -122,6 +127,7 @@ class _Run:
         self.deadline = None if options.timeout is None else self.start + options.timeout
         self.rng = np.random.default_rng(options.seed)
         self.best: list[int] | None = None
+        self.best_local: np.ndarray | None = None
         self.best_cost: int | None = None
         self.lower: int | None = None
         self.lower_source: str | None = None
@@ -129,6 +135,7 @@ class _Run:
         self.proof: str | None = None
         self.iterations = 0
         self.improvements = 0
+        self.greedy_time = 0.0
         self.size = Size(0, 0, 0)
         self.counts: dict[str, int] = {}
 
@@ -160,7 +167,7 @@ class _Run:
         ev = self.problem.evaluate(choice)
         if not ev.feasible or (self.best_cost is not None and ev.cost >= self.best_cost):
             return False
-        self.best, self.best_cost = choice, ev.cost
+        self.best, self.best_cost, self.best_local = choice, ev.cost, local
         self.improvements += 1
         peak = ev.peak if self.problem.usage_limit is not None else None
         self.emit(Improved(self.improvements, ev.cost, tuple(choice), bound, self.elapsed(), source, peak))
@@ -255,12 +262,14 @@ class _Run:
             self.bound(int(value), "elimination")
             return
         self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
+        began = time.monotonic()
         search = Search(comp, min_memory_start(comp), self.rng)
         if not search.feasible:
             search.repair(self._soon(max(5.0, 0.5 * self.left()) if self.deadline else 5.0))
         if search.feasible:
             search.descend(self._soon(5.0))
             self.offer(search.x, "greedy", None)
+        self.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
         cut = self._lp_phase()
         z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.proved() else None
         if not self.proved():
@@ -290,7 +299,8 @@ class _Run:
         memory = comp.has_memory
         self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
         lag = LagrangianSearch(comp, self.rng, plan=plan)
-        stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, 0.0
+        stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, self.greedy_time
+        lns, since = NeighbourhoodSearch(comp, self.rng), (self.best_cost, time.monotonic(), 0)
         warmup = self._soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
         while not self.out_of_time() and not self.proved():
@@ -313,12 +323,34 @@ class _Run:
                     break
             stale = stale + 1 if (self.best_cost, self.lower) == last else 0
             last = (self.best_cost, self.lower)
+            since = (self.best_cost, time.monotonic(), 0) if self.best_cost != since[0] else (*since[:2], since[2] + 1)
+            if self._lns_due(since, last_step):
+                self._lns(lns)
+                since = (self.best_cost, time.monotonic(), 0)
             if self.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
                 break
         if z3_thread is not None and self.deadline is None and not self.proved():
             z3_thread.join_until(None)
             self._drain(z3_thread)
         return z3_thread
+
+    def _lns_due(self, since: tuple[int | None, float, int], last_step: float) -> bool:
+        """True when the Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps
+        and twenty steps' time (and there is a plan to improve)."""
+        _, when, steps = since
+        waited = time.monotonic() - when
+        return self.best_local is not None and steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step)
+
+    def _lns(self, lns: NeighbourhoodSearch) -> None:
+        """A slice of large-neighbourhood search from the best plan (lns.py)."""
+        left = self.left()
+        if left is not None and left < 2.0:
+            return
+        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, 0.1 * left))
+        self.emit(Phase("lns", f"HiGHS on neighbourhoods of {lns.size} core nodes", self.elapsed()))
+        x = lns.run(self.best_local, self._soon(budget))
+        self.offer(x, "lns", None)
+        self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory", self.elapsed()))
 
     def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:
         if _objective_size(self.comp) > Z3_MAX_TERMS:

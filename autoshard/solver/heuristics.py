@@ -162,11 +162,15 @@ def _segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def min_memory_start(comp: Compact) -> np.ndarray:
-    """Each node on its smallest-memory strategy (then cheapest): fits whenever anything fits
-    node by node."""
+    """Nodes in order, each on its smallest-memory strategy (then cheapest) among those allowed
+    with the neighbours already placed: fits whenever anything fits node by node, and avoids the
+    forbidden pairs of a core the reductions only partly shrank (large instances, short limits)."""
     x = np.zeros(comp.n, dtype=np.int64)
     for i, (c, segs) in enumerate(zip(comp.costs, comp.segments)):
         usage = sum((u.astype(np.float64) * (stop - start) for start, stop, u in segs), np.zeros(len(c)))
-        key = np.lexsort((c, usage))
-        x[i] = int(key[0])
+        vec = c
+        for j, m in comp.nbrs[i]:
+            if j < i:
+                vec = np.minimum(vec + m[:, x[j]], INF)
+        x[i] = int(np.lexsort((vec, usage, vec >= INF))[0])
     return x

