@@ -1,0 +1,54 @@
+"""Large-neighbourhood search: the restricted problem is exact, and LNS only ever improves."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from autoshard.solver.core import Core
+from autoshard.solver.heuristics import Search, min_memory_start
+from autoshard.solver.lns import NeighbourhoodSearch, restrict
+from autoshard.solver.memory import attach_memory
+from autoshard.solver.milp import solve_compact_milp
+
+from helpers import random_problem
+
+
+def compact(seed: int, nodes: int, forbid: float = 0.05):
+    problem = random_problem(np.random.default_rng(seed), nodes, forbid_prob=forbid, functional_prob=forbid)
+    core = Core(problem)
+    attach_memory(core, problem)
+    return core.freeze()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_restricted_problem_prices_and_fits_exactly_like_the_whole(seed):
+    comp = compact(seed, 7)
+    rng = np.random.default_rng(seed)
+    x = np.array([int(rng.integers(len(c))) for c in comp.costs])
+    nodes = np.sort(rng.choice(comp.n, size=3, replace=False))
+    sub = restrict(comp, x, nodes)
+    for y in itertools.product(*[range(len(comp.costs[v])) for v in nodes]):
+        z = x.copy()
+        z[nodes] = y
+        if comp.cost(z) < 2**59 and comp.cost(x) < 2**59:
+            assert comp.cost(z) - comp.cost(x) == sub.cost(list(y)) - sub.cost(list(x[nodes]))
+        if comp.overflow(x) == 0:
+            assert (comp.overflow(z) == 0) == (sub.overflow(list(y)) == 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lns_never_worsens_and_reaches_the_optimum_when_it_covers_everything(seed):
+    comp = compact(100 + seed, 9, forbid=0.0)  # the minimum-memory start then fits
+    best = solve_compact_milp(comp, 10.0)
+    start = Search(comp, min_memory_start(comp), np.random.default_rng(seed))
+    start.repair(time.monotonic() + 1.0)
+    if best.choice is None or not best.optimal or not start.feasible:
+        pytest.skip("no fitting plan")
+    small = NeighbourhoodSearch(comp, np.random.default_rng(seed), size=3).run(start.x, time.monotonic() + 1.2)
+    assert comp.is_feasible(small) and comp.cost(small) <= start.total
+    whole = NeighbourhoodSearch(comp, np.random.default_rng(seed), size=comp.n).run(start.x, time.monotonic() + 1.2)
+    assert comp.is_feasible(whole) and comp.cost(whole) == best.cost
