@@ -19,9 +19,9 @@ def _local_attrs(mp: ModelProblem, name: str, out_spec: TensorSpec) -> dict:
     if attr is None or meta is None or out_spec.is_replicated:
         return {}
     local = list(out_spec.local_shape(meta.shape, mp.mesh.shape))
-    if attr == "sizes":  # unflatten(dim, sizes): only the new dims' sizes
-        dim = node.attrs.get("dim", 0) % len(meta.shape)
+    if attr == "sizes":  # unflatten(dim, sizes): only the new dims' sizes; dim counts in the input
         count = len(node.attrs.get("sizes", ()))
+        dim = node.attrs.get("dim", 0) % (len(meta.shape) - count + 1)
         return {attr: local[dim: dim + count]}
     return {attr: local}
 

@@ -74,11 +74,16 @@ def _seeded(cls: type[nn.Module]) -> nn.Module:
     return cls().eval()
 
 
+def _encoder_layer() -> nn.Module:
+    """torch's own TransformerEncoderLayer: nn.MultiheadAttention splits q, k, v with unflatten(-1, ...)."""
+    return nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+
+
 @functools.lru_cache(maxsize=None)
 def traced(name: str) -> Traced:
-    """``tiny_mlp``, ``sp_block`` (test models, x [8, 8, 16]) or an example's stem (``mlp``, ``attention``, ``gpt2``)."""
-    if name in ("tiny_mlp", "sp_block"):
-        model = _seeded(MLP if name == "tiny_mlp" else SequenceParallelBlock)
+    """``tiny_mlp``, ``sp_block``, ``encoder`` (test models, x [8, 8, 16]) or an example's stem (``mlp``, ``gpt2`` ...)."""
+    if name in ("tiny_mlp", "sp_block", "encoder"):
+        model = _seeded({"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer}[name])
         inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)
     else:
         loaded = load_model(str(EXAMPLES / f"{name}.py"))
