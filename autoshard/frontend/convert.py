@@ -149,10 +149,10 @@ class GraphConverter:
         operands: list[str] = []
         marker = self._marker(operands)
         method = node.op == "call_method"
-        if node.target is operator.getitem and self._is_tensor(args[0]) and not isinstance(
-                args[0].meta.get("val"), torch.Tensor):  # an element of a multi-output op's result
-            call = NodeCall(operator.getitem, (marker(args[0]), args[1]), slots={"index": 1})
-            return "getitem", operands, {"index": args[1]}, call
+        if node.target in (operator.getitem, getattr) and self._is_tensor(args[0]):
+            named = self._element(node.target, args, marker)
+            if named is not None:
+                return named[0], operands, named[1], named[2]
         bound = bind_call(node.op, node.target, args, kwargs, self._is_tensor)
         if bound is None:
             call_args, call_kwargs = pytree.tree_map(marker, args), pytree.tree_map(marker, kwargs)
@@ -176,6 +176,29 @@ class GraphConverter:
         call = NodeCall(node.target, call_args, call_kwargs, slots=dict(bound.slots), method=method)
         return bound.op, operands, attrs, call
 
+    def _element(self, target: Any, args: tuple[Any, ...], marker: Callable[[Any], Any]
+                 ) -> tuple[str, dict[str, Any], NodeCall] | None:
+        """``result[1]`` / ``result.values`` of a multi-output op, ``x[:, 0, None]``, ``x.T``; else None.
+
+        An element of a tuple result is a ``getitem`` by position, however it was spelled. Basic
+        tensor indexing (ints, slices, None, Ellipsis) is ``tensor_getitem``, its index as plain
+        data: ints, None, "..." and [start, stop, step] lists. Indexing with tensors is not named.
+        """
+        source, key = args[0].meta.get("val"), args[1]
+        if isinstance(source, tuple) and target is getattr:
+            if not isinstance(key, str) or not hasattr(source, key):
+                return None
+            key = next(k for k, item in enumerate(source) if item is getattr(source, key))
+        if not isinstance(source, torch.Tensor):
+            return "getitem", {"index": key}, NodeCall(operator.getitem, (marker(args[0]), key), slots={"index": 1})
+        if target is getattr:
+            op = _TENSOR_ATTRIBUTES.get(key)
+            return None if op is None else (op, {}, NodeCall(getattr, (marker(args[0]), key)))
+        index = _basic_index(key, self.constant)
+        if index is None:
+            return None
+        return "tensor_getitem", {"index": index}, NodeCall(operator.getitem, (marker(args[0]), _index_object(index)))
+
     def _marker(self, operands: list[str]) -> Callable[[Any], Any]:
         """Replaces tensor-carrying fx nodes by Operand markers, appending their producers."""
         def mark(value: Any) -> Any:
@@ -190,6 +213,36 @@ class GraphConverter:
         def fold(leaf: Any) -> Any:
             return self.constant[leaf] if isinstance(leaf, torch.fx.Node) and leaf not in self.producer else leaf
         return pytree.tree_map(fold, value)
+
+
+# Tensor attributes that compute an op: named by the ATen op torch.export records for them.
+_TENSOR_ATTRIBUTES = {"T": "numpy_T", "mT": "mT", "data": "detach"}
+
+
+def _basic_index(key: Any, constants: dict[torch.fx.Node, Any]) -> list[Any] | None:
+    """A basic index (``x[:, :16, None, ...]``) as plain data, or None when it holds anything else."""
+    def bound(value: Any) -> Any:
+        return constants.get(value, value) if isinstance(value, torch.fx.Node) else value
+
+    index: list[Any] = []
+    for item in key if isinstance(key, tuple) else (key,):
+        if item is Ellipsis:
+            index.append("...")
+        elif isinstance(item, slice):
+            bounds = [bound(item.start), bound(item.stop), bound(item.step)]
+            if not all(b is None or type(b) is int for b in bounds):
+                return None
+            index.append(bounds)
+        elif item is None or type(item) is int:
+            index.append(item)
+        else:
+            return None
+    return index
+
+
+def _index_object(index: list[Any]) -> tuple[Any, ...]:
+    """The Python index a plain basic index stands for."""
+    return tuple(Ellipsis if item == "..." else slice(*item) if isinstance(item, list) else item for item in index)
 
 
 def _any_float(out: TensorMeta | tuple[TensorMeta | None, ...] | None) -> bool:

@@ -106,14 +106,19 @@ def bind_call(
         return _bind_python_function(target, packet, renames, args, kwargs, is_tensor)
     signatures, schemas = get_signature_for_torch_op(target, return_schemas=True)
     if signatures is not None:
-        for signature, schema in zip(signatures, schemas):
-            named = _signature_slots(signature, schema, {}, args, kwargs)
-            bound = None if named is None else _bind_schema(schema, named, args, kwargs, is_tensor)
-            if bound is not None:
-                return bound
+        # torch.einsum("ij,jk", a, b) passes its Tensor[] as varargs: try the call as given, then packed
+        packed = [_pack_varargs(schema, args) for schema in schemas]
+        for call_args in [args, *(p for p in packed if p is not args)]:
+            for signature, schema in zip(signatures, schemas):
+                named = _signature_slots(signature, schema, {}, call_args, kwargs)
+                bound = None if named is None else _bind_schema(schema, named, call_args, kwargs, is_tensor)
+                if bound is not None:
+                    return bound
         return None
     # a torch Python function (F.relu, F.softmax) means the ATen op of its name; user functions do not
     name = getattr(target, "__name__", "")
+    if getattr(target, "__module__", "") == "torch.nn.functional" and not hasattr(torch.ops.aten, name):
+        return _bind_functional(target, args, kwargs)
     if not getattr(target, "__module__", "").startswith("torch") or not hasattr(torch.ops.aten, name):
         return None
     return _bind_python_function(target, name, {}, args, kwargs, is_tensor)
@@ -211,6 +216,29 @@ def _bind_python_function(
         if bound is not None:
             return bound
     return None
+
+
+def _bind_functional(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> BoundCall | None:
+    """A torch.nn.functional function with no ATen op of its name (``F.interpolate``, ``F.normalize``).
+
+    fx records it as one call while torch.export records the ATen ops it runs; it is named by its
+    Python name and its arguments by its Python parameters (defaults filled in), so a rule can
+    still be declared for it.
+    """
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    values: dict[str, Any] = {}
+    slots: dict[str, Slot] = {}
+    for position, (name, parameter) in enumerate(inspect.signature(function).parameters.items()):
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            return None
+        values[name] = bound.arguments[name]
+        slots[name] = position if position < len(args) else name
+    return BoundCall(op=function.__name__, values=values, slots=slots, args=args, kwargs=kwargs,
+                     optional_tensor_lists=frozenset())
 
 
 def _schema_slots(

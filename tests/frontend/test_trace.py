@@ -70,13 +70,13 @@ def test_python_spellings_normalise_like_aten() -> None:
     torch.manual_seed(0)
     model = Zoo()
     fx_graph, export_graph = trace(model, zoo_inputs(), "fx"), trace(model, zoo_inputs(), "export")
-    # y[..., :width] is the one call fx cannot name (Python indexing); export records aten.slice
-    unknown = [node for node in fx_graph if node.kind is NodeKind.OP and node.op is None]
-    assert [node.target for node in unknown] == ["operator.getitem"]
+    # y[..., :width] is Python indexing: fx records it as tensor_getitem, export as aten.slice
+    assert not [node for node in fx_graph if node.kind is NodeKind.OP and node.op is None]
     fx_ops = op_signature(fx_graph)
     slice_attrs = {"dim": 2, "start": 0, "end": 16, "step": 1}
-    named = repr(fx_ops).replace("None, {}", f"'slice', {slice_attrs!r}")
-    named = named.replace("('op', None,", "('op', 'slice',")
+    index = "'tensor_getitem', {'index': ['...', [None, 16, None]]}"
+    named = repr(fx_ops).replace(index, f"'slice', {slice_attrs!r}")
+    named = named.replace("('op', 'tensor_getitem',", "('op', 'slice',")
     assert named == repr(op_signature(export_graph))
     by_op = {entry[0]: entry[1] for entry in fx_ops}
     assert by_op["softmax"] == {"dim": -1, "dtype": None}
@@ -155,13 +155,17 @@ def test_bert_has_two_outputs() -> None:
 
 def test_unknown_calls_keep_their_target() -> None:
     class Pick(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("rows", torch.tensor([0, 2]))
+
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x[:, 0] * 2
+            return x[:, self.rows] * 2  # indexing with a tensor has no rule-friendly name
 
     graph = trace(Pick(), (torch.ones(3, 4),), "fx")
     pick = next(node for node in graph if node.kind is NodeKind.OP)
-    assert (pick.op, pick.target, pick.inputs) == (None, "operator.getitem", ("x",))
-    assert pick.out == TensorMeta((3,), "float32", 4)
+    assert (pick.op, pick.target, pick.inputs) == (None, "operator.getitem", ("x", "rows"))
+    assert pick.out == TensorMeta((3, 2), "float32", 4)
 
 
 def test_training_flags_survive_tracing() -> None:
