@@ -27,56 +27,15 @@ import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from autoshard.graph import TensorMeta
+from autoshard.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
+                                  elementwise_instance)
+from autoshard.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.spec import TensorSpec
 
 SPECS_PATH = Path(__file__).resolve().parent.parent / "specs" / "ops.toml"
-
-Labels = tuple[str | None, ...]
-
-
-class RuleError(ValueError):
-    """The node does not fit its rule (unexpected operand count, rank or attribute)."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One entry of specs/ops.toml."""
-
-    op: str
-    kind: str
-    options: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class OpInstance:
-    """A rule resolved against one node's shapes: index labels per dim and what they mean."""
-
-    operands: tuple[Labels | None, ...]
-    output: Labels
-    sizes: dict[str, tuple[int, ...]]
-    fixed: frozenset[str] = frozenset()
-    additive: tuple[int, ...] = ()
-    mean_indices: frozenset[str] = frozenset()
-    flops: int = 0
-
-    @property
-    def contracted(self) -> frozenset[str]:
-        """Indices summed away: in some operand, not in the output."""
-        out = set(self.output)
-        return frozenset(i for labels in self.operands if labels for i in labels if i and i not in out)
-
-    @property
-    def free(self) -> list[str]:
-        """Indices a mesh axis may be assigned to, in first-appearance order."""
-        seen: dict[str, None] = {}
-        for labels in (*self.operands, self.output):
-            for i in labels or ():
-                if i is not None and i not in self.fixed:
-                    seen.setdefault(i)
-        return list(seen)
 
 
 @dataclass(frozen=True)
@@ -109,36 +68,11 @@ def load_rules(path: Path = SPECS_PATH) -> dict[str, Rule]:
     return rules
 
 
-def _dims(value: Any, rank: int) -> list[int]:
-    """Normalise a dim / dim-list attribute (None = all dims) to non-negative ints."""
-    if value is None or value == []:
-        return list(range(rank))
-    values = value if isinstance(value, (list, tuple)) else [value]
-    return [int(v) % rank if rank else 0 for v in values]
-
-
-def _broadcast(shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...], prefix: str) -> tuple[list[Labels | None], Labels]:
-    """Labels for operands broadcast (right-aligned) to ``out_shape``; size-1 dims get None."""
-    out = tuple(f"{prefix}{d}" for d in range(len(out_shape)))
-    operands: list[Labels | None] = []
-    for shape in shapes:
-        if shape is None:
-            operands.append(None)
-            continue
-        offset = len(out_shape) - len(shape)
-        if offset < 0:
-            raise RuleError(f"operand of rank {len(shape)} does not broadcast to {out_shape}")
-        operands.append(tuple(
-            None if n == 1 and out_shape[offset + k] != 1 else out[offset + k] for k, n in enumerate(shape)
-        ))
-    return operands, out
-
-
 def _parse_operand(text: str) -> tuple[list[str], str]:
     """Split an operand of a signature into its tokens and its flags (+ additive, ? optional, _ meta)."""
     text = text.strip()
     flags = ""
-    while text[:1] in "+_":
+    while text and text[0] in "+_":
         flags += text[0]
         text = text[1:].strip()
     if text.endswith("?"):
@@ -182,6 +116,8 @@ def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out
                 n = len(shape) - n_fixed
                 total = group_len[name]
                 labels.extend(f"{name}{total - n + k}" for k in range(n))
+                if name in fixed:  # "s*!": every dim of the group is fixed
+                    fixed.update(f"{name}{k}" for k in range(total))
             else:
                 labels.append(name)
         if len(labels) != len(shape):
@@ -199,7 +135,7 @@ def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out
         if "+" in flags:
             additive.append(k)
             if len(tokens) != len(shape):  # a bias of another rank broadcasts to the output
-                labels = _broadcast([shape], out_shape, "")[0][0]
+                labels = broadcast_labels([shape], out_shape, "")[0][0]
                 operands.append(tuple(None if l is None else out_labels[int(l)] for l in labels))
                 continue
         operands.append(labels_for(tokens, shape))
@@ -217,11 +153,18 @@ def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out
             if label is not None:
                 sizes.setdefault(label, set()).add(n)
     for condition, names in rule.options.get("fixed_if", {}).items():
-        if _condition(condition, attrs):
-            fixed.update(names)
+        if _condition(condition, attrs):  # a variadic group's name fixes all its dims
+            fixed.update(names, (f"{n}{k}" for n in names for k in range(group_len.get(n, 0))))
     flops = rule.options.get("flops_per_point", 1) * math.prod(full.values())
     return OpInstance(tuple(operands), out_labels, {k: tuple(sorted(v)) for k, v in sizes.items()},
                       frozenset(fixed), tuple(additive), frozenset(), flops)
+
+
+def _einsum(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    """torch.einsum: the equation is the signature (contracted indices give partial sums)."""
+    signature = einsum_signature(str(attrs["equation"]))
+    return _instantiate_signature(Rule(rule.op, "signature", {**rule.options, "signature": signature}),
+                                  shapes, out_shape, attrs)
 
 
 def _condition(condition: str, attrs: dict) -> bool:
@@ -232,29 +175,19 @@ def _condition(condition: str, attrs: dict) -> bool:
     return bool(attrs.get(condition.strip()))
 
 
-def _elementwise(rule: Rule, shapes, out_shape, attrs, fixed_dims: Sequence[int] = ()) -> OpInstance:
-    operands, out = _broadcast(shapes, out_shape, "d")
-    sizes = {label: (n,) for label, n in zip(out, out_shape)}
-    for labels, shape in zip(operands, shapes):
-        for label, n in zip(labels or (), shape or ()):
-            if label is not None:
-                sizes[label] = tuple(sorted(set(sizes[label]) | {n}))
-    fixed = frozenset(out[d] for d in fixed_dims)
-    return OpInstance(tuple(operands), out, sizes, fixed, flops=math.prod(out_shape))
-
 
 def _along_dim(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     rank = len(out_shape)
     if "last_dims" in rule.options:
         dims = list(range(max(0, rank - rule.options["last_dims"]), rank))
     else:
-        dims = _dims(attrs.get(rule.options["dim_attr"]), rank)
-    return _elementwise(rule, shapes, out_shape, attrs, dims)
+        dims = dims_of(attrs.get(rule.options["dim_attr"]), rank)
+    return elementwise_instance(rule, shapes, out_shape, attrs, dims)
 
 
 def _reduce(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     (shape,) = shapes[:1]
-    dims = set(_dims(attrs.get(rule.options.get("dim_attr", "dim")), len(shape)))
+    dims = set(dims_of(attrs.get(rule.options.get("dim_attr", "dim")), len(shape)))
     keep = bool(attrs.get("keepdim", False)) or len(out_shape) == len(shape)
     labels = tuple(f"d{d}" for d in range(len(shape)))
     out = tuple((None if d in dims else labels[d]) for d in range(len(shape)) if keep or d not in dims)
@@ -265,9 +198,16 @@ def _reduce(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
                       frozenset() if linear else reduced, (), mean, math.prod(shape))
 
 
+def _extreme(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    """max/min: of two tensors, elementwise; of one, a reduction over ``dim`` (values and indices)."""
+    if len(shapes) == 2:
+        return elementwise_instance(rule, shapes, out_shape, attrs)
+    return _reduce(rule, shapes, out_shape, attrs)
+
+
 def _layer_norm(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     n_norm = len(attrs.get(rule.options["shape_attr"]) or [out_shape[-1]])
-    base = _elementwise(rule, shapes[:1], out_shape, attrs, range(len(out_shape) - n_norm, len(out_shape)))
+    base = elementwise_instance(rule, shapes[:1], out_shape, attrs, range(len(out_shape) - n_norm, len(out_shape)))
     params = [base.output[len(out_shape) - len(s):] if s is not None else None for s in shapes[1:]]
     return OpInstance((base.operands[0], *params), base.output, base.sizes, base.fixed, flops=5 * math.prod(out_shape))
 
@@ -294,7 +234,7 @@ def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
 def _pointwise_loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     """Elementwise loss of broadcast operands, then reduced over everything unless reduction is none."""
     full = tuple(max(dims) for dims in zip(*[(1,) * (max(map(len, shapes)) - len(s)) + tuple(s) for s in shapes]))
-    base = _elementwise(rule, shapes, full, attrs)
+    base = elementwise_instance(rule, shapes, full, attrs)
     reduction = attrs.get("reduction", 1)
     if reduction == 0:
         return base
@@ -337,19 +277,32 @@ def _permute(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     rank = len(shapes[0])
     perm = list(range(rank))
     if rule.op == "permute":
-        perm = _dims(attrs["dims"], rank)
+        perm = dims_of(attrs["dims"], rank)
     elif rule.op == "numpy_T":
         perm = list(reversed(perm))
+    elif rule.op in ("movedim", "moveaxis"):
+        perm = _moved(rank, dims_of(attrs["source"], rank), dims_of(attrs["destination"], rank))
+    elif rule.op == "mT":
+        perm[-2:] = perm[:-3:-1]
     elif rank >= 2:
         first, second = ("axis0", "axis1") if rule.op == "swapaxes" else ("dim0", "dim1")
-        a, b = _dims(attrs.get(first, 0), rank)[0], _dims(attrs.get(second, 1), rank)[0]
+        a, b = dims_of(attrs.get(first, 0), rank)[0], dims_of(attrs.get(second, 1), rank)[0]
         perm[a], perm[b] = perm[b], perm[a]
     labels = tuple(f"d{d}" for d in range(rank))
     return OpInstance((labels,), tuple(labels[p] for p in perm), {l: (n,) for l, n in zip(labels, shapes[0])})
 
 
+def _moved(rank: int, source: list[int], destination: list[int]) -> list[int]:
+    """The permutation ``movedim(source, destination)`` applies: output dim -> input dim."""
+    perm: list[int | None] = [None] * rank
+    for s, d in zip(source, destination):
+        perm[d] = s
+    rest = iter(d for d in range(rank) if d not in source)
+    return [next(rest) if p is None else p for p in perm]
+
+
 def _cat(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
-    dim = _dims(attrs.get("dim", 0), len(out_shape))[0]
+    dim = dims_of(attrs.get("dim", 0), len(out_shape))[0]
     labels = tuple(f"d{d}" for d in range(len(out_shape)))
     operands = [labels if s is not None and len(s) == len(out_shape) else None for s in shapes]
     return OpInstance(tuple(operands), labels, {l: (n,) for l, n in zip(labels, out_shape)}, frozenset({labels[dim]}))
@@ -357,7 +310,7 @@ def _cat(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
 
 def _split(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     shape = shapes[0]
-    dim = _dims(attrs.get("dim", 0), len(shape))[0]
+    dim = dims_of(attrs.get("dim", 0), len(shape))[0]
     labels = tuple(f"d{d}" for d in range(len(shape)))
     out = tuple(l for d, l in enumerate(labels) if d != dim) if rule.op == "unbind" else labels
     return OpInstance((labels,), out, {l: (n,) for l, n in zip(labels, shape)}, frozenset({labels[dim]}))
@@ -365,7 +318,7 @@ def _split(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
 
 def _select(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     shape = shapes[0]
-    dim = _dims(attrs.get("dim", 0), len(shape))[0]
+    dim = dims_of(attrs.get("dim", 0), len(shape))[0]
     labels = tuple(f"d{d}" for d in range(len(shape)))
     full = rule.kind == "slice" and len(out_shape) == len(shape) and out_shape[dim] == shape[dim]
     out = tuple(l for d, l in enumerate(labels) if rule.kind == "slice" or d != dim)
@@ -385,12 +338,12 @@ def _creation(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
 
 
 def _expand(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
-    return _elementwise(rule, shapes[:1], out_shape, attrs)
+    return elementwise_instance(rule, shapes[:1], out_shape, attrs)
 
 
 _KINDS: dict[str, Callable[..., OpInstance]] = {
     "signature": _instantiate_signature,
-    "elementwise": _elementwise,
+    "elementwise": elementwise_instance,
     "along_dim": _along_dim,
     "reduce": _reduce,
     "layer_norm": _layer_norm,
@@ -405,6 +358,9 @@ _KINDS: dict[str, Callable[..., OpInstance]] = {
     "slice": _select,
     "getitem": _identity,
     "creation": _creation,
+    "einsum": _einsum,
+    "extreme": _extreme,
+    **SHAPE_KINDS,
 }
 
 

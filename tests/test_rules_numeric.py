@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from autoshard.graph import TensorMeta
-from autoshard.rules import instantiate, load_rules, strategies
+from autoshard.rules import RuleError, instantiate, load_rules, strategies
 from autoshard.spec import TensorSpec
 from tests.layout_sim import all_coords
 
@@ -238,3 +238,124 @@ def test_conv_with_groups_keeps_channels_whole():
     fn = lambda x, w, local: F.conv2d(x, w, groups=2)
     found = check_op("conv2d", fn, [R(2, 4, 4, 4), R(4, 2, 1, 1)], {"groups": 2}, (2,))
     assert all(not s.in_specs[0].dims[1] for s in found)
+
+
+def _values_and_indices(result):
+    """values + indices as one float tensor: both must match the global op's piece locally."""
+    return result.values + result.indices
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+@pytest.mark.parametrize("case", [
+    ("conv1d", lambda x, w, b, local: F.conv1d(x, w, b, padding=1), [R(2, 4, 6), R(4, 4, 3), R(4)], {}),
+    ("conv3d", lambda x, w, b, local: F.conv3d(x, w, b, padding=1), [R(2, 4, 3, 3, 3), R(4, 4, 3, 3, 3), R(4)], {}),
+    ("conv_transpose1d", lambda x, w, b, local: F.conv_transpose1d(x, w, b, stride=2), [R(2, 4, 3), R(4, 4, 2), R(4)],
+     {}),
+    ("conv_transpose2d", lambda x, w, b, local: F.conv_transpose2d(x, w, b, stride=2), [R(2, 4, 3, 3), R(4, 2, 2, 2),
+                                                                                       R(2)], {}),
+    ("einsum", lambda x, w, local: torch.einsum("bij,jk->bik", x, w), [R(4, 4, 8), R(8, 4)],
+     {"equation": "bij,jk->bik"}),
+    ("einsum", lambda q, k, local: torch.einsum("b h q d, b h k d -> b h q k", q, k), [R(2, 2, 4, 4), R(2, 2, 4, 4)],
+     {"equation": "b h q d, b h k d -> b h q k"}),
+    ("einsum", lambda a, b, local: torch.einsum("...ij,jk", a, b), [R(2, 4, 4, 8), R(8, 4)], {"equation": "...ij,jk"}),
+    ("einsum", lambda a, b, local: torch.einsum("bi,bj->", a, b), [R(4, 4), R(4, 2)], {"equation": "bi,bj->"}),
+    ("outer", lambda a, b, local: torch.outer(a, b), [R(4), R(8)], {}),
+    ("mv", lambda a, b, local: torch.mv(a, b), [R(4, 8), R(8)], {}),
+], ids=lambda c: c[0] if isinstance(c, tuple) else None)
+def test_more_contractions(case, mesh_shape):
+    op, fn, operands, attrs = case
+    check_op(op, fn, operands, attrs, mesh_shape)
+
+
+def test_einsum_derives_partial_sums_from_its_equation():
+    rule = load_rules()["einsum"]
+    metas = [TensorMeta((4, 4, 8), "float32", 4), TensorMeta((8, 4), "float32", 4)]
+    inst = instantiate(rule, metas, (4, 4, 4), {"equation": "bij,jk->bik"})
+    assert inst.contracted == {"j"}
+    with pytest.raises(RuleError):
+        instantiate(rule, metas[:1], (4,), {"equation": "bii->bi"})
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+@pytest.mark.parametrize("case", [
+    ("batch_norm", lambda x, w, b, m, v, local: F.batch_norm(x, m.detach(), v.detach(), w, b), [R(4, 4, 2, 2), R(4), R(4), R(4),
+                                                                            R(4).abs() + 0.5], {"training": False}),
+    ("batch_norm", lambda x, m, v, local: F.batch_norm(x, m.detach(), v.detach()), [R(4, 4), R(4), R(4).abs() + 0.5], {}),
+    ("batch_norm", lambda x, w, b, local: F.batch_norm(x, None, None, w, b, training=True), [R(4, 4, 2), R(4), R(4)],
+     {"training": True}),
+    ("group_norm", lambda x, w, b, local: F.group_norm(x, 2, w, b), [R(4, 4, 2, 2), R(4), R(4)], {"num_groups": 2}),
+    ("instance_norm", lambda x, w, b, local: F.instance_norm(x, weight=w, bias=b), [R(4, 4, 4), R(4), R(4)], {}),
+    ("prelu", lambda x, w, local: F.prelu(x, w), [R(4, 4, 2), R(4)], {}),
+    ("prelu", lambda x, w, local: F.prelu(x, w), [R(4, 4, 2), R(1)], {}),
+    ("max", lambda x, local: _values_and_indices(x.max(dim=1)), [R(4, 4, 2)], {"dim": 1}),
+    ("min", lambda x, local: _values_and_indices(torch.min(x, -1, keepdim=True)), [R(4, 4)],
+     {"dim": -1, "keepdim": True}),
+    ("max", lambda x, y, local: torch.max(x, y), [R(4, 4), R(4, 4)], {}),
+    ("topk", lambda x, local: _values_and_indices(x.topk(2, dim=1)), [R(4, 4, 2)], {"k": 2, "dim": 1}),
+    ("sort", lambda x, local: _values_and_indices(x.sort(dim=-1)), [R(4, 4)], {"dim": -1}),
+    ("logsumexp", lambda x, local: x.logsumexp(1), [R(4, 4, 2)], {"dim": [1]}),
+    ("glu", lambda x, local: F.glu(x, 1), [R(4, 4, 2)], {"dim": 1}),
+    ("normalize", lambda x, local: F.normalize(x, dim=-1), [R(4, 4, 2)], {"dim": -1}),
+    ("roll", lambda x, local: torch.roll(x, 1, 1), [R(4, 4, 2)], {"shifts": [1], "dims": [1]}),
+    ("flip", lambda x, local: x.flip(0), [R(4, 4)], {"dims": [0]}),
+    ("expand_as", lambda x, y, local: x.expand_as(y), [R(4, 1), R(4, 4)], {}),
+], ids=lambda c: c[0] if isinstance(c, tuple) else None)
+def test_normalisations_selections_and_reorders(case, mesh_shape):
+    op, fn, operands, attrs = case
+    check_op(op, fn, operands, attrs, mesh_shape, min_strategies=1)
+
+
+def test_batch_norm_with_batch_statistics_only_shards_channels():
+    fn = lambda x, w, b, local: F.batch_norm(x, None, None, w, b, training=True)
+    found = check_op("batch_norm", fn, [R(4, 4, 2), R(4), R(4)], {"training": True}, (2,))
+    assert {a for s in found for a, _ in s.assignment} == {"c"}
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+@pytest.mark.parametrize("case", [
+    ("max_pool1d", lambda x, local: F.max_pool1d(x, 2), [R(4, 4, 4)], {}),
+    ("avg_pool1d", lambda x, local: F.avg_pool1d(x, 2), [R(4, 4, 4)], {}),
+    ("adaptive_avg_pool1d", lambda x, local: F.adaptive_avg_pool1d(x, 1), [R(4, 4, 4)], {}),
+    ("adaptive_max_pool2d", lambda x, local: F.adaptive_max_pool2d(x, 1), [R(4, 4, 4, 4)], {}),
+    ("avg_pool3d", lambda x, local: F.avg_pool3d(x, 2), [R(2, 4, 2, 2, 2)], {}),
+    ("interpolate", lambda x, local: F.interpolate(x, scale_factor=2.0), [R(4, 4, 3, 3)], {}),
+    ("interpolate", lambda x, local: F.interpolate(x, size=5, mode="linear"), [R(4, 4, 3)], {}),
+    ("upsample_bilinear2d", lambda x, local: F.interpolate(x, size=(5, 4), mode="bilinear"), [R(4, 4, 3, 3)], {}),
+], ids=lambda c: c[0] if isinstance(c, tuple) else None)
+def test_windows_and_resampling_shard_batch_and_channels(case, mesh_shape):
+    op, fn, operands, attrs = case
+    found = check_op(op, fn, operands, attrs, mesh_shape)
+    assert all(not d for s in found for d in s.in_specs[0].dims[2:])
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES)
+@pytest.mark.parametrize("case", [
+    ("tensor_getitem", lambda x, local: x[:, :2, :], [R(4, 4, 4)], {"index": [[None] * 3, [None, 2, None], [None] * 3]}),
+    ("tensor_getitem", lambda x, local: x[:, 0], [R(4, 4, 4)], {"index": [[None] * 3, 0]}),
+    ("tensor_getitem", lambda x, local: x[..., None], [R(4, 4)], {"index": ["...", None]}),
+    ("tensor_getitem", lambda x, local: x[None, 1:, ..., 0:8], [R(4, 4, 4)],
+     {"index": [None, [1, None, None], "...", [0, 8, None]]}),
+    ("tensor_getitem", lambda x, local: x[:, ::2], [R(4, 4, 4)], {"index": [[None] * 3, [None, None, 2]]}),
+    ("stack", lambda x, y, local: torch.stack([x, y], 1), [R(4, 4), R(4, 4)], {"dim": 1}),
+    ("repeat", lambda x, local: x.repeat(2, 1, 2), [R(4, 4)], {"repeats": [2, 1, 2]}),
+    ("tile", lambda x, local: x.tile((2,)), [R(4, 4)], {"dims": [2]}),
+    ("pad", lambda x, local: F.pad(x, (1, 2)), [R(4, 4, 4)], {"pad": [1, 2]}),
+    ("pad", lambda x, local: F.pad(x, (0, 0, 1, 1), mode="reflect"), [R(4, 4, 4)], {"pad": [0, 0, 1, 1]}),
+    ("gather", lambda x, i, local: torch.gather(x, 2, i), [R(4, 4, 4), torch.randint(0, 4, (4, 4, 2))], {"dim": 2}),
+    ("gather", lambda x, i, local: torch.gather(x, 1, i), [R(4, 4, 4), torch.randint(0, 4, (4, 2, 2))], {"dim": 1}),
+    ("index_select", lambda x, i, local: torch.index_select(x, 1, i), [R(4, 4, 4), torch.tensor([0, 2, 2])],
+     {"dim": 1}),
+    ("movedim", lambda x, local: x.movedim(0, -1), [R(4, 4, 2)], {"source": [0], "destination": [-1]}),
+    ("mT", lambda x, local: x.mT, [R(2, 4, 8)], {}),
+], ids=lambda c: c[0] if isinstance(c, tuple) else None)
+def test_indexing_stacking_repeating_padding(case, mesh_shape):
+    op, fn, operands, attrs = case
+    check_op(op, fn, operands, attrs, mesh_shape, min_strategies=1)
+
+
+def test_tensor_getitem_shards_only_untouched_dims():
+    rule = load_rules()["tensor_getitem"]
+    inst = instantiate(rule, [TensorMeta((4, 8, 6), "float32", 4)], (4, 1, 6, 1),
+                       {"index": [[None, None, None], 0, None, "...", None]})
+    assert inst.operands == (("d0", None, "d2"),)
+    assert inst.output == ("d0", None, "d2", None)
