@@ -54,7 +54,8 @@ Z3_MAX_TERMS = 200_000
 LNS_AFTER_STEPS = 30
 """Lagrangian steps without a better plan before a slice of neighbourhood search."""
 LNS_SLICE = 5.0
-"""Seconds of neighbourhood search per slice (or a tenth of the time left, if more)."""
+"""Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
+LNS_SHARE = 0.5
 REDUCE_SHARE = 0.4
 """At most this share of the time limit goes to the exact reductions (a partly reduced core is
 still exact; the first plan must come early on large instances)."""
@@ -346,7 +347,7 @@ class _Run:
         left = self.left()
         if left is not None and left < 2.0:
             return
-        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, 0.1 * left))
+        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
         self.emit(Phase("lns", f"HiGHS on neighbourhoods of {lns.size} core nodes", self.elapsed()))
         x = lns.run(self.best_local, self._soon(budget))
         self.offer(x, "lns", None)

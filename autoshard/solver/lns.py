@@ -7,8 +7,11 @@ N exactly: N's costs absorb the edges to fixed nodes, and each memory row's capa
 fixed nodes' usage. x restricted to N is feasible there, so the result is never worse; a better
 one is a better plan. Neighbourhoods are grown breadth-first through the graph from a random
 node or from the nodes live on the tightest memory row (memory couples nodes that share no
-edge). Their size adapts: it grows while HiGHS solves them quickly and shrinks when it runs out
-of time.
+edge), up to ``size`` nodes and MAX_COLUMNS ILP variables. The size adapts: it grows while
+HiGHS solves them quickly and shrinks when it runs out of time. Strategies are not filtered:
+on V, restricting each node to its locally cheapest strategies let HiGHS take the whole core at
+once but gained only 0.2%, while one full 16-node neighbourhood took the Lagrangian plan from
+1717287 to 1670166 (z3 neighbourhoods of 40-50 nodes had found nothing).
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ import numpy as np
 from autoshard.solver.core import INF, Compact
 from autoshard.solver.milp import solve_compact_milp
 
-MIN_SIZE = 8
+MIN_SIZE = 6
 """Smallest neighbourhood (nodes)."""
+MAX_COLUMNS = 100_000
+"""Largest ILP (variables) a neighbourhood may make."""
+MAX_SOLVE = 20.0
+"""Longest HiGHS time limit per neighbourhood (seconds)."""
 
 
 class NeighbourhoodSearch:
     """Re-solves neighbourhoods of a fitting plan of ``comp`` with HiGHS; ``run`` improves a plan."""
 
-    def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 24) -> None:
+    def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 16) -> None:
         self.comp = comp
         self.rng = rng
         self.size = max(MIN_SIZE, min(size, comp.n))
@@ -47,7 +54,7 @@ class NeighbourhoodSearch:
         while comp.n and time.monotonic() < deadline - 1.0:  # HiGHS takes at least a second's limit
             nodes = self.neighbourhood(x)
             began = time.monotonic()
-            limit = max(1.0, min(5.0, 0.25 * (deadline - began)))
+            limit = max(1.0, min(MAX_SOLVE, 0.5 * (deadline - began)))
             result = solve_compact_milp(restrict(comp, x, nodes), limit)
             took = time.monotonic() - began
             self.rounds += 1
@@ -57,14 +64,15 @@ class NeighbourhoodSearch:
                 new = comp.cost(y)
                 if new < cost and comp.is_feasible(y):
                     x, cost = y, new
-            if result.optimal and took < 0.5:
+            if result.optimal and took < 1.0:
                 self.size = min(comp.n, int(self.size * 1.2) + 1)
             elif not result.optimal:
                 self.size = max(MIN_SIZE, int(self.size * 0.7))
         return x
 
     def neighbourhood(self, x: np.ndarray) -> np.ndarray:
-        """Up to ``size`` nodes grown breadth-first from a random node or a tight memory row."""
+        """Up to ``size`` nodes (and MAX_COLUMNS ILP variables) grown breadth-first from a random
+        node or a tight memory row."""
         comp = self.comp
         if self.owner and self.rng.random() < 0.5:
             slack = comp.capacity - comp.profile(x)
@@ -73,19 +81,38 @@ class NeighbourhoodSearch:
             seeds = list(self.rng.permutation(self.owner[row])) if self.owner[row] else []
         else:
             seeds = []
-        if not seeds:
-            seeds = [int(self.rng.integers(comp.n))]
+        if not seeds:  # where the plan's cost concentrates, or anywhere
+            share = node_costs(comp, x)
+            if share.sum() > 0 and self.rng.random() < 0.5:
+                seeds = [int(self.rng.choice(comp.n, p=share / share.sum()))]
+            else:
+                seeds = [int(self.rng.integers(comp.n))]
         chosen: dict[int, None] = {}
         frontier = deque(int(s) for s in seeds[: max(1, self.size // 2)])
+        columns = 0
         while frontier and len(chosen) < self.size:
             i = frontier.popleft()
             if i in chosen:
                 continue
+            more = len(comp.costs[i]) + sum(m.size for j, m in comp.nbrs[i] if j in chosen)
+            if chosen and columns + more > MAX_COLUMNS:
+                continue
+            columns += more
             chosen[i] = None
             nbrs = [j for j, _ in comp.nbrs[i] if j not in chosen]
             if nbrs:
                 frontier.extend(int(j) for j in self.rng.permutation(nbrs))
         return np.array(sorted(chosen), dtype=np.int64)
+
+
+def node_costs(comp: Compact, x: np.ndarray) -> np.ndarray:
+    """Each node's cost in x plus half of its edges' (float: only for sampling)."""
+    share = np.array([float(c[s]) for c, s in zip(comp.costs, x)])
+    for u, v, m in comp.edges:
+        half = 0.5 * float(m[x[u], x[v]])
+        share[u] += half
+        share[v] += half
+    return np.minimum(share, 1e30)
 
 
 def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
