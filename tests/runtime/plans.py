@@ -59,6 +59,24 @@ class SequenceParallelBlock(nn.Module):
         return self.fc4(torch.nn.functional.gelu(self.fc3(h)))
 
 
+class NormMix(nn.Module):
+    """fx-traced einsum, eval-mode batch_norm, tensor slicing and max(dim).values in one block."""
+
+    def __init__(self, hidden: int = 16, seq: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(hidden, hidden) / hidden**0.5)
+        self.gamma, self.beta = nn.Parameter(torch.rand(seq) + 0.5), nn.Parameter(torch.randn(seq))
+        self.register_buffer("mean", torch.randn(seq) / 4)
+        self.register_buffer("var", torch.rand(seq) + 0.5)
+        self.fc = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.einsum("bsd,de->bse", x, self.w)
+        h = torch.nn.functional.batch_norm(h, self.mean, self.var, self.gamma, self.beta)
+        h = torch.relu(h[:, :4, :]) + h[:, 4:, :]
+        return self.fc(h).max(dim=-1).values, h[:, 0, None]
+
+
 @dataclass
 class Traced:
     """A model, its example inputs and its graph."""
@@ -81,9 +99,11 @@ def _encoder_layer() -> nn.Module:
 
 @functools.lru_cache(maxsize=None)
 def traced(name: str) -> Traced:
-    """``tiny_mlp``, ``sp_block``, ``encoder`` (test models, x [8, 8, 16]) or an example's stem (``mlp``, ``gpt2`` ...)."""
-    if name in ("tiny_mlp", "sp_block", "encoder"):
-        model = _seeded({"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer}[name])
+    """``tiny_mlp``, ``sp_block``, ``encoder``, ``norm_mix`` (test models, x [8, 8, 16]) or an example's stem
+    (``mlp``, ``gpt2`` ...)."""
+    models = {"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer, "norm_mix": NormMix}
+    if name in models:
+        model = _seeded(models[name])
         inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)
     else:
         loaded = load_model(str(EXAMPLES / f"{name}.py"))
