@@ -171,7 +171,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     else:
         gap = "unknown" if solution.gap is None else f"{100 * solution.gap:.2f}%"
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
-        console.print(f"[yellow]time limit[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
+        why = "time limit" if args.timeout is not None else "no proof (the core is too large for the exact methods)"
+        console.print(f"[yellow]{why}[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
     if args.baseline == "megatron":
         _print_baseline(mp, solution.cost, console)
     console.print(layout_summary(mp, list(solution.choice)))
