@@ -15,7 +15,8 @@ Pipeline and where each part lives:
    polished by local search (heuristics.py), the LP relaxation's certified bound and, when
    integral, its plan (relax.py), then the Lagrangian relaxation of memory solved by elimination
    or TRW-S (lagrange.py, trws.py), which yields plans and lower bounds until the time runs out
-   or they meet.
+   or they meet; when its plans stop improving, slices of large-neighbourhood search re-solve
+   parts of the best plan exactly with HiGHS (lns.py).
 3. z3 CEGIS (cegis.py) on the core, seeded with the best plan: "is there any plan with cost <
    best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it gets
    the LP's (or TRW-S's) dual as a redundant cut (cut.py), without which z3 rarely proves
@@ -24,6 +25,8 @@ Pipeline and where each part lives:
 
 Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
 original problem before it is reported (events.py).
+With a time limit, the reductions take at most REDUCE_SHARE of it and every phase stops at its
+deadline, so a first plan (the minimum-memory start) comes early even on 60k-node instances.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ LNS_AFTER_STEPS = 30
 LNS_SLICE = 5.0
 """Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
 LNS_SHARE = 0.5
+"""Share of the time left a slice of neighbourhood search takes (V: LNS finds what the
+Lagrangian search, stalled within seconds, cannot)."""
 REDUCE_SHARE = 0.4
 """At most this share of the time limit goes to the exact reductions (a partly reduced core is
 still exact; the first plan must come early on large instances)."""
@@ -351,7 +356,7 @@ class _Run:
         self.emit(Phase("lns", f"HiGHS on neighbourhoods of {lns.size} core nodes", self.elapsed()))
         x = lns.run(self.best_local, self._soon(budget))
         self.offer(x, "lns", None)
-        self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory", self.elapsed()))
+        self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
 
     def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:
         if _objective_size(self.comp) > Z3_MAX_TERMS:
