@@ -22,6 +22,8 @@ Pipeline and where each part lives:
    the LP's (or TRW-S's) dual as a redundant cut (cut.py), without which z3 rarely proves
    anything, and runs in a background thread (z3 releases the GIL) with growing time slices,
    always asking about the latest best cost.
+4. without a time limit, a core still unproved (too large for z3's encoding, or z3 without a
+   verdict) is solved as an ILP by HiGHS to a zero gap (milp.py): the answer is always proved.
 
 Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
 original problem before it is reported (events.py).
@@ -49,6 +51,7 @@ from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.memory import attach_memory, smallest_peak
+from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.relax import lp_bound
 
@@ -283,6 +286,18 @@ class _Run:
         if z3_thread is not None:
             z3_thread.stop()
             self._drain(z3_thread)
+        if not self.proved() and self.deadline is None and self.options.prove:
+            self._milp_proof()
+
+    def _milp_proof(self) -> None:
+        """Without a time limit the answer must be proved: when z3 could not take the core (too
+        many weighted literals) or stopped without a verdict, HiGHS solves the core's ILP to a zero gap."""
+        self.emit(Phase("milp", f"exact ILP of the {self.comp.n}-node core (HiGHS, zero gap)", self.elapsed()))
+        result = solve_compact_milp(self.comp, exact=True)
+        if result.choice is not None:
+            self.offer(result.choice, "milp", None)
+        if result.optimal and result.cost is not None:
+            self.bound(int(result.cost), "milp")
 
     def _lp_phase(self) -> DualCut | None:
         """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3."""
