@@ -91,6 +91,13 @@ class MessagePassing:
             x[i] = int(np.argmin(vec))
         return x
 
+    def _edge_part(self, e: int, hats: list[np.ndarray]) -> np.ndarray:
+        """Edge ``e``'s share of the reparametrised costs: its matrix minus the messages, plus an
+        even split of its endpoints' reparametrised node costs."""
+        u, v, m = self.edges[e]
+        return (m - self.to_u[e][:, None] - self.to_v[e][None, :]
+                + hats[u][:, None] / len(self.inc[u]) + hats[v][None, :] / len(self.inc[v]))
+
     def bound(self, penalty: list[np.ndarray] | None = None) -> tuple[float, float]:
         """A lower bound on min cost + penalty, and the sum of magnitudes for ``safe_bound``.
 
@@ -104,14 +111,8 @@ class MessagePassing:
                 low = float(hat.min())
                 total += low
                 scale += abs(low)
-        for e, (u, v, m) in enumerate(self.edges):
-            part = (
-                m
-                - self.to_u[e][:, None]
-                - self.to_v[e][None, :]
-                + hats[u][:, None] / len(self.inc[u])
-                + hats[v][None, :] / len(self.inc[v])
-            )
+        for e, (_, _, m) in enumerate(self.edges):
+            part = self._edge_part(e, hats)
             low = float(part.min())
             total += low
             scale += abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
@@ -133,14 +134,8 @@ class MessagePassing:
                 excess = np.floor(hat - low - 1e-9 * (np.abs(hat) + abs(low)) - 1e-6)
                 for s in np.flatnonzero(np.isfinite(hat) & (excess >= 1)):
                     node_terms.append((i, int(s), int(excess[s]), True))
-        for e, (u, v, m) in enumerate(self.edges):
-            part = (
-                m
-                - self.to_u[e][:, None]
-                - self.to_v[e][None, :]
-                + hats[u][:, None] / len(self.inc[u])
-                + hats[v][None, :] / len(self.inc[v])
-            )
+        for e, (_, _, m) in enumerate(self.edges):
+            part = self._edge_part(e, hats)
             low = float(part.min())
             total, scale = total + low, scale + abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
             excess = np.where(np.isfinite(part) & (part < _CAP), part - low, 0.0)
