@@ -171,7 +171,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     else:
         gap = "unknown" if solution.gap is None else f"{100 * solution.gap:.2f}%"
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
-        why = "time limit" if args.timeout is not None else "no proof (the core is too large for the exact methods)"
+        why = "time limit" if args.timeout is not None else "not proved (--no-prove)" if args.no_prove else "no proof"
         console.print(f"[yellow]{why}[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
     if args.baseline == "megatron":
         _print_baseline(mp, solution.cost, console)
