@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from autoshard.build import BuildOptions, ModelProblem, build_problem
-from autoshard.costmodel import DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS, make_cost_model
+from autoshard.cost.communication import DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS, make_cost_model
 from autoshard.graph import OpGraph
-from autoshard.mesh import Mesh, parse_mesh
+from autoshard.sharding.mesh import Mesh, parse_mesh
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
 from autoshard.errors import AutoshardError

@@ -27,15 +27,15 @@ from typing import Mapping
 
 import numpy as np
 
-from autoshard.costmodel import CostModel
+from autoshard.cost.communication import CostModel
 from autoshard.errors import AutoshardError
 from autoshard.graph import NodeKind, OpGraph, OpNode, TensorMeta
-from autoshard.mesh import Mesh
+from autoshard.sharding.mesh import Mesh
 from autoshard.problem import ShardingProblem
-from autoshard.reshard import reshard_steps
-from autoshard.rules import (OpInstance, OpStrategy, RuleError, instantiate, load_rules, replicated_strategy,
+from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, instantiate, load_rules, replicated_strategy,
                              strategies, tensor_layouts)
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 ALIASING_KINDS = frozenset({"view", "permute", "expand", "getitem", "select", "slice", "split"})
 MODES = ("inference", "training")

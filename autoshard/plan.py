@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.errors import AutoshardError
-from autoshard.mesh import Mesh
-from autoshard.reshard import Step
-from autoshard.spec import TensorSpec
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.reshard import Step
+from autoshard.sharding.spec import TensorSpec
 
 PLAN_VERSION = 1
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from autoshard.build import ModelProblem
 from autoshard.graph import NodeKind
 from autoshard.plan import EdgeReshard, NodePlacement, Plan
-from autoshard.reshard import reshard_steps
-from autoshard.rules import load_rules
-from autoshard.spec import TensorSpec
+from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.rules import load_rules
+from autoshard.sharding.spec import TensorSpec
 
 
 def _local_attrs(mp: ModelProblem, name: str, out_spec: TensorSpec) -> dict:

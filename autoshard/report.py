@@ -12,7 +12,7 @@ from rich.table import Table
 from autoshard.build import ModelProblem
 from autoshard.graph import NodeKind
 from autoshard.planning import edge_cost
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 MAX_FULL_ROWS = 60
 

@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoshard.errors import AutoshardError
-from autoshard.reshard import reshard_steps
+from autoshard.sharding.reshard import reshard_steps
 from autoshard.runtime.collectives import CommLog, mask_to_first, reshard
 from autoshard.runtime.groups import MeshGroups
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 MODES = ("fwd_pre", "fwd_post", "bwd_post")
 NAMED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "scatter")

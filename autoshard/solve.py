@@ -18,10 +18,10 @@ from rich.live import Live
 from rich.text import Text
 
 from autoshard import problem_cli
-from autoshard.costmodel import COST_MODELS, DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS
+from autoshard.cost.communication import COST_MODELS, DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS
 from autoshard.errors import AutoshardError
-from autoshard.layers import find_repeated_layers
-from autoshard.mesh import parse_mesh
+from autoshard.sharding.layers import find_repeated_layers
+from autoshard.sharding.mesh import parse_mesh
 from autoshard.units import format_bytes, parse_bytes
 
 

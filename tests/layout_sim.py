@@ -9,8 +9,8 @@ import itertools
 
 import numpy as np
 
-from autoshard.reshard import Step
-from autoshard.spec import TensorSpec
+from autoshard.sharding.reshard import Step
+from autoshard.sharding.spec import TensorSpec
 
 
 def all_coords(mesh_shape: tuple[int, ...]) -> list[tuple[int, ...]]:

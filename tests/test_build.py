@@ -7,11 +7,11 @@ import itertools
 import pytest
 
 from autoshard.build import BuildOptions, ModelProblem, build_problem
-from autoshard.costmodel import make_cost_model
+from autoshard.cost.communication import make_cost_model
 from autoshard.errors import AutoshardError
 from autoshard.graph import NodeKind
 from autoshard.lower.slapo import schedule_lines
-from autoshard.mesh import parse_mesh
+from autoshard.sharding.mesh import parse_mesh
 from autoshard.planning import make_plan
 from tests.graphs import mlp_graph
 

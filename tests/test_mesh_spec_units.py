@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autoshard.errors import AutoshardError
-from autoshard.mesh import NETWORK_BANDWIDTH, NVLINK_BANDWIDTH, parse_mesh
-from autoshard.spec import TensorSpec
+from autoshard.sharding.mesh import NETWORK_BANDWIDTH, NVLINK_BANDWIDTH, parse_mesh
+from autoshard.sharding.spec import TensorSpec
 from autoshard.units import format_bytes, parse_bytes
 
 

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, reshard_steps
-from autoshard.spec import TensorSpec
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, reshard_steps
+from autoshard.sharding.spec import TensorSpec
 from tests.layout_sim import all_coords, apply_step, piece, place, reduce_partial
 
 

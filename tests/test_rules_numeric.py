@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from autoshard.graph import TensorMeta
-from autoshard.rules import RuleError, instantiate, load_rules, strategies
-from autoshard.spec import TensorSpec
+from autoshard.sharding.rules import RuleError, instantiate, load_rules, strategies
+from autoshard.sharding.spec import TensorSpec
 from tests.layout_sim import all_coords
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 COLWISE, ROWWISE, SEQUENCE = "ColwiseParallel", "RowwiseParallel", "SequenceParallel"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from autoshard.graph import NodeKind, OpGraph
 from autoshard.plan import EdgeReshard, Plan
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 
 def _inside(module: str, outer: str) -> bool:

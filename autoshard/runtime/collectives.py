@@ -1,7 +1,7 @@
 """Execute reshard steps on local tensors with torch.distributed, with and without autograd.
 
 :func:`run_steps` is the plain executor of a ``reshard.Step`` list (semantics in
-``autoshard/reshard.py``); :func:`reshard` wraps it in an autograd Function whose backward runs
+``autoshard/sharding/reshard.py``); :func:`reshard` wraps it in an autograd Function whose backward runs
 the plan's gradient steps, which are not the autograd transpose of the forward: a forward
 all-reduce P->R has an identity backward (the gradient of a replicated tensor is full on every
 rank), a forward slice R->S has an all-gather backward, and a forward identity may all-reduce a
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
 
 FORWARD = "forward"

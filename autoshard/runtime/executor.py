@@ -37,10 +37,10 @@ from autoshard.frontend.call import node_caller
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
-from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, reshard_steps
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, reshard_steps
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.groups import MeshGroups
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
     "gloo": frozenset(COLLECTIVES),  # CPU tensors, torch 2.13

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from autoshard.errors import AutoshardError
-from autoshard.mesh import Mesh, default_links
+from autoshard.sharding.mesh import Mesh, default_links
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from torch.utils import _pytree as pytree
 
 from autoshard.baselines import megatron_choice
 from autoshard.build import BuildOptions, ModelProblem, build_problem
-from autoshard.costmodel import make_cost_model
+from autoshard.cost.communication import make_cost_model
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph
-from autoshard.mesh import parse_mesh
+from autoshard.sharding.mesh import parse_mesh
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
 

@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
-from autoshard.mesh import Mesh, default_links
-from autoshard.reshard import SLICE, reshard_steps
+from autoshard.sharding.mesh import Mesh, default_links
+from autoshard.sharding.reshard import SLICE, reshard_steps
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, charged_bytes, mask_to_first, reshard, run_steps
 from autoshard.runtime.groups import MeshGroups
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 from .dist import run_ranks
 

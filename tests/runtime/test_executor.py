@@ -17,10 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from autoshard.costmodel import make_cost_model
+from autoshard.cost.communication import make_cost_model
 from autoshard.errors import AutoshardError
 from autoshard.plan import Plan
-from autoshard.reshard import REDUCE_SCATTER
+from autoshard.sharding.reshard import REDUCE_SCATTER
 from autoshard.runtime.collectives import BACKWARD, FORWARD
 from autoshard.runtime.executor import (Collective, check_backend, distribute, expected_collectives, gather_full,
                                         parallelize, relative_errors, required_collectives)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autoshard.errors import AutoshardError
-from autoshard.mesh import Mesh, default_links
+from autoshard.sharding.mesh import Mesh, default_links
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog
 from autoshard.runtime.groups import MeshGroups
 from autoshard.schedule import create_schedule

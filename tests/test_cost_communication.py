@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.costmodel import AlphaBetaCost, SlapoCost
-from autoshard.mesh import Mesh
-from autoshard.reshard import reshard_steps
-from autoshard.spec import TensorSpec
+from autoshard.cost.communication import AlphaBetaCost, SlapoCost
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.spec import TensorSpec
 
 MESH8 = Mesh((8,), (100e9,), (2e-6,))
 MB = 2**20

@@ -13,7 +13,7 @@ import math
 import string
 from typing import Any, Sequence
 
-from autoshard.rules_base import OpInstance, Rule, RuleError, dims_of
+from autoshard.sharding.rules_base import OpInstance, Rule, RuleError, dims_of
 
 Shapes = Sequence[tuple[int, ...] | None]
 _ELLIPSIS_GROUP = "ell"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoshard.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec
 
 SLICE = "slice"
 ALL_GATHER = "all_gather"

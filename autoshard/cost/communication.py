@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from autoshard.mesh import Mesh
-from autoshard.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 
 DEFAULT_PEAK_FLOPS = 100e12  # flop/s per device
 DEFAULT_MEMORY_BANDWIDTH = 2e12  # bytes/s per device (HBM)

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from autoshard.graph import TensorMeta
-from autoshard.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
+from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
                                   elementwise_instance)
-from autoshard.rules_shapes import SHAPE_KINDS, einsum_signature
-from autoshard.spec import TensorSpec
+from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
+from autoshard.sharding.spec import TensorSpec
 
-SPECS_PATH = Path(__file__).resolve().parent.parent / "specs" / "ops.toml"
+SPECS_PATH = Path(__file__).resolve().parents[2] / "specs" / "ops.toml"
 
 
 @dataclass(frozen=True)
