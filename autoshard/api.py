@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from autoshard.build import BuildOptions, ModelProblem, build_problem
-from autoshard.cost.communication import DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS, make_cost_model
+from autoshard.cost.communication import make_cost_model
+from autoshard.cost.devices import Device, get_device
 from autoshard.graph import OpGraph
 from autoshard.sharding.mesh import Mesh, parse_mesh
 from autoshard.plan import Plan
@@ -43,9 +44,12 @@ def default_solve_options(mp: ModelProblem, timeout: float | None = None) -> Sol
     return SolveOptions(timeout=timeout, reduce=large, warm_start=large)
 
 
-def as_mesh(mesh: Mesh | str | int) -> Mesh:
-    """Accept a Mesh, ``"2x4"`` or ``8``."""
-    return mesh if isinstance(mesh, Mesh) else parse_mesh(str(mesh))
+def as_mesh(mesh: Mesh | str | int, device: Device | None = None) -> Mesh:
+    """Accept a Mesh, ``"2x4"`` or ``8`` (links from ``device``, default the generic ones)."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    links = {} if device is None else {"intra": device.intra, "inter": device.inter}
+    return parse_mesh(str(mesh), **links)
 
 
 def build_model_problem(
@@ -56,14 +60,24 @@ def build_model_problem(
     mode: str = "inference",
     memory_budget: int | None = None,
     pins: Mapping[str, str] | None = None,
-    peak_flops: float = DEFAULT_PEAK_FLOPS,
-    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH,
+    device: Device | str | None = None,
+    peak_flops: float | None = None,
+    memory_bandwidth: float | None = None,
+    precision: str = "as-is",
 ) -> ModelProblem:
-    """The sharding problem of a traced model."""
-    mesh = as_mesh(mesh)
-    model = make_cost_model(cost_model, mesh, peak_flops, memory_bandwidth)
-    options = BuildOptions(mode=mode, memory_budget=memory_budget, pins=dict(pins or {}),
-                           slapo_space=cost_model == "slapo")
+    """The sharding problem of a traced model.
+
+    ``device`` is a preset name (``h100``) or a Device; ``peak_flops`` (every dtype) and
+    ``memory_bandwidth`` override its roofline. A memory budget of None means the device's
+    capacity (none for the generic device).
+    """
+    chosen = device if isinstance(device, Device) else get_device(device)
+    chosen = chosen.with_roofline(peak_flops, memory_bandwidth)
+    mesh = as_mesh(mesh, chosen)
+    model = make_cost_model(cost_model, mesh, chosen)
+    budget = memory_budget if memory_budget is not None else chosen.memory
+    options = BuildOptions(mode=mode, memory_budget=budget, pins=dict(pins or {}),
+                           slapo_space=cost_model == "slapo", precision=precision)
     return build_problem(graph, mesh, model, options)
 
 
@@ -108,8 +122,8 @@ def plan_model(
 ) -> ModelSolution:
     """Trace ``model`` on ``example_inputs`` and return its optimal plan on ``mesh``.
 
-    ``build_options`` are those of :func:`build_model_problem` (cost_model, mode,
-    memory_budget, pins, peak_flops, memory_bandwidth).
+    ``build_options`` are those of :func:`build_model_problem` (cost_model, mode, memory_budget,
+    pins, device, peak_flops, memory_bandwidth, precision).
     """
     from autoshard.frontend.trace import trace
 

@@ -58,6 +58,29 @@ class NodeKind(str, Enum):
     OUTPUT = "output"
 
 
+@dataclass(frozen=True)
+class OpWork:
+    """What torch itself says one op costs, measured once at global shapes by the frontend.
+
+    ``flops`` and ``backward_flops`` come from ``torch.utils.flop_counter`` (the op, then the
+    gradients of the operands that require grad, replayed on the meta device);
+    ``saved_operands`` / ``saves_output`` / ``saved_other_bytes`` are what autograd keeps for
+    backward (saved-tensor hooks on fake CPU tensors, where fused attention keeps only its
+    log-sum-exp as on a GPU); ``alias_of`` is the operand whose storage the output shares (a
+    view); ``temporary_bytes`` are allocations freed before the op returns. ``measured`` is
+    False when the op could not be replayed (data-dependent shapes): then nothing is known.
+    """
+
+    flops: int = 0
+    backward_flops: int = 0
+    saved_operands: tuple[int, ...] = ()
+    saves_output: bool = False
+    saved_other_bytes: int = 0
+    alias_of: int | None = None
+    temporary_bytes: int = 0
+    measured: bool = True
+
+
 @dataclass
 class OpNode:
     """One traced node: a model input, a parameter or buffer, an op, or the output."""
@@ -72,6 +95,7 @@ class OpNode:
     module: str = ""
     qualname: str = ""
     requires_grad: bool = False
+    work: OpWork | None = None
 
     @property
     def tensor(self) -> TensorMeta | None:

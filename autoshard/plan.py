@@ -16,7 +16,9 @@ computes the local piece of the global result:
   devices at coordinate 0 of the partial axes, so the sum counts them once.
 
 Per edge it records the forward steps (producer spec -> required spec) and, in training mode,
-the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient).
+the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient);
+``regather`` marks a parameter gathered again for backward instead of kept from forward (its
+forward steps run once more in backward).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class EdgeReshard:
     grad_dst_spec: TensorSpec | None = None
     grad_steps: tuple[Step, ...] = ()
     cost: int = 0
+    regather: bool = False
 
 
 @dataclass
@@ -224,6 +227,7 @@ def _edge_json(edge: EdgeReshard, mesh_ndim: int) -> dict:
         "grad_dst_spec": _spec_json(edge.grad_dst_spec, mesh_ndim),
         "grad_steps": [_step_json(s, mesh_ndim) for s in edge.grad_steps],
         "cost": edge.cost,
+        "regather": edge.regather,
     }
 
 
@@ -239,4 +243,5 @@ def _edge_from(data: dict) -> EdgeReshard:
         grad_dst_spec=_spec_from(data["grad_dst_spec"]),
         grad_steps=tuple(_step_from(s) for s in data["grad_steps"]),
         cost=data["cost"],
+        regather=data.get("regather", False),
     )

@@ -41,7 +41,8 @@ def edge_cost(mp: ModelProblem, index: int | None, choice: list[int]) -> int:
 
 def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound: int | None = None,
               proved_optimal: bool = False) -> Plan:
-    """The plan that ``choice`` (one strategy per problem node) describes."""
+    """The plan that ``choice`` (one strategy per graph node, or per problem node) describes."""
+    choice = mp.complete(choice)
     nodes: dict[str, NodePlacement] = {}
     param_specs: dict[str, TensorSpec] = {}
     for i, name in enumerate(mp.names):
@@ -75,8 +76,11 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
             dst_strategy = mp.strategy(e.dst, choice)
             grad_src, grad_dst = dst_strategy.grad_specs[e.operand], src.without_partial()
             grad_steps = reshard_steps(grad_src, grad_dst, e.meta.shape, e.meta.itemsize, shape_of)
+        storage = mp.candidates[e.src].storage
+        regather = bool(storage) and storage[choice[mp.names.index(e.src)]].regather \
+            and mp.life.first_reader.get(e.src) == e.dst and steps != ()
         edges.append(EdgeReshard(e.src, e.dst, e.operand, src, dst, steps, grad_src, grad_dst, grad_steps,
-                                 edge_cost(mp, e.index, choice)))
+                                 edge_cost(mp, e.index, choice), regather))
     return Plan(
         model=model,
         fingerprint=mp.fingerprint,

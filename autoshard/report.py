@@ -10,11 +10,14 @@ from __future__ import annotations
 from rich.table import Table
 
 from autoshard.build import ModelProblem
+from autoshard.cost.devices import PRESETS, Device
+from autoshard.units import format_bytes
 from autoshard.graph import NodeKind
 from autoshard.planning import edge_cost
 from autoshard.sharding.spec import TensorSpec
 
 MAX_FULL_ROWS = 60
+LARGEST_DEVICE = max(PRESETS.values(), key=lambda d: d.memory or 0)
 
 
 def _text(spec: TensorSpec | None, mesh_ndim: int) -> str:
@@ -85,3 +88,45 @@ def layout_summary(mp: ModelProblem, choice: list[int]) -> Table:
             size *= n
         table.add_row(cand.node.qualname, str(list(meta.shape)), _text(s.out_spec, nd), f"{size:,}")
     return table
+
+
+def device_line(device: Device, generic: bool) -> str:
+    """One line naming the roofline, links and capacity the costs assume."""
+    if generic:
+        return f"device: {device.description} (choose one with --device {'|'.join(sorted(PRESETS))})"
+    return f"device: {device.description}"
+
+
+def _moment(mp: ModelProblem, time: int) -> str:
+    """``forward of linear_3``, ``backward of linear_3`` or ``optimizer step`` for a timeline slot."""
+    horizon = mp.life.horizon
+    names = list(mp.life.order)
+    if time < horizon:
+        return f"forward of {names[time]}"
+    if time < 2 * horizon:
+        return f"backward of {names[2 * horizon - 1 - time]}"
+    return "optimizer step"
+
+
+def memory_line(mp: ModelProblem, choice: list[int]) -> str:
+    """Peak bytes per device, when, what they are, and against the budget or the device's capacity."""
+    profile = mp.problem.usage_profile(choice)
+    if not profile:
+        return "peak memory per device: 0 B"
+    time = max(profile, key=lambda t: profile[t])
+    peak = profile[time]
+    parts = sorted(mp.memory_at(choice, time).items(), key=lambda kv: -kv[1])
+    detail = ", ".join(f"{what} {format_bytes(size)}" for what, size in parts if size)
+    line = f"peak memory per device: {format_bytes(peak)} at the {_moment(mp, time)} ({detail})"
+    capacity = mp.cost_model.device.memory
+    budget = mp.problem.usage_limit
+    if budget is not None:
+        line += f"; budget {format_bytes(budget)}"
+    if capacity is not None and peak > capacity:
+        line += f"\nwarning: {format_bytes(peak)} per device is more than a {mp.cost_model.device.name} has " \
+                f"({format_bytes(capacity)}): the plan does not fit"
+    elif capacity is None and peak > LARGEST_DEVICE.memory:
+        line += f"\nwarning: {format_bytes(peak)} per device is more than any GPU has (the largest preset, " \
+                f"{LARGEST_DEVICE.name}, has {format_bytes(LARGEST_DEVICE.memory)}): give --memory-budget or " \
+                f"--device, or use more devices"
+    return line

@@ -18,7 +18,9 @@ from rich.live import Live
 from rich.text import Text
 
 from autoshard import problem_cli
-from autoshard.cost.communication import COST_MODELS, DEFAULT_MEMORY_BANDWIDTH, DEFAULT_PEAK_FLOPS
+from autoshard.cost.communication import COST_MODELS
+from autoshard.cost.devices import GENERIC, PRESETS, get_device
+from autoshard.cost.memory import PRECISIONS
 from autoshard.errors import AutoshardError
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
@@ -45,13 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", choices=COST_MODELS, default="alpha-beta",
                    help="alpha-beta: seconds from bandwidth/latency and a compute roofline (default); "
                         "slapo: Slapo autoshard's element counts and search space")
-    p.add_argument("--peak-flops", type=float, default=DEFAULT_PEAK_FLOPS,
-                   help=f"device flop/s for compute costs; default {DEFAULT_PEAK_FLOPS:.0e}")
-    p.add_argument("--memory-bandwidth", type=float, default=DEFAULT_MEMORY_BANDWIDTH,
-                   help=f"device memory bytes/s for compute costs; default {DEFAULT_MEMORY_BANDWIDTH:.0e}")
+    p.add_argument("--device", choices=sorted(PRESETS), default=None,
+                   help="device preset: peak flop/s per dtype, memory bandwidth and capacity (the default "
+                        "--memory-budget), NVLink and network links (see README); default: generic round figures")
+    p.add_argument("--peak-flops", type=float, default=None,
+                   help="device flop/s for compute costs, every dtype (overrides the preset); "
+                        f"default {GENERIC.peak_flops['fp32']:.0e} without a preset")
+    p.add_argument("--memory-bandwidth", type=float, default=None,
+                   help=f"device memory bytes/s for compute costs; default {GENERIC.memory_bandwidth:.0e} without a preset")
     p.add_argument("--mode", choices=("inference", "training"), default="inference",
                    help="inference: forward only; training: forward + backward, gradients and optimizer state")
-    p.add_argument("--memory-budget", help="bytes per device the plan may use, e.g. 16GiB")
+    p.add_argument("--precision", choices=PRECISIONS, default="as-is",
+                   help="training bytes of parameters, gradients and AdamW moments: as-is (the model's dtypes, "
+                        "default), bf16-mixed (fp32 masters, gradients and moments, bf16 compute copies), fp32")
+    p.add_argument("--memory-budget", help="bytes per device the plan may use, e.g. 16GiB (default: the --device "
+                                           "preset's capacity, else none)")
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SPEC",
                    help="fix a tensor's layout, e.g. fc1.weight=SR or fc1.weight=S0R on 2-D meshes (repeatable)")
     p.add_argument("--baseline", choices=("megatron",), default=None,
@@ -132,9 +142,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.trace import trace
     from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
-    from autoshard.report import iteration_table, layout_summary
+    from autoshard.report import device_line, iteration_table, layout_summary, memory_line
 
-    mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node)
+    device = get_device(args.device)
+    mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node, device.intra, device.inter)
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     pins = _pins(args.pin)
     loaded = load_model(args.path)
@@ -142,7 +153,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         console.print(graph_table(graph))
     mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
-                             pins=pins, peak_flops=args.peak_flops, memory_bandwidth=args.memory_bandwidth)
+                             pins=pins, device=device, peak_flops=args.peak_flops,
+                             memory_bandwidth=args.memory_bandwidth, precision=args.precision)
+    console.print(device_line(mp.cost_model.device, args.device is None), highlight=False)
+    budget = mp.problem.usage_limit
     p = mp.problem
     layers = find_repeated_layers(graph)
     if layers is not None:
@@ -176,8 +190,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     if args.baseline == "megatron":
         _print_baseline(mp, solution.cost, console)
     console.print(layout_summary(mp, list(solution.choice)))
-    peak = p.peak_usage(list(solution.choice))
-    console.print(f"peak memory per device: {format_bytes(peak)}")
+    console.print(memory_line(mp, list(solution.choice)), highlight=False)
     console.print("Schedule (Slapo):")
     for line in schedule_lines(plan, graph):
         console.print(line, highlight=False, markup=False, soft_wrap=True)

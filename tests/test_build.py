@@ -9,6 +9,7 @@ import pytest
 from autoshard.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
 from autoshard.errors import AutoshardError
+from autoshard.problem import FORBIDDEN
 from autoshard.graph import NodeKind
 from autoshard.lower.slapo import schedule_lines
 from autoshard.sharding.mesh import parse_mesh
@@ -17,15 +18,31 @@ from tests.graphs import mlp_graph
 
 
 def brute_force(mp: ModelProblem) -> tuple[int, list[int]] | None:
-    """The cheapest plan that fits the memory limit, by enumeration (tiny problems only)."""
+    """The cheapest plan that fits the memory limit, by enumerating every choice of the graph's
+    nodes that uses no forbidden pair (auxiliary memory nodes follow their owners; tiny problems only)."""
     p = mp.problem
+    n = len(mp.names)
+    earlier: list[list[tuple[int, object, bool]]] = [[] for _ in range(n)]
+    for (u, v), m in zip(p.edges, p.edge_costs):
+        if u < n and v < n:
+            earlier[max(u, v)].append((min(u, v), m, u < v))
     best = None
-    for choice in itertools.product(*[range(p.num_strategies(i)) for i in range(p.num_nodes)]):
-        if not p.is_feasible(choice):
-            continue
-        cost = p.cost(choice)
-        if best is None or cost < best[0]:
-            best = (cost, list(choice))
+    choice = [0] * n
+
+    def extend(i: int) -> None:
+        nonlocal best
+        if i == n:
+            full = mp.complete(choice)
+            ev = p.evaluate(full)
+            if ev.feasible and (best is None or ev.cost < best[0]):
+                best = (ev.cost, full)
+            return
+        for s in range(p.num_strategies(i)):
+            if all((m[choice[j], s] if forward else m[s, choice[j]]) < FORBIDDEN for j, m, forward in earlier[i]):
+                choice[i] = s
+                extend(i + 1)
+
+    extend(0)
     return best
 
 
@@ -41,8 +58,8 @@ def build(graph, mesh="8", cost="alpha-beta", **options) -> ModelProblem:
 
 def test_seed_mlp_under_slapo_costs_matches_the_seed():
     mp = build(mlp_graph(), cost="slapo", slapo_space=True)
-    every = sorted({mp.problem.cost(c) for c in itertools.product(
-        *[range(mp.problem.num_strategies(i)) for i in range(mp.problem.num_nodes)])})
+    every = sorted({mp.problem.cost(mp.complete(list(c))) for c in itertools.product(
+        *[range(mp.problem.num_strategies(i)) for i in range(len(mp.names))])})
     for seen in (1507328, 1048576, 655360, 589824, 131072):
         assert seen in every
     cost, choice = brute_force(mp)
@@ -75,15 +92,12 @@ def test_training_prefers_data_parallel_until_memory_forces_tensor_parallel():
     cost, choice = brute_force(free)
     assert set(layouts(free, choice, NodeKind.PARAM).values()) <= {"RR", "R"}
     peak = free.problem.peak_usage(choice)
-    tight = build(graph, mode="training", memory_budget=int(0.35 * peak))
+    tight = build(graph, mode="training", memory_budget=int(0.65 * peak))
     tight_cost, tight_choice = brute_force(tight)
     assert tight_cost > cost
-    assert tight.problem.peak_usage(tight_choice) <= int(0.35 * peak)
+    assert tight.problem.peak_usage(tight_choice) <= int(0.65 * peak)
     weights = {n: s for n, s in layouts(tight, tight_choice, NodeKind.PARAM).items() if n.endswith("weight")}
     assert all("S" in s for s in weights.values()), weights
-    plan = make_plan(tight, tight_choice)
-    gathered = [e for e in plan.edges if tight.graph[e.src].kind == NodeKind.PARAM and e.steps]
-    assert not gathered, "tensor parallelism consumes weights in their stored layout"
 
 
 def test_training_gradient_all_reduce_is_charged_for_replicated_weights():
@@ -99,13 +113,16 @@ def test_memory_budget_is_the_usage_limit_and_inference_usage_is_local_bytes():
     mp = build(mlp_graph(), memory_budget=10**9)
     assert mp.problem.usage_limit == 10**9
     weight = mp.candidates["fc1_weight"]
-    sizes = {s.out_spec.format(1): u for s, u in zip(weight.strategies, weight.usages)}
+    stored = next(item for item in weight.items if item.what == "parameter")
+    sizes = {s.out_spec.format(1): u for s, u in zip(weight.strategies, stored.usage)}
     assert sizes["RR"] == 4096 * 1024 * 4 and sizes["SR"] == sizes["RR"] // 8
 
 
 def test_pins_restrict_strategies():
     mp = build(mlp_graph(), pins={"fc1.weight": "SR"})
-    assert [s.out_spec.format(1) for s in mp.candidates["fc1_weight"].strategies] == ["SR"]
+    weight = mp.candidates["fc1_weight"]
+    assert {s.out_spec.format(1) for s in weight.strategies} == {"SR"}
+    assert {u.use.format(1) for u in weight.storage} == {"SR", "RR"}  # used as stored, or gathered (FSDP)
 
 
 @pytest.mark.parametrize("pin,match", [

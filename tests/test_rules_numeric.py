@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F

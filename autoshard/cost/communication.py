@@ -1,4 +1,4 @@
-"""Cost models: what a resharding step and an op's local computation cost.
+"""Cost models: what a resharding step costs, and whether local computation is charged.
 
 All models return plain numbers in their ``unit``; :meth:`ticks` turns them into the integers the
 solver works with (the solver core is exact integer arithmetic, like the IOPDDL format).
@@ -6,8 +6,8 @@ solver works with (the solver core is exact integer arithmetic, like the IOPDDL 
 - ``alpha-beta`` (default), seconds: a collective on mesh axis a moving ``s`` bytes per device
   costs ``latency[a] + s / bandwidth[a]`` with ring traffic (see :meth:`Step.sent_bytes`):
   all-gather / reduce-scatter (n-1)/n·B, all-reduce 2(n-1)/n·B, all-to-all (n-1)/n²·B, where B
-  is the size of the tensor not sharded on that axis. Local compute is a roofline,
-  ``max(flops / peak_flops, bytes / memory_bandwidth)``. Ticks are picoseconds.
+  is the size of the tensor not sharded on that axis. Local compute is the roofline of
+  ``cost/compute.py`` on the model's ``device``. Ticks are picoseconds.
 - ``slapo``, elements: Slapo's autoshard charges an edge by V = the product of the tensor's last
   two dims: all-reduce V, all-gather V/p, all-to-all V(1/p - 1/p²), reduce-scatter V/p, slice 0;
   compute is free. Ticks are elements.
@@ -19,23 +19,21 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+from autoshard.cost.devices import GENERIC, Device
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
-
-DEFAULT_PEAK_FLOPS = 100e12  # flop/s per device
-DEFAULT_MEMORY_BANDWIDTH = 2e12  # bytes/s per device (HBM)
 
 
 @dataclass(frozen=True)
 class AlphaBetaCost:
-    """Seconds from per-axis latency and bandwidth, plus a compute roofline."""
+    """Seconds from per-axis latency and bandwidth, plus the device's compute roofline."""
 
     mesh: Mesh
-    peak_flops: float = DEFAULT_PEAK_FLOPS
-    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH
+    device: Device = GENERIC
     name: str = "alpha-beta"
     unit: str = "s"
     ticks_per_unit: int = 10**12
+    charges_compute: bool = True
 
     def step_cost(self, step: Step, shape: tuple[int, ...]) -> float:
         """Seconds for one resharding step of a tensor of global ``shape``."""
@@ -43,10 +41,6 @@ class AlphaBetaCost:
             return 0.0
         a = step.axis
         return self.mesh.latency[a] + step.sent_bytes(self.mesh.shape[a]) / self.mesh.bandwidth[a]
-
-    def compute_cost(self, flops: float, bytes_accessed: float) -> float:
-        """Seconds for a local computation: the slower of arithmetic and memory traffic."""
-        return max(flops / self.peak_flops, bytes_accessed / self.memory_bandwidth)
 
     def ticks(self, value: float | Fraction) -> int:
         """Integer solver cost (picoseconds)."""
@@ -62,9 +56,11 @@ class SlapoCost:
     """Slapo autoshard's element counts on the last two dims; computation is free."""
 
     mesh: Mesh
+    device: Device = GENERIC
     name: str = "slapo"
     unit: str = "elements"
     ticks_per_unit: int = 1
+    charges_compute: bool = False
 
     def step_cost(self, step: Step, shape: tuple[int, ...]) -> Fraction:
         """Elements charged for one resharding step of a tensor of global ``shape``."""
@@ -77,10 +73,6 @@ class SlapoCost:
         if step.kind == ALL_TO_ALL:
             return volume * (Fraction(1, p) - Fraction(1, p * p))
         return Fraction(0)
-
-    def compute_cost(self, flops: float, bytes_accessed: float) -> float:
-        """Slapo ignores computation."""
-        return 0.0
 
     def ticks(self, value: float | Fraction) -> int:
         """Integer solver cost (elements)."""
@@ -95,13 +87,12 @@ CostModel = AlphaBetaCost | SlapoCost
 COST_MODELS = ("alpha-beta", "slapo")
 
 
-def make_cost_model(name: str, mesh: Mesh, peak_flops: float = DEFAULT_PEAK_FLOPS,
-                    memory_bandwidth: float = DEFAULT_MEMORY_BANDWIDTH) -> CostModel:
-    """The cost model called ``name`` on ``mesh``."""
+def make_cost_model(name: str, mesh: Mesh, device: Device = GENERIC) -> CostModel:
+    """The cost model called ``name`` on ``mesh`` of ``device``s."""
     if name == "slapo":
-        return SlapoCost(mesh)
+        return SlapoCost(mesh, device)
     if name == "alpha-beta":
-        return AlphaBetaCost(mesh, peak_flops, memory_bandwidth)
+        return AlphaBetaCost(mesh, device)
     raise ValueError(f"unknown cost model {name!r}")
 
 

@@ -35,6 +35,7 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
 from autoshard.frontend.convert import GraphConverter
 from autoshard.frontend.load import describe_error
+from autoshard.frontend.profile import profile_graph
 from autoshard.graph import OpGraph
 
 FRONTENDS = ("auto", "fx", "export")
@@ -232,5 +233,8 @@ def _sets_grad_mode(node: torch.fx.Node) -> bool:
 
 
 def _graph(converter: GraphConverter, frontend: str, module: torch.fx.GraphModule) -> OpGraph:
+    """The OpGraph of a converted trace, every op's work measured by torch (frontend/profile.py)."""
     module.meta[NODE_CALLS_KEY] = converter.calls
-    return OpGraph(nodes=converter.nodes, frontend=frontend, module=module)
+    graph = OpGraph(nodes=converter.nodes, frontend=frontend, module=module)
+    profile_graph(graph)
+    return graph

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
@@ -129,8 +130,11 @@ def run_steps(
 
 
 def _owned(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``out``, copied if it aliases ``x``: a custom Function's view output cannot be modified in place."""
-    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+    """``out``, copied if it aliases ``x``: a custom Function's view output cannot be modified in place.
+
+    Storages are compared by identity, not data pointer, so fake tensors (no data) are judged alike.
+    """
+    if StorageWeakRef(out.untyped_storage()) == StorageWeakRef(x.untyped_storage()):
         return out.clone()
     return out
 

@@ -90,16 +90,23 @@ class Mesh:
         return Mesh(tuple(data["shape"]), tuple(data["bandwidth"]), tuple(data["latency"]))
 
 
-def default_links(shape: tuple[int, ...], gpus_per_node: int = 8) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-axis (bandwidth, latency): NVLink for inner axes that fit in one node, network outside."""
+Link = tuple[float, float]
+"""(bandwidth in bytes/s per device, latency in seconds per collective) of one kind of link."""
+NVLINK: Link = (NVLINK_BANDWIDTH, NVLINK_LATENCY)
+NETWORK: Link = (NETWORK_BANDWIDTH, NETWORK_LATENCY)
+
+
+def default_links(shape: tuple[int, ...], gpus_per_node: int = 8, intra: Link = NVLINK,
+                  inter: Link = NETWORK) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-axis (bandwidth, latency): ``intra`` for inner axes that fit in one node, ``inter`` outside."""
     bandwidth: list[float] = []
     latency: list[float] = []
     inner = 1
     for n in reversed(shape):
         inner *= n
-        fast = inner <= gpus_per_node
-        bandwidth.append(NVLINK_BANDWIDTH if fast else NETWORK_BANDWIDTH)
-        latency.append(NVLINK_LATENCY if fast else NETWORK_LATENCY)
+        link = intra if inner <= gpus_per_node else inter
+        bandwidth.append(link[0])
+        latency.append(link[1])
     return tuple(reversed(bandwidth)), tuple(reversed(latency))
 
 
@@ -120,8 +127,11 @@ def parse_mesh(
     bandwidth: str | None = None,
     latency: str | None = None,
     gpus_per_node: int = 8,
+    intra: Link = NVLINK,
+    inter: Link = NETWORK,
 ) -> Mesh:
-    """Parse ``8``, ``2x4`` or ``2x2x2`` plus optional comma-separated per-axis link values."""
+    """Parse ``8``, ``2x4`` or ``2x2x2`` plus optional comma-separated per-axis link values;
+    axes without them get ``intra`` links inside a node of ``gpus_per_node`` devices, ``inter`` outside."""
     parts = text.lower().replace("×", "x").split("x")
     try:
         shape = tuple(int(p) for p in parts)
@@ -131,7 +141,7 @@ def parse_mesh(
         ) from None
     if any(n < 1 for n in shape):
         raise AutoshardError(f"--mesh {text!r} has an axis with fewer than 1 device: every axis size must be >= 1")
-    bw, lat = default_links(shape, gpus_per_node)
+    bw, lat = default_links(shape, gpus_per_node, intra, inter)
     if bandwidth is not None:
         bw = _parse_floats(bandwidth, "bandwidth", len(shape))
     if latency is not None:

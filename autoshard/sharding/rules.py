@@ -155,9 +155,8 @@ def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out
     for condition, names in rule.options.get("fixed_if", {}).items():
         if _condition(condition, attrs):  # a variadic group's name fixes all its dims
             fixed.update(names, (f"{n}{k}" for n in names for k in range(group_len.get(n, 0))))
-    flops = rule.options.get("flops_per_point", 1) * math.prod(full.values())
     return OpInstance(tuple(operands), out_labels, {k: tuple(sorted(v)) for k, v in sizes.items()},
-                      frozenset(fixed), tuple(additive), frozenset(), flops)
+                      frozenset(fixed), tuple(additive), frozenset())
 
 
 def _einsum(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -195,7 +194,7 @@ def _reduce(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     reduced = frozenset(labels[d] for d in dims)
     mean = reduced if rule.options.get("mean") else frozenset()
     return OpInstance((labels, *[None] * (len(shapes) - 1)), out, {l: (n,) for l, n in zip(labels, shape)},
-                      frozenset() if linear else reduced, (), mean, math.prod(shape))
+                      frozenset() if linear else reduced, (), mean)
 
 
 def _extreme(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -209,7 +208,7 @@ def _layer_norm(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     n_norm = len(attrs.get(rule.options["shape_attr"]) or [out_shape[-1]])
     base = elementwise_instance(rule, shapes[:1], out_shape, attrs, range(len(out_shape) - n_norm, len(out_shape)))
     params = [base.output[len(out_shape) - len(s):] if s is not None else None for s in shapes[1:]]
-    return OpInstance((base.operands[0], *params), base.output, base.sizes, base.fixed, flops=5 * math.prod(out_shape))
+    return OpInstance((base.operands[0], *params), base.output, base.sizes, base.fixed)
 
 
 def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -228,7 +227,7 @@ def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     operands = [labels, target_labels] + [(labels[class_dim],) if s is not None else None for s in shapes[2:]]
     mean = frozenset(target_labels) if reduction == 1 else frozenset()
     return OpInstance(tuple(operands), out, {l: (n,) for l, n in zip(labels, logits)}, frozenset(fixed),
-                      (), mean, 4 * math.prod(logits))
+                      (), mean)
 
 
 def _pointwise_loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -239,7 +238,7 @@ def _pointwise_loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     if reduction == 0:
         return base
     mean = frozenset(l for l in base.output) if reduction == 1 else frozenset()
-    return OpInstance(base.operands, (), base.sizes, frozenset(), (), mean, math.prod(full))
+    return OpInstance(base.operands, (), base.sizes, frozenset(), (), mean)
 
 
 def _view(rule: Rule, shapes, out_shape, attrs) -> OpInstance:

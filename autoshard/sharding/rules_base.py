@@ -5,7 +5,6 @@ the kinds share (dim attributes, right-aligned broadcasting). Split out of ``rul
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -35,7 +34,6 @@ class OpInstance:
     fixed: frozenset[str] = frozenset()
     additive: tuple[int, ...] = ()
     mean_indices: frozenset[str] = frozenset()
-    flops: int = 0
 
     @property
     def contracted(self) -> frozenset[str]:
@@ -92,4 +90,4 @@ def elementwise_instance(rule: Rule, shapes: Sequence[tuple[int, ...] | None], o
             if label is not None:
                 sizes[label] = tuple(sorted(set(sizes[label]) | {n}))
     fixed = frozenset(out[d] for d in fixed_dims)
-    return OpInstance(tuple(operands), out, sizes, fixed, flops=math.prod(out_shape))
+    return OpInstance(tuple(operands), out, sizes, fixed)

@@ -9,7 +9,6 @@ needs a local value.
 
 from __future__ import annotations
 
-import math
 import string
 from typing import Any, Sequence
 
@@ -89,7 +88,7 @@ def index_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs
         out_labels.append(in_labels[-1])
     if len(out_labels) != len(out_shape):
         raise RuleError(f"index {attrs['index']} of shape {shape} does not give rank {len(out_shape)}")
-    return OpInstance((tuple(in_labels),), tuple(out_labels), _sizes(in_labels, shape), flops=math.prod(out_shape))
+    return OpInstance((tuple(in_labels),), tuple(out_labels), _sizes(in_labels, shape))
 
 
 def stack_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: dict[str, Any]) -> OpInstance:
@@ -100,8 +99,7 @@ def stack_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs
     operands = tuple(labels if s is not None else None for s in shapes)
     if any(s is not None and len(s) != len(labels) for s in shapes):
         raise RuleError(f"stack operands of ranks {[len(s) for s in shapes if s]} into rank {len(out_shape)}")
-    return OpInstance(operands, out, _sizes(labels, *[s for s in shapes if s is not None]),
-                      flops=math.prod(out_shape))
+    return OpInstance(operands, out, _sizes(labels, *[s for s in shapes if s is not None]))
 
 
 def repeat_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: dict[str, Any]) -> OpInstance:
@@ -115,7 +113,7 @@ def repeat_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attr
         raise RuleError(f"repeats {reps} do not fit shape {shape} -> {out_shape}")
     labels = tuple(f"d{d}" if reps[offset + d] == 1 else None for d in range(len(shape)))
     out = (None,) * offset + labels
-    return OpInstance((labels,), out, _sizes(labels, shape), flops=math.prod(out_shape))
+    return OpInstance((labels,), out, _sizes(labels, shape))
 
 
 def pad_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: dict[str, Any]) -> OpInstance:
@@ -127,8 +125,7 @@ def pad_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: 
     if len(shape) != len(out_shape) or len(pad) > 2 * len(shape):
         raise RuleError(f"pad {pad} does not fit shape {shape}")
     labels = tuple(None if d in padded else f"d{d}" for d in range(len(shape)))
-    return OpInstance((labels, *[None] * (len(shapes) - 1)), labels, _sizes(labels, shape),
-                      flops=math.prod(out_shape))
+    return OpInstance((labels, *[None] * (len(shapes) - 1)), labels, _sizes(labels, shape))
 
 
 def gather_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: dict[str, Any]) -> OpInstance:
@@ -139,7 +136,7 @@ def gather_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attr
         raise RuleError(f"gather index of rank {len(index)} for an input of rank {len(shape)}")
     dim = dims_of(attrs.get("dim", 0), len(shape))[0]
     labels = tuple(f"d{d}" if d != dim and shape[d] == index[d] else None for d in range(len(shape)))
-    return OpInstance((labels, labels), labels, _sizes(labels, shape), flops=math.prod(out_shape))
+    return OpInstance((labels, labels), labels, _sizes(labels, shape))
 
 
 def index_select_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...],
@@ -149,7 +146,7 @@ def index_select_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...]
     dim = dims_of(attrs.get("dim", 0), len(shape))[0]
     labels = tuple(None if d == dim else f"d{d}" for d in range(len(shape)))
     index = tuple(None for _ in shapes[1] or ())
-    return OpInstance((labels, index), labels, _sizes(labels, shape), flops=math.prod(out_shape))
+    return OpInstance((labels, index), labels, _sizes(labels, shape))
 
 
 SHAPE_KINDS = {

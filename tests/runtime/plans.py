@@ -132,7 +132,7 @@ def data_parallel_choice(mp: ModelProblem) -> list[int]:
 
         options = [i for i in range(len(cand.strategies)) if fits(i)] or range(len(cand.strategies))
         choice.append(min(options, key=lambda i: cand.costs[i]))
-    return choice
+    return mp.with_storage_of_users(choice)
 
 
 def random_choices(mp: ModelProblem, count: int, seed: int) -> list[list[int]]:
@@ -142,7 +142,8 @@ def random_choices(mp: ModelProblem, count: int, seed: int) -> list[list[int]]:
     for _ in range(20 * count):
         if len(seen) == count:
             break
-        seen.add(tuple(rng.randrange(mp.problem.num_strategies(i)) for i in range(mp.problem.num_nodes)))
+        drawn = [rng.randrange(mp.problem.num_strategies(i)) for i in range(len(mp.names))]
+        seen.add(tuple(mp.with_storage_of_users(drawn)))
     return [list(c) for c in sorted(seen)]
 
 
@@ -155,7 +156,7 @@ def scaled_choice(mp: ModelProblem, seed: int) -> list[int] | None:
         options = [i for i, s in enumerate(strategies) if s.scale != 1]
         scaled |= bool(options)
         choice.append(rng.choice(options or range(len(strategies))))
-    return choice if scaled else None
+    return mp.with_storage_of_users(choice) if scaled else None
 
 
 def plans(t: Traced, mesh: str, mode: str, n_random: int, data_parallel: bool = False) -> dict[str, Plan]:

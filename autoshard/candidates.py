@@ -1,0 +1,206 @@
+"""Every graph tensor as a decision node: its strategies, their compute cost and their memory items.
+
+- **ops**: one strategy per assignment of mesh axes to the indices of the op's rule
+  (``sharding/rules.py``); cost = forward (+ backward in training) seconds of the local work
+  (``cost/compute.py``, torch's flop counts); memory = ``cost/memory.op_items``.
+- **parameters**: one strategy per (stored layout ``L``, layout ``U`` its owner — the first op
+  reading it — uses, keep or re-gather). ``U`` is ``L`` or coarser, reached from ``L`` by
+  all-gathers only (FSDP / ZeRO-3 storage): storing a layout coarser than the use is never
+  better (same traffic, more memory), so it is not offered. Re-gathering (training only) frees
+  the use copy between the owner's forward and backward and gathers it again for backward.
+- **buffers** and **inputs**: one strategy per layout (inputs are replicated in inference);
+  the **output**: gathered in inference, any layout in training (the loss reads it where it is).
+
+An op without a rule keeps one replicated strategy (and is named in a warning).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from autoshard.cost.communication import CostModel
+from autoshard.cost.compute import op_times
+from autoshard.cost.lifetimes import Lifetimes
+from autoshard.cost.memory import MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items, state_items
+from autoshard.graph import NodeKind, OpGraph, OpNode, TensorMeta
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.reshard import ALL_GATHER, reshard_steps
+from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, instantiate, load_rules,
+                                      replicated_strategy, strategies, tensor_layouts)
+from autoshard.sharding.spec import TensorSpec
+
+
+@dataclass
+class Candidate:
+    """A graph tensor as a decision node: its strategies, their own cost, and its memory items."""
+
+    node: OpNode
+    strategies: list[OpStrategy]
+    costs: list[int]
+    items: list[MemoryItem] = field(default_factory=list)
+    instance: OpInstance | None = None
+    storage: list[ParamStorage] | None = None
+
+    @property
+    def usages(self) -> list[int]:
+        """Bytes of all its memory items added up, per strategy (a size for tie-breaking)."""
+        return [sum(item.usage[s] for item in self.items) for s in range(len(self.strategies))]
+
+    def keep(self, indices: list[int]) -> None:
+        """Restrict to the strategies at ``indices`` (pins)."""
+        self.strategies = [self.strategies[i] for i in indices]
+        self.costs = [self.costs[i] for i in indices]
+        self.items = [MemoryItem(m.owner, m.what, m.interval, tuple(m.usage[i] for i in indices)) for m in self.items]
+        if self.storage is not None:
+            self.storage = [self.storage[i] for i in indices]
+
+
+def operand_meta(graph: OpGraph, node: OpNode, src: str) -> TensorMeta | None:
+    """The tensor operand ``src`` gives ``node`` (an element of a tuple for ``getitem``)."""
+    producer = graph[src]
+    if node.op == "getitem" and isinstance(producer.out, tuple):
+        element = producer.out[node.attrs.get("index", 0)]
+        return element if isinstance(element, TensorMeta) else None
+    return producer.tensor
+
+
+def gathers_only(stored: TensorSpec, use: TensorSpec, meta: TensorMeta, mesh: Mesh) -> bool:
+    """True when ``use`` is reached from ``stored`` by all-gathers alone (``stored`` refines it)."""
+    steps = reshard_steps(stored, use, meta.shape, meta.itemsize, mesh.shape)
+    return bool(steps) and all(s.kind == ALL_GATHER for s in steps)
+
+
+class CandidateBuilder:
+    """Computes candidates node by node; identical nodes (repeated layers) share theirs."""
+
+    def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
+                 precision: str, optimizer_slots: int, slapo_space: bool) -> None:
+        self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
+        self.training, self.precision, self.optimizer_slots = training, precision, optimizer_slots
+        self.slapo_space = slapo_space
+        self.allowed = (lambda d, r: d >= r - 2) if slapo_space else None
+        self.rules = load_rules()
+        self.cache: dict[object, Candidate] = {}
+        self.storage_cache: dict[object, list[tuple[TensorSpec, ParamStorage]]] = {}
+        self.unsupported: Counter[str] = Counter()
+
+    def build(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
+        """The candidate of ``node``; ``built`` holds those of the nodes before it (a parameter's
+        owner comes after the parameter, so parameters are built last)."""
+        if node.kind == NodeKind.OUTPUT:
+            return self._output(node)
+        if node.kind == NodeKind.PARAM:
+            return self._param(node, built)
+        operands = tuple(operand_meta(self.graph, node, s) for s in node.inputs)
+        grads = tuple(self.graph[s].requires_grad for s in node.inputs)
+        life_key = (self.life.value.get(node.name), self.life.gradient.get(node.name)) if node.kind != NodeKind.OP \
+            else (self.life.base[node.name] == node.name,)
+        key = (node.kind, node.op, node.out, operands, grads, repr(sorted(node.attrs.items())), node.requires_grad,
+               node.work, life_key)
+        if node.kind == NodeKind.OP and node.op is None:
+            key = node.name  # unknown ops are not shared (their warnings name them)
+        if key not in self.cache:
+            self.cache[key] = self._op(node, operands) if node.kind == NodeKind.OP else self._state(node)
+        found = self.cache[key]
+        if node.kind == NodeKind.OP and found.instance is None:
+            self.unsupported[node.op or node.target] += 1
+        return self._for(node, found)
+
+    def _for(self, node: OpNode, found: Candidate) -> Candidate:
+        """A shared candidate re-labelled for ``node`` (its memory items carry node-specific times)."""
+        items = self._op_items(node, found.strategies) if node.kind == NodeKind.OP else \
+            [MemoryItem(node.name, m.what, m.interval, m.usage) for m in found.items]
+        return Candidate(node, found.strategies, found.costs, items, found.instance, found.storage)
+
+    def _op_items(self, node: OpNode, options: list[OpStrategy]) -> list[MemoryItem]:
+        return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
+                        self.training)
+
+    def _state(self, node: OpNode) -> Candidate:
+        """A buffer (one strategy per layout) or a model input (replicated in inference)."""
+        if node.kind == NodeKind.INPUT and not self.training:
+            layouts = [TensorSpec.replicated(len(node.tensor.shape)) if node.tensor is not None else TensorSpec(())]
+        else:
+            layouts = tensor_layouts(node.tensor.shape, self.mesh.shape, self.allowed)
+        return Candidate(node, [OpStrategy((), (), s, ()) for s in layouts], [0] * len(layouts),
+                         state_items(node, layouts, self.life, self.mesh))
+
+    def _param(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
+        """Storage strategies (L, U, keep | re-gather) against the owner's use layouts."""
+        meta = node.tensor
+        layouts = tensor_layouts(meta.shape, self.mesh.shape, self.allowed)
+        owner_name = self.life.first_reader.get(node.name)
+        owner = built.get(owner_name) if owner_name is not None else None
+        operand = owner.node.inputs.index(node.name) if owner is not None else -1
+        if owner is None or owner.node.kind != NodeKind.OP or owner.strategies[0].in_specs[operand] is None:
+            options = [(l, ParamStorage(None)) for l in layouts]
+            owner = None
+        else:
+            key = (meta, id(owner.strategies), operand)
+            if key not in self.storage_cache:
+                self.storage_cache[key] = self._storage_options(meta, layouts, owner.strategies, operand)
+            options = self.storage_cache[key]
+        stored_layouts = [l for l, _ in options]
+        storage = [s for _, s in options]
+        saved = owner is not None and owner.node.work is not None and operand in owner.node.work.saved_operands \
+            and owner.node.requires_grad
+        items = param_items(node, stored_layouts, storage, owner.node if owner else None, saved, self.life,
+                            self.mesh, self.precision, self.training, self.optimizer_slots)
+        return Candidate(node, [OpStrategy((), (), l, ()) for l in stored_layouts], [0] * len(options), items,
+                         storage=storage)
+
+    def _storage_options(self, meta: TensorMeta, layouts: list[TensorSpec], owner: list[OpStrategy],
+                         operand: int) -> list[tuple[TensorSpec, ParamStorage]]:
+        """Every (stored layout, use) pair with ``use`` one of the owner's operand layouts."""
+        options = []
+        for use in sorted({s.in_specs[operand] for s in owner}):
+            for stored in layouts:
+                if stored == use:
+                    options.append((stored, ParamStorage(use)))
+                elif gathers_only(stored, use, meta, self.mesh):
+                    options.append((stored, ParamStorage(use)))
+                    if self.training:
+                        options.append((stored, ParamStorage(use, regather=True)))
+        return options
+
+    def _op(self, node: OpNode, operands: tuple[TensorMeta | None, ...]) -> Candidate:
+        """Rule strategies with their compute cost (forward, plus backward in training)."""
+        metas = out_metas(node)
+        out_shape = metas[0].shape if metas else ()
+        instance, options = None, []
+        rule = self.rules.get(node.op or "")
+        if rule is not None and metas:
+            try:
+                instance = instantiate(rule, operands, out_shape, node.attrs)
+                options = strategies(instance, self.mesh.shape, self.allowed)
+                if self.slapo_space and instance.contracted:
+                    options = [s for s in options if s.degree > 1]
+            except RuleError:
+                instance, options = None, []
+        if not options:
+            options = [replicated_strategy(operands, len(out_shape))]
+        needs = [self.training and node.requires_grad and self.graph[src].requires_grad and m is not None and m.is_float
+                 for src, m in zip(node.inputs, operands)]
+        dtype = metas[0].dtype if metas else "float32"
+        costs = []
+        for s in options:
+            if not self.cost_model.charges_compute:
+                costs.append(0)
+                continue
+            ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
+            out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
+                m.nbytes // max(1, s.degree) for m in metas[1:])
+            times = op_times(node.work, s.degree, ins, needs, out, dtype, self.cost_model.device)
+            costs.append(self.cost_model.ticks(times.forward + times.backward))
+        return Candidate(node, options, costs, [], instance)
+
+    def _output(self, node: OpNode) -> Candidate:
+        """Outputs are gathered (replicated) in inference; in training the first output may stay in
+        any layout, since the loss is computed where it lives (data-parallel or vocab-parallel)."""
+        metas = [self.graph[s].tensor for s in node.inputs]
+        base = tuple(None if m is None else TensorSpec.replicated(len(m.shape)) for m in metas)
+        layouts = [base[0]] if not self.training or not base or base[0] is None else \
+            tensor_layouts(metas[0].shape, self.mesh.shape, self.allowed)
+        options = [OpStrategy((), (spec,) + base[1:], TensorSpec(()), (spec,) + base[1:]) for spec in layouts]
+        return Candidate(node, options, [0] * len(options))

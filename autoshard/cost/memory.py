@@ -1,0 +1,158 @@
+"""Per-device memory of every decision node, as items (owner, what, interval, bytes per strategy).
+
+The items follow what one training (or inference) step really allocates, on the timeline of
+``cost/lifetimes.py``:
+
+- **parameter** stored in layout ``L`` (its strategy): its value, ``optimizer_slots`` AdamW
+  moments for the whole step, and its gradient from its last reader's backward to the optimizer
+  step, at the bytes ``--precision`` gives (``ParamPrecision``). Where the op that reads it (its
+  owner) uses another layout ``U`` — the plan gathers it before use, FSDP-style — or computes
+  in another dtype, a use copy in ``U`` exists: from the forward to the owner's backward
+  (``keep``) if the owner saves it, else only while the owner runs; re-gathered
+  (``regather``), only during the owner's forward and again during its backward;
+- **buffer**: its value for the whole step; **input**: the whole batch, as every rank receives it;
+- **op output**: the local bytes of its layout over the tensor's lifetime (views hold none); in
+  training also what autograd saves that is neither an operand nor the output (norm statistics,
+  attention's log-sum-exp) over the op's saved window, the op's temporaries over its forward,
+  both divided by the strategy's degree, and the output's gradient over its gradient interval.
+
+Known simplifications: a copy made by resharding an activation on an edge is not counted (it is
+a temporary unless the reading op saves it); readers of a parameter other than its owner read
+it without a copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from autoshard.cost.lifetimes import Lifetimes
+from autoshard.graph import NodeKind, OpNode, TensorMeta
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.spec import TensorSpec
+
+PRECISIONS = ("as-is", "bf16-mixed", "fp32")
+
+
+@dataclass(frozen=True)
+class ParamPrecision:
+    """Bytes per parameter element: stored value, compute copy (None: computes on the value),
+    gradient, and each optimizer slot."""
+
+    value: int
+    compute: int | None
+    gradient: int
+    optimizer: int
+
+
+def param_precision(precision: str, itemsize: int) -> ParamPrecision:
+    """``as-is``: the model's own dtype everywhere (a plain loop with torch.optim.AdamW);
+    ``bf16-mixed``: fp32 master weights, gradients and moments, bf16 compute copies (FSDP2's
+    MixedPrecisionPolicy, AMP); ``fp32``: everything in fp32."""
+    if precision == "as-is":
+        return ParamPrecision(itemsize, None, itemsize, itemsize)
+    if precision == "bf16-mixed":
+        return ParamPrecision(4, 2, 4, 4)
+    if precision == "fp32":
+        return ParamPrecision(4, None, 4, 4)
+    raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+
+
+@dataclass(frozen=True)
+class ParamStorage:
+    """How a parameter strategy stores and uses it: the owner's operand layout and whether the
+    use copy is gathered again for backward instead of kept."""
+
+    use: TensorSpec | None
+    regather: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """Bytes per strategy of ``owner`` in use during ``interval`` (half-open slots)."""
+
+    owner: str
+    what: str
+    interval: tuple[int, int]
+    usage: tuple[int, ...]
+
+
+def local_bytes(spec: TensorSpec | None, meta: TensorMeta | None, mesh: Mesh, itemsize: int | None = None) -> int:
+    """Bytes of one device's piece of a tensor laid out as ``spec`` (0 for a mismatched rank)."""
+    if spec is None or meta is None or spec.ndim != len(meta.shape):
+        return 0
+    return math.prod(spec.local_shape(meta.shape, mesh.shape)) * (meta.itemsize if itemsize is None else itemsize)
+
+
+def out_metas(node: OpNode) -> list[TensorMeta]:
+    """The tensors a node returns (one, or the tensor elements of a tuple)."""
+    if isinstance(node.out, TensorMeta):
+        return [node.out]
+    if isinstance(node.out, tuple):
+        return [m for m in node.out if isinstance(m, TensorMeta)]
+    return []
+
+
+def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[ParamStorage], owner: OpNode | None,
+                saved_by_owner: bool, life: Lifetimes, mesh: Mesh, precision: str, training: bool,
+                optimizer_slots: int) -> list[MemoryItem]:
+    """A parameter's stored value, optimizer state, gradient and use copies, per strategy."""
+    meta = node.tensor
+    bytes_of = param_precision(precision, meta.itemsize) if training else ParamPrecision(meta.itemsize, None, 0, 0)
+    stored = [local_bytes(l, meta, mesh, bytes_of.value) + optimizer_slots * training * local_bytes(l, meta, mesh, bytes_of.optimizer)
+              for l in layouts]
+    items = [MemoryItem(node.name, "parameter", (0, life.end), tuple(stored))]
+    if training and node.name in life.gradient:
+        start = life.gradient[node.name][0]
+        items.append(MemoryItem(node.name, "gradient", (start, life.end),
+                                tuple(local_bytes(l, meta, mesh, bytes_of.gradient) for l in layouts)))
+    if owner is None:
+        return items
+    copy_size = bytes_of.compute or bytes_of.value
+    copies = [local_bytes(s.use, meta, mesh, copy_size) if s.use is not None and (s.use != l or bytes_of.compute)
+              else 0 for l, s in zip(layouts, storage)]
+    if training and saved_by_owner:
+        kept = tuple(0 if s.regather else c for c, s in zip(copies, storage))
+        again = tuple(c if s.regather else 0 for c, s in zip(copies, storage))
+        items += [MemoryItem(node.name, "use copy", life.saved_window(owner.name), kept),
+                  MemoryItem(node.name, "use copy (forward)", life.forward_window(owner.name), again),
+                  MemoryItem(node.name, "use copy (backward)", life.backward_window(owner.name), again)]
+    else:
+        items.append(MemoryItem(node.name, "use copy", life.forward_window(owner.name), tuple(copies)))
+    return items
+
+
+def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[int], life: Lifetimes, mesh: Mesh,
+             training: bool) -> list[MemoryItem]:
+    """An op's output, saved internals, temporaries and output gradient, per strategy."""
+    metas = out_metas(node)
+    work = node.work
+    is_view = life.base[node.name] != node.name
+    outs = tuple(0 if is_view else sum(local_bytes(s, m, mesh) for m in metas) if len(metas) > 1
+                 else local_bytes(s, metas[0] if metas else None, mesh) for s in out_specs)
+    items = [MemoryItem(node.name, "activation", life.value[node.name], outs)]
+    if work is None:
+        return items
+    backward = training and node.requires_grad
+    saved = work.saved_other_bytes if backward else 0
+    if saved:
+        items.append(MemoryItem(node.name, "saved for backward", life.saved_window(node.name),
+                                tuple(-(-saved // d) for d in degrees)))
+    temporary = max(0, work.temporary_bytes - saved)
+    if temporary:
+        items.append(MemoryItem(node.name, "temporary", life.forward_window(node.name),
+                                tuple(-(-temporary // d) for d in degrees)))
+    if backward and node.name in life.gradient and not is_view:
+        grads = tuple(local_bytes(s.without_partial(), metas[0], mesh) if len(metas) == 1 else 0 for s in out_specs)
+        items.append(MemoryItem(node.name, "gradient", life.gradient[node.name], grads))
+    return items
+
+
+def state_items(node: OpNode, layouts: Sequence[TensorSpec], life: Lifetimes, mesh: Mesh) -> list[MemoryItem]:
+    """A buffer's value for the whole step, or a model input: the whole batch every rank receives."""
+    meta = node.tensor
+    if node.kind == NodeKind.INPUT:
+        whole = meta.nbytes if meta is not None else 0
+        return [MemoryItem(node.name, "input", (0, life.value[node.name][1]), tuple(whole for _ in layouts))]
+    return [MemoryItem(node.name, "buffer", (0, life.end), tuple(local_bytes(l, meta, mesh) for l in layouts))]

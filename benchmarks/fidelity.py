@@ -1,0 +1,158 @@
+"""Cost-model fidelity against what PyTorch itself says: flops and per-device peak memory.
+
+    .venv/bin/python benchmarks/fidelity.py [--models mlp attention cnn gpt2 llama] [--mesh 2x2]
+    .venv/bin/python benchmarks/fidelity.py --llama3-8b [--layers 32] [--mesh 8] [--budget 80GiB]
+
+Flops: the flops the cost model charges (each op's ``OpWork``, summed over the graph) against
+``torch.utils.flop_counter.FlopCounterMode`` over the whole model's forward and backward on the
+meta device, per op kind.
+
+Memory: for each model (wrapped so the graph ends in its loss, as a training step does) and
+several plans (ours, the Megatron baseline, fully replicated), the predicted per-device peak
+against the peak PyTorch's MemTracker measures on rank 0 running the plan's real step with our
+executor (fake tensors, fake process group, second AdamW step: ``autoshard/runtime/measure.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
+from autoshard.baselines import megatron_choice  # noqa: E402
+from autoshard.frontend.load import load_model  # noqa: E402
+from autoshard.frontend.trace import trace  # noqa: E402
+from autoshard.graph import NodeKind  # noqa: E402
+from autoshard.planning import make_plan  # noqa: E402
+from autoshard.runtime.measure import measure_peak  # noqa: E402
+from autoshard.units import format_bytes, parse_bytes  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+class WithLoss(torch.nn.Module):
+    """A model whose step ends in a scalar: the mean square of its first floating output."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = self.model(*inputs)
+        first = next(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+        return first.float().pow(2).mean() if first.numel() > 1 else first
+
+
+class LlamaWithLabels(torch.nn.Module):
+    """A causal LM whose forward takes (input_ids, labels) and returns Hugging Face's own loss."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def example_builder(name: str) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
+    """An example model file, wrapped with a loss unless it already returns one."""
+    def build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        loaded = load_model(str(EXAMPLES / f"{name}.py"))
+        return WithLoss(loaded.model), loaded.example_inputs
+    return build
+
+
+def llama3_8b_builder(layers: int) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
+    """LLaMA-3-8B (fused attention, bf16, 8 x 4096 tokens) with labels, built on whatever device is current."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        config = LlamaConfig(num_hidden_layers=layers, hidden_size=4096, num_attention_heads=32,
+                             num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                             max_position_embeddings=8192, rope_theta=500000.0, use_cache=False,
+                             attn_implementation="sdpa", tie_word_embeddings=False)
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        tokens = torch.zeros(8, 4096, dtype=torch.long)
+        return LlamaWithLabels(model), (tokens, tokens)
+    return build
+
+
+def flop_table(name: str, build: Callable) -> list[str]:
+    """Charged flops per op kind against FlopCounterMode over the whole model on the meta device."""
+    with torch.device("meta"):
+        model, inputs = build()
+    graph = trace(model, inputs)
+    charged: Counter[str] = Counter()
+    for node in graph:
+        if node.kind == NodeKind.OP and node.work is not None and (node.work.flops or node.work.backward_flops):
+            charged[node.op] += node.work.flops + node.work.backward_flops
+    inputs = tuple(t.float().requires_grad_() if t.is_floating_point() else t for t in inputs)
+    with FlopCounterMode(display=False) as counter:
+        loss = model(*inputs)
+        loss.backward()
+    torch_total = counter.get_total_flops()
+    ours = sum(charged.values())
+    kinds = ", ".join(f"{op} {v:.3g}" for op, v in charged.most_common(4))
+    return [f"| {name} | {ours:.4g} | {torch_total:.4g} | {ours / torch_total:.4f} | {kinds} |"]
+
+
+def memory_rows(name: str, build: Callable, mesh: str, budget: int | None, timeout: float) -> list[str]:
+    """Predicted vs measured peak for our plan, the Megatron baseline and full replication."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        model, inputs = build()
+    graph = trace(model, inputs)
+    mp = build_model_problem(graph, mesh, mode="training", memory_budget=budget)
+    plans = {"ours": solve_model_problem(mp, default_solve_options(mp, timeout)).solution.choice,
+             "megatron": megatron_choice(mp)}
+    replicated = mp.complete([0] * len(mp.names))
+    if mp.problem.evaluate(replicated).feasible or budget is None:
+        plans["replicated"] = replicated
+    rows = []
+    for label, choice in plans.items():
+        plan = make_plan(mp, list(choice))
+        predicted = mp.problem.peak_usage(list(choice))
+        start = time.perf_counter()
+        measured = measure_peak(model, inputs, plan, graph, mode)
+        seconds = time.perf_counter() - start
+        cats = ", ".join(f"{k[:5].lower()} {format_bytes(v)}" for k, v in measured.by_category.items() if v)
+        rows.append(f"| {name} | {mesh} | {label} | {format_bytes(predicted)} | {format_bytes(measured.total)} | "
+                    f"{predicted / measured.total:.3f} | {cats} | {seconds:.0f} s |")
+    return rows
+
+
+def main() -> None:
+    """Print the flop and memory tables."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=["mlp", "attention", "cnn", "cnn_loss", "gpt2", "bert", "llama"])
+    parser.add_argument("--mesh", default="2x2")
+    parser.add_argument("--llama3-8b", action="store_true", help="LLaMA-3-8B instead of the examples")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--budget", default=None, help="memory budget per device, e.g. 80GiB")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    builders = {"llama3-8b": llama3_8b_builder(args.layers)} if args.llama3_8b else \
+        {name: example_builder(name) for name in args.models}
+    print("| model | charged flops | FlopCounterMode | ratio | largest op kinds |\n|---|---:|---:|---:|---|")
+    for name, build in builders.items():
+        print("\n".join(flop_table(name, build)), flush=True)
+    print("\n| model | mesh | plan | predicted peak | measured peak | ratio | measured by category | measure time |"
+          "\n|---|---|---|---:|---:|---:|---|---:|")
+    budget = parse_bytes(args.budget) if args.budget else None
+    for name, build in builders.items():
+        print("\n".join(memory_rows(name, build, args.mesh, budget, args.timeout)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
