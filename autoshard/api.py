@@ -78,7 +78,9 @@ def build_model_problem(
     budget = memory_budget if memory_budget is not None else chosen.memory
     options = BuildOptions(mode=mode, memory_budget=budget, pins=dict(pins or {}),
                            slapo_space=cost_model == "slapo", precision=precision)
-    return build_problem(graph, mesh, model, options)
+    from autoshard.frontend.profile import LocalFlops
+
+    return build_problem(graph, mesh, model, options, LocalFlops(graph) if graph.module is not None else None)
 
 
 def solve_model_problem(

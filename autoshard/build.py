@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autoshard.candidates import Candidate, CandidateBuilder, operand_meta
+from autoshard.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
 from autoshard.cost.memory import PRECISIONS, MemoryItem, out_metas
@@ -244,8 +244,10 @@ def _node_memory(names: list[str], candidates: dict[str, Candidate]) -> tuple[li
     return usages, intervals, aux, owners
 
 
-def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: BuildOptions = BuildOptions()) -> ModelProblem:
-    """Build the ShardingProblem of ``graph`` on ``mesh`` under ``cost_model``."""
+def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: BuildOptions = BuildOptions(),
+                  local_flops: LocalFlops | None = None) -> ModelProblem:
+    """Build the ShardingProblem of ``graph`` on ``mesh`` under ``cost_model`` (``local_flops``:
+    torch's flop count of an op's local pieces; without it, the op's flops split evenly)."""
     if options.mode not in MODES:
         raise AutoshardError(f"--mode {options.mode!r} is unknown: use one of {', '.join(MODES)}")
     if options.precision not in PRECISIONS:
@@ -253,7 +255,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     training = options.mode == "training"
     life = lifetimes(graph, training)
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
-                               options.slapo_space)
+                               options.slapo_space, local_flops)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
     for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):

@@ -17,13 +17,18 @@ An op without a rule keeps one replicated strategy (and is named in a warning).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 from autoshard.cost.communication import CostModel
 from autoshard.cost.compute import op_times
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.memory import MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items, state_items
-from autoshard.graph import NodeKind, OpGraph, OpNode, TensorMeta
+from autoshard.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
+
+LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
+"""(op node, local operand shapes) -> (forward, backward) flops of one device's piece
+(``frontend.profile.LocalFlops``: torch's counter); without it the global flops are split evenly."""
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, reshard_steps
 from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, instantiate, load_rules,
@@ -33,7 +38,8 @@ from autoshard.sharding.spec import TensorSpec
 
 @dataclass
 class Candidate:
-    """A graph tensor as a decision node: its strategies, their own cost, and its memory items."""
+    """A graph tensor as a decision node: its strategies, their own cost, and its memory items;
+    for ops the (forward, backward) flops each strategy runs per device."""
 
     node: OpNode
     strategies: list[OpStrategy]
@@ -41,6 +47,7 @@ class Candidate:
     items: list[MemoryItem] = field(default_factory=list)
     instance: OpInstance | None = None
     storage: list[ParamStorage] | None = None
+    flops: list[tuple[int, int]] | None = None
 
     @property
     def usages(self) -> list[int]:
@@ -54,6 +61,8 @@ class Candidate:
         self.items = [MemoryItem(m.owner, m.what, m.interval, tuple(m.usage[i] for i in indices)) for m in self.items]
         if self.storage is not None:
             self.storage = [self.storage[i] for i in indices]
+        if self.flops is not None:
+            self.flops = [self.flops[i] for i in indices]
 
 
 def operand_meta(graph: OpGraph, node: OpNode, src: str) -> TensorMeta | None:
@@ -75,8 +84,9 @@ class CandidateBuilder:
     """Computes candidates node by node; identical nodes (repeated layers) share theirs."""
 
     def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
-                 precision: str, optimizer_slots: int, slapo_space: bool) -> None:
+                 precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None) -> None:
         self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
+        self.local_flops = local_flops
         self.training, self.precision, self.optimizer_slots = training, precision, optimizer_slots
         self.slapo_space = slapo_space
         self.allowed = (lambda d, r: d >= r - 2) if slapo_space else None
@@ -111,7 +121,7 @@ class CandidateBuilder:
         """A shared candidate re-labelled for ``node`` (its memory items carry node-specific times)."""
         items = self._op_items(node, found.strategies) if node.kind == NodeKind.OP else \
             [MemoryItem(node.name, m.what, m.interval, m.usage) for m in found.items]
-        return Candidate(node, found.strategies, found.costs, items, found.instance, found.storage)
+        return Candidate(node, found.strategies, found.costs, items, found.instance, found.storage, found.flops)
 
     def _op_items(self, node: OpNode, options: list[OpStrategy]) -> list[MemoryItem]:
         return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
@@ -183,17 +193,32 @@ class CandidateBuilder:
         needs = [self.training and node.requires_grad and self.graph[src].requires_grad and m is not None and m.is_float
                  for src, m in zip(node.inputs, operands)]
         dtype = metas[0].dtype if metas else "float32"
-        costs = []
+        costs, flops = [], []
         for s in options:
+            work = self._local_work(node, operands, s)
+            flops.append((0, 0) if work is None else (work.flops // s.degree, work.backward_flops // s.degree))
             if not self.cost_model.charges_compute:
                 costs.append(0)
                 continue
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
-            times = op_times(node.work, s.degree, ins, needs, out, dtype, self.cost_model.device)
+            times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device)
             costs.append(self.cost_model.ticks(times.forward + times.backward))
-        return Candidate(node, options, costs, [], instance)
+        return Candidate(node, options, costs, [], instance, flops=flops)
+
+    def _local_work(self, node: OpNode, operands: tuple[TensorMeta | None, ...], s: OpStrategy) -> OpWork | None:
+        """The op's work with the flops of one device's pieces (``local_flops``), as ``op_times``
+        expects them: multiplied back by the degree it divides by."""
+        work = node.work
+        if work is None or self.local_flops is None or not (work.flops or work.backward_flops) \
+                or any(m is None or spec is None for m, spec in zip(operands, s.in_specs)):
+            return work
+        shapes = [spec.local_shape(m.shape, self.mesh.shape) for spec, m in zip(s.in_specs, operands)]
+        forward, backward = self.local_flops(node, shapes)
+        if forward < 0:
+            return work
+        return replace(work, flops=forward * s.degree, backward_flops=backward * s.degree)
 
     def _output(self, node: OpNode) -> Candidate:
         """Outputs are gathered (replicated) in inference; in training the first output may stay in

@@ -67,7 +67,9 @@ class OpWork:
     ``saved_operands`` / ``saves_output`` / ``saved_other_bytes`` are what autograd keeps for
     backward (saved-tensor hooks on fake CPU tensors, where fused attention keeps only its
     log-sum-exp as on a GPU); ``alias_of`` is the operand whose storage the output shares (a
-    view); ``temporary_bytes`` are allocations freed before the op returns. ``measured`` is
+    view); ``temporary_bytes`` are allocations freed before the op returns, and
+    ``backward_temporary_bytes`` those its backward frees before it returns (beyond the operand
+    gradients it produces: cross-entropy's backward holds two logits-sized buffers). ``measured`` is
     False when the op could not be replayed (data-dependent shapes): then nothing is known.
     """
 
@@ -78,6 +80,7 @@ class OpWork:
     saved_other_bytes: int = 0
     alias_of: int | None = None
     temporary_bytes: int = 0
+    backward_temporary_bytes: int = 0
     measured: bool = True
 
 

@@ -9,7 +9,9 @@ reverse), and the optimizer step runs at ``2T``. Intervals are half-open ``[star
 - Inference: a tensor lives from its producer to its last reader.
 - Training: a tensor that autograd saves (its producer saves its output, or a reader saves it
   as an operand, ``OpWork.saves_output`` / ``saved_operands``) lives until the backward of the
-  earliest-in-forward saver; the others die after their last forward reader. Its gradient lives
+  earliest-in-forward saver (``value``); the others die after their last forward reader
+  (``read``), as does a partial sum, which every reader reshards before reading (the reader then
+  saves its own copy). Its gradient lives
   from the backward of its last reader, views included (the first gradient contribution), to
   its producer's backward.
 
@@ -32,6 +34,7 @@ class Lifetimes:
     horizon: int
     base: dict[str, str]
     value: dict[str, tuple[int, int]]
+    read: dict[str, tuple[int, int]]
     gradient: dict[str, tuple[int, int]]
     first_reader: dict[str, str]
     last_reader: dict[str, str]
@@ -98,11 +101,13 @@ def lifetimes(graph: OpGraph, training: bool) -> Lifetimes:
             root = base[node.name]
             kept_until[root] = max(kept_until.get(root, 0), 2 * horizon - t)
     value: dict[str, tuple[int, int]] = {}
+    read: dict[str, tuple[int, int]] = {}
     gradient: dict[str, tuple[int, int]] = {}
     for node in graph:
         name = node.name
         start, end = order[name], max(last_use[name] + 1, kept_until.get(name, 0))
         value[name] = (start, end)
+        read[name] = (start, last_use[name] + 1)
         if training and node.requires_grad and base[name] == name and last_use[name] > order[name]:
             gradient[name] = (2 * horizon - 1 - last_use[name], 2 * horizon - order[name])
-    return Lifetimes(order, horizon, base, value, gradient, first_reader, last_reader)
+    return Lifetimes(order, horizon, base, value, read, gradient, first_reader, last_reader)

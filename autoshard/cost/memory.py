@@ -5,20 +5,25 @@ The items follow what one training (or inference) step really allocates, on the 
 
 - **parameter** stored in layout ``L`` (its strategy): its value, ``optimizer_slots`` AdamW
   moments for the whole step, and its gradient from its last reader's backward to the optimizer
-  step, at the bytes ``--precision`` gives (``ParamPrecision``). Where the op that reads it (its
+  step, at the bytes ``--precision`` gives (``ParamPrecision``); during the optimizer step one
+  more parameter-sized buffer (AdamW's multi-tensor step, CUDA's default, materialises the
+  square root of the second moments of all parameters at once: measured with MemTracker). Where the op that reads it (its
   owner) uses another layout ``U`` — the plan gathers it before use, FSDP-style — or computes
   in another dtype, a use copy in ``U`` exists: from the forward to the owner's backward
   (``keep``) if the owner saves it, else only while the owner runs; re-gathered
   (``regather``), only during the owner's forward and again during its backward;
 - **buffer**: its value for the whole step; **input**: the whole batch, as every rank receives it;
-- **op output**: the local bytes of its layout over the tensor's lifetime (views hold none); in
+- **op output**: the local bytes of its layout over the tensor's lifetime (views hold none; a
+  partial sum dies after its readers have resharded it, so what they save is their copy); in
   training also what autograd saves that is neither an operand nor the output (norm statistics,
   attention's log-sum-exp) over the op's saved window, the op's temporaries over its forward,
-  both divided by the strategy's degree, and the output's gradient over its gradient interval.
+  and what its backward allocates and frees (beyond the operand gradients) over its backward, all
+  divided by the strategy's degree, and the output's gradient over its gradient interval.
 
 Known simplifications: a copy made by resharding an activation on an edge is not counted (it is
-a temporary unless the reading op saves it); readers of a parameter other than its owner read
-it without a copy.
+a temporary unless the reading op saves it: then the producer's copy is counted instead, which
+is exact when the reshard is a slice, and short of the truth by the difference otherwise); readers
+of a parameter other than its owner read it without a copy.
 """
 
 from __future__ import annotations
@@ -103,6 +108,9 @@ def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[P
     stored = [local_bytes(l, meta, mesh, bytes_of.value) + optimizer_slots * training * local_bytes(l, meta, mesh, bytes_of.optimizer)
               for l in layouts]
     items = [MemoryItem(node.name, "parameter", (0, life.end), tuple(stored))]
+    if training and optimizer_slots:
+        items.append(MemoryItem(node.name, "optimizer step", (life.end - 1, life.end),
+                                tuple(local_bytes(l, meta, mesh, bytes_of.optimizer) for l in layouts)))
     if training and node.name in life.gradient:
         start = life.gradient[node.name][0]
         items.append(MemoryItem(node.name, "gradient", (start, life.end),
@@ -131,7 +139,10 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
     is_view = life.base[node.name] != node.name
     outs = tuple(0 if is_view else sum(local_bytes(s, m, mesh) for m in metas) if len(metas) > 1
                  else local_bytes(s, metas[0] if metas else None, mesh) for s in out_specs)
-    items = [MemoryItem(node.name, "activation", life.value[node.name], outs)]
+    whole = tuple(0 if s.partial else b for s, b in zip(out_specs, outs))
+    partial = tuple(b if s.partial else 0 for s, b in zip(out_specs, outs))
+    items = [MemoryItem(node.name, "activation", life.value[node.name], whole),
+             MemoryItem(node.name, "activation", life.read[node.name], partial)]
     if work is None:
         return items
     backward = training and node.requires_grad
@@ -143,6 +154,9 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
     if temporary:
         items.append(MemoryItem(node.name, "temporary", life.forward_window(node.name),
                                 tuple(-(-temporary // d) for d in degrees)))
+    if backward and work.backward_temporary_bytes:
+        items.append(MemoryItem(node.name, "backward temporary", life.backward_window(node.name),
+                                tuple(-(-work.backward_temporary_bytes // d) for d in degrees)))
     if backward and node.name in life.gradient and not is_view:
         grads = tuple(local_bytes(s.without_partial(), metas[0], mesh) if len(metas) == 1 else 0 for s in out_specs)
         items.append(MemoryItem(node.name, "gradient", life.gradient[node.name], grads))

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
-from autoshard.graph import NodeKind, OpGraph, OpWork, TensorMeta
+from autoshard.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 UNMEASURED = OpWork(measured=False)
 ELEMENT = OpWork(alias_of=0)
@@ -61,16 +61,45 @@ def profile_graph(graph: OpGraph) -> None:
         node.work = cache[key]
 
 
+class LocalFlops:
+    """Torch's flop counts of one op run on one device's pieces: (forward, backward) for an op node
+    and the local shapes of its operands, counted on the meta device and cached.
+
+    Most formulas are products of index sizes, so a strategy of degree n runs 1/n of the global
+    flops, but not all: attention's two matmuls share the sequence indices, not the head dims, so
+    cutting the value head dim halves only one of them. Counting the local shapes is exact.
+    """
+
+    def __init__(self, graph: OpGraph) -> None:
+        self.graph = graph
+        self.calls: dict[str, NodeCall] = graph.module.meta[NODE_CALLS_KEY]
+        self.cache: dict[Any, tuple[int, int]] = {}
+
+    def __call__(self, node: OpNode, shapes: Sequence[tuple[int, ...]]) -> tuple[int, int]:
+        """(forward, backward) flops of ``node`` on operands of the given local shapes."""
+        operands = [self.graph[src].out for src in node.inputs]
+        metas = [TensorMeta(tuple(shape), m.dtype, m.itemsize) for shape, m in zip(shapes, operands)]
+        grads = tuple(self.graph[src].requires_grad and m.is_float for src, m in zip(node.inputs, operands))
+        call = self.calls[node.name]
+        key = (repr(call.target), repr(call.args), repr(sorted(call.kwargs.items())), tuple(metas), grads)
+        if key not in self.cache:
+            try:
+                self.cache[key] = _count_flops(call, metas, grads)
+            except Exception:  # noqa: BLE001 - a local shape torch rejects: fall back to an even split
+                self.cache[key] = (-1, -1)
+        return self.cache[key]
+
+
 def measure_call(call: NodeCall, operands: Sequence[TensorMeta], grads: Sequence[bool],
                  fake: FakeTensorMode) -> OpWork:
     """The OpWork of one call on operands of the given metas (``grads[k]``: operand k requires grad)."""
     try:
         flops, backward_flops = _count_flops(call, operands, grads)
-        saved, saves_output, other = _saved_tensors(call, operands, grads, fake)
+        saved, saves_output, other, backward_temporary = _saved_tensors(call, operands, grads, fake)
         alias_of, temporary = _allocations(call, operands, fake)
     except Exception:  # noqa: BLE001 - any op torch cannot replay without data is simply unmeasured
         return UNMEASURED
-    return OpWork(flops, backward_flops, saved, saves_output, other, alias_of, temporary)
+    return OpWork(flops, backward_flops, saved, saves_output, other, alias_of, temporary, backward_temporary)
 
 
 def _dtype(meta: TensorMeta) -> torch.dtype:
@@ -110,10 +139,11 @@ def _storage(t: torch.Tensor) -> StorageWeakRef:
 
 
 def _saved_tensors(call: NodeCall, operands: Sequence[TensorMeta], grads: Sequence[bool],
-                   fake: FakeTensorMode) -> tuple[tuple[int, ...], bool, int]:
-    """(operands saved for backward, whether the output is saved, bytes of the other saved tensors)."""
+                   fake: FakeTensorMode) -> tuple[tuple[int, ...], bool, int, int]:
+    """(operands saved for backward, whether the output is saved, bytes of the other saved tensors,
+    peak bytes the backward allocates beyond the operand gradients it returns)."""
     if not any(grads):
-        return (), False, 0
+        return (), False, 0, 0
     saved: dict[StorageWeakRef, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -126,10 +156,26 @@ def _saved_tensors(call: NodeCall, operands: Sequence[TensorMeta], grads: Sequen
             result = call(inputs, {})
         outputs = {_storage(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)}
         by_input = {_storage(t): k for k, t in enumerate(inputs)}
+        backward_temporary = _backward_temporary(result, [t for t, g in zip(inputs, grads) if g],
+                                                 set(saved) | set(by_input) | outputs)
     operand_hits = tuple(sorted({by_input[s] for s in saved if s in by_input}))
     saves_output = any(s in outputs and s not in by_input for s in saved)
     other = sum(n for s, n in saved.items() if s not in by_input and s not in outputs)
-    return operand_hits, saves_output, other
+    return operand_hits, saves_output, other, backward_temporary
+
+
+def _backward_temporary(result: Any, wanted: list[torch.Tensor], existing: set[StorageWeakRef]) -> int:
+    """Peak bytes allocated by the backward of ``result`` beyond the gradients it returns
+    (``existing``: the storages alive before it, which it only reads)."""
+    outputs = _float_outputs(result)
+    if not outputs:
+        return 0
+    seeds = [torch.ones_like(o) for o in outputs]
+    tracker = _LiveBytes(existing)
+    with tracker:
+        found = torch.autograd.grad(outputs, wanted, seeds, allow_unused=True)
+    returned = {_storage(g): g.untyped_storage().nbytes() for g in found if g is not None}
+    return max(0, tracker.peak - sum(returned.values()))
 
 
 class _LiveBytes(TorchDispatchMode):

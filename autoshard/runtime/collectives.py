@@ -68,7 +68,12 @@ def _slice(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
 
 def _all_gather(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(groups.axis_size(step.axis))]
+    n = groups.axis_size(step.axis)
+    if step.dim == 0:  # straight into the result: no pieces to concatenate (half the transient memory)
+        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x, group=groups.groups[step.axis])
+        return out
+    parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x, group=groups.groups[step.axis])
     return torch.cat(parts, dim=step.dim)
 
@@ -145,6 +150,8 @@ class _Reshard(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fwd_steps, bwd_steps, groups, log):  # type: ignore[override]
         ctx.bwd_steps, ctx.groups, ctx.log = bwd_steps, groups, log
+        if not fwd_steps:  # only the gradient is resharded: pass the value on without a copy
+            return x.view_as(x)
         return _owned(run_steps(x, fwd_steps, groups, log, FORWARD), x)
 
     @staticmethod

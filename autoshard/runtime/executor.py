@@ -176,6 +176,7 @@ class ParallelModule(nn.Module):
         self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
         self._state_names: dict[str, str] = {}
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
+        self._dying = _last_readers(graph)
         for node in graph:
             if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
                 spec = plan.nodes[node.name].out_spec
@@ -234,7 +235,10 @@ class ParallelModule(nn.Module):
                     for k in place.masked_operands:
                         operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
                 out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
+                del operands
                 values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
+            for src in self._dying.get(node.name, ()):
+                del values[src]
         raise AutoshardError("the traced graph has no output node: re-trace the model")
 
     def _checked_input(self, node: OpNode, value: torch.Tensor) -> torch.Tensor:
@@ -268,6 +272,20 @@ class ParallelModule(nn.Module):
     def parameter_bytes(self) -> int:
         """Bytes of this rank's parameters and buffers."""
         return sum(t.numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
+
+
+def _last_readers(graph: OpGraph) -> dict[str, list[str]]:
+    """For each node, the values whose last reader it is: the interpreter drops them after it runs,
+    as eager PyTorch frees a tensor nobody refers to (autograd keeps what backward needs)."""
+    last: dict[str, OpNode] = {}
+    for node in graph:
+        for src in node.inputs:
+            last[src] = node
+    dying: dict[str, list[str]] = {}
+    for src, reader in last.items():
+        if reader.kind != NodeKind.OUTPUT:
+            dying.setdefault(reader.name, []).append(src)
+    return dying
 
 
 def _local_attrs(node: OpNode, plan: Plan) -> dict[str, Any]:

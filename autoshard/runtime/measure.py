@@ -64,7 +64,8 @@ def measure_peak(model: torch.nn.Module, inputs: Sequence[torch.Tensor], plan: P
         with mode:
             parallel = parallelize(model, plan, MeshGroups.create(plan.mesh), graph=graph)
             training = plan.mode == "training"
-            optimizer = torch.optim.AdamW(parallel.parameters(), lr=1e-4) if training else None
+            # foreach: the multi-tensor step CUDA uses by default (CPU would default to one tensor at a time)
+            optimizer = torch.optim.AdamW(parallel.parameters(), lr=1e-4, foreach=True) if training else None
             tracker = MemTracker()
             tracker.track_external(parallel, *inputs, *([optimizer] if optimizer else []))
             with tracker:
