@@ -73,13 +73,13 @@ class Prepared:
     device: torch.device
 
 
-def launch_env(environ: Mapping[str, str]) -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the variables torchrun sets."""
+def launch_env(environ: Mapping[str, str], command: str = "autoshard.run") -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the variables torchrun sets; ``command`` names the module to launch."""
     try:
         return int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", environ["RANK"]))
     except (KeyError, ValueError):
         raise AutoshardError("RANK and WORLD_SIZE are not set: launch with torchrun --nproc_per_node=N "
-                             "-m autoshard.run model.py --plan plan.json") from None
+                             f"-m {command} model.py --plan plan.json") from None
 
 
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
@@ -90,6 +90,8 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
     check_backend(plan, args.backend, collectives)
     device = torch.device("cuda", local_rank) if args.backend == "nccl" else torch.device("cpu")
     loaded = load_model(args.model)
+    if plan.mode == "training":  # the graph a training plan was made for includes the file's loss
+        loaded = loaded.for_training()
     model = loaded.model.to(device).eval()
     inputs = tuple(t.to(device) for t in loaded.example_inputs)
     graph = trace(model, inputs)

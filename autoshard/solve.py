@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-bandwidth", type=float, default=DEFAULT_MEMORY_BANDWIDTH,
                    help=f"device memory bytes/s for compute costs; default {DEFAULT_MEMORY_BANDWIDTH:.0e}")
     p.add_argument("--mode", choices=("inference", "training"), default="inference",
-                   help="inference: forward only; training: forward + backward, gradients and optimizer state")
+                   help="inference: forward only; training: forward + backward, gradients and optimizer state "
+                        "(of the model with its loss when the model file defines loss(outputs, *targets))")
     p.add_argument("--memory-budget", help="bytes per device the plan may use, e.g. 16GiB")
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SPEC",
                    help="fix a tensor's layout, e.g. fc1.weight=SR or fc1.weight=S0R on 2-D meshes (repeatable)")
@@ -138,6 +139,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     pins = _pins(args.pin)
     loaded = load_model(args.path)
+    if args.mode == "training":  # a training plan shards the model's loss too (model file convention)
+        loaded = loaded.for_training()
     graph = trace(loaded.model, loaded.example_inputs, args.frontend)
     if not args.quiet:
         console.print(graph_table(graph))
