@@ -186,10 +186,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     exported = export_dtensor(plan, graph, loaded.model)
     if exported.source is None:
-        console.print(f"PyTorch tensor parallel (parallelize_module): not expressible: {exported.reason}",
+        console.print(f"PyTorch-native (torchtitan style): not expressible: {exported.reason}",
                       highlight=False, markup=False)
     else:
-        console.print("PyTorch tensor parallel (parallelize_module):")
+        console.print("PyTorch-native (torchtitan style):")
         console.print(exported.source.rstrip(), highlight=False, markup=False, soft_wrap=True)
     if args.out:
         plan.save(args.out)

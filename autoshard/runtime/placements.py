@@ -40,7 +40,3 @@ def spec_placements(spec: TensorSpec, mesh_shape: tuple[int, ...]) -> tuple[Plac
             placements[axis] = Shard(dim) if split == 1 else _StridedShard(dim, split_factor=split)
     return tuple(placements)
 
-
-def is_public(spec: TensorSpec) -> bool:
-    """True when ``spec`` needs only Shard / Replicate / Partial (every dim's axes ascending)."""
-    return all(list(axes) == sorted(axes) for axes in spec.dims)
