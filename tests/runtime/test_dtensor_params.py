@@ -134,7 +134,9 @@ def test_checkpoint_of_a_training_plan_on_4_loads_under_an_inference_plan_on_2x2
     for name in ("tiny_mlp", "llama"):
         t = traced(name)
         train_plan = plans(t, "4", "training", 0)["megatron"]
-        infer_plan = plan_model(t.model, t.inputs, "2x2", mode="inference").plan
+        # The solved inference plan for the MLP; Megatron's for LLaMA (solving it costs seconds).
+        infer_plan = plan_model(t.model, t.inputs, "2x2", mode="inference").plan if name == "tiny_mlp" \
+            else plans(t, "2x2", "inference", 0)["megatron"]
         assert any(not s.is_replicated for s in train_plan.param_specs.values())
         scaled = copy.deepcopy(t.model)
         with torch.no_grad():

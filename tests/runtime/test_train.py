@@ -5,8 +5,9 @@ The LLaMA example is trained with its own loss (next-token cross-entropy whose l
 ranks, 20 steps of AdamW with clipping, against the same loop on the unsharded model: every
 step's loss within 1e-4 relative. A run that dies after step 13 resumes from its step-10
 checkpoint and repeats steps 11-13 exactly; the same checkpoint resumed under a plan for
-another mesh shape (4 instead of 2x2) continues the reference curve. One torchrun run checks
-the command line itself.
+another mesh shape (4 instead of 2x2) continues the reference curve. The plans are the
+Megatron-style ones, which shard almost every weight (the example's proved optimum replicates
+them all: it is too small for any split to pay). One torchrun run checks the command line.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autoshard.api import build_model_problem, solve_model_problem
+from autoshard.api import build_model_problem
 from autoshard.baselines import megatron_choice
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
@@ -96,7 +97,7 @@ def _crash_then_resume(rank: int, world: int, first: Training, other: Training, 
     dist.barrier()
     out = io.StringIO()
     resumed = train(_args("--checkpoint", folder, "--resume"), first, rank, out)
-    elsewhere = train(_args("--checkpoint", spare, "--resume"), other, rank, io.StringIO())
+    elsewhere = train(_args("--checkpoint", spare, "--resume", "--steps", "15"), other, rank, io.StringIO())
     return {"crashed": seen, "resumed": resumed, "elsewhere": elsewhere, "lines": out.getvalue().splitlines(),
             "checkpoints": sorted(p.name for p in Path(folder).iterdir())}
 
@@ -110,7 +111,7 @@ def test_llama_on_2x2_follows_single_device_training_through_a_crash_and_a_new_m
         assert _worst(result["crashed"], want[:13]) <= TOLERANCE
         assert result["resumed"][:3] == result["crashed"][10:13]  # the same plan repeats steps 11-13 exactly
         assert _worst(result["resumed"], want[10:]) <= TOLERANCE
-        assert _worst(result["elsewhere"], want[10:]) <= TOLERANCE
+        assert _worst(result["elsewhere"], want[10:15]) <= TOLERANCE
     lines = results[0]["lines"]
     assert lines[0].endswith(f"steps 11-20, AdamW lr 0.003, resumed from {tmp_path / 'ckpt' / 'step_000010'}")
     assert [int(line.split()[1]) for line in lines if line.startswith("step ")] == list(range(11, 21))
@@ -123,32 +124,56 @@ def _train_plain(rank: int, world: int, training: Training) -> list[float]:
     return train(_args(), training, rank, io.StringIO())
 
 
-def test_llama_optimum_on_2_ranks_follows_single_device_training() -> None:
-    graph = _training("llama").graph
-    plan = solve_model_problem(build_model_problem(graph, "2", mode="training"), model_name="llama").plan
-    assert any(not s.is_replicated for s in plan.param_specs.values())
+def test_llama_on_2_ranks_follows_single_device_training() -> None:
+    plan = _megatron("llama", "2")
+    assert sum(not spec.is_replicated for spec in plan.param_specs.values()) > 20
     for losses in run_ranks(2, _train_plain, _with_plan("llama", plan), timeout=120):
         assert _worst(losses, _reference("llama")) <= TOLERANCE
 
 
+TINY = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+example_inputs = (torch.randn(8, 16),)
+example_targets = (torch.randn(8, 16),)
+
+
+def loss(outputs, target):
+    return torch.nn.functional.mse_loss(outputs, target)
+
+
+def batch(step):
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step))
+    return x, x.flip(-1)
+"""
+
+
 def test_torchrun_command_prints_a_line_per_step_and_checkpoints(tmp_path: Path) -> None:
-    plan = tmp_path / "plan.json"
-    _megatron("llama", "2").save(plan)
+    """The command end to end on a tiny model file (tracing it is instant): lines, values, checkpoints."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    loaded = load_model(str(tmp_path / "tiny.py")).for_training()
+    mp = build_model_problem(trace(loaded.model, loaded.example_inputs), "2", mode="training")
+    make_plan(mp, megatron_choice(mp), model="tiny").save(tmp_path / "plan.json")
+    reference = copy.deepcopy(loaded.model)
+    want = [loss for _, loss, _ in training_steps(reference, make_optimizer(reference, _args()), loaded, 1, 6, 1.0)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([str(TORCHRUN), "--nproc_per_node=2", "-m", "autoshard.train", "examples/llama.py",
-                           "--plan", str(plan), "--steps", "6", "--lr", LR, "--checkpoint", str(tmp_path / "ckpt"),
-                           "--checkpoint-every", "3"], cwd=EXAMPLES.parent, env=env | {"OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(TORCHRUN), "--nproc_per_node=2", "-m", "autoshard.train", str(tmp_path / "tiny.py"),
+                           "--plan", str(tmp_path / "plan.json"), "--steps", "6", "--lr", LR,
+                           "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "3"],
+                          cwd=EXAMPLES.parent, env=env | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "autoshard.train: llama on mesh 2 (2 ranks, gloo), steps 1-6, AdamW lr 0.003"
+    assert lines[0] == "autoshard.train: tiny on mesh 2 (2 ranks, gloo), steps 1-6, AdamW lr 0.003"
     steps = [line for line in lines if line.startswith("step ")]
     assert all(re.fullmatch(r"step \d+ loss \d+\.\d{4} \d+\.\d{2} s", line) for line in steps), steps
     printed = [float(line.split()[3]) for line in steps]
-    assert all(abs(p - w) <= 1e-4 * w + 5e-5 for p, w in zip(printed, _reference("llama")[:6])), printed
+    assert len(printed) == 6 and all(abs(p - w) <= 1e-4 * w + 5e-5 for p, w in zip(printed, want)), (printed, want)
     assert f"checkpoint {tmp_path / 'ckpt' / 'step_000003'}" in lines
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_000003", "step_000006"]
-    assert "Warning" not in done.stderr and "error" not in done.stderr.lower()
+    assert done.stderr.strip() == "", done.stderr
 
 
 @pytest.fixture
