@@ -66,14 +66,23 @@ def test_every_layout_is_a_dtensor_with_the_same_pieces() -> None:
         assert run_ranks(world, _placements_hold_our_pieces, mesh, timeout=90) == [[]] * world
 
 
-def _adamw_steps(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], weight: torch.Tensor, steps: int) -> None:
-    """``steps`` of AdamW on loss = sum(output * weight), gradients clipped to norm 0.05 (every step clips)."""
+def _adamw_steps(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], weight: torch.Tensor,
+                 steps: int) -> tuple[int, int]:
+    """``steps`` of AdamW on loss = sum(output * weight), gradients clipped to norm 0.05 (every step clips).
+
+    Returns the collectives clip_grad_norm_ and AdamW's step ran (DTensor's own, counted by CommDebugMode).
+    """
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    clip_calls = step_calls = 0
     for _ in range(steps):
         optimizer.zero_grad()
         (model(*inputs) * weight).sum().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
-        optimizer.step()
+        with CommDebugMode() as clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        with CommDebugMode() as step:
+            optimizer.step()
+        clip_calls, step_calls = clip_calls + clip.get_total_counts(), step_calls + step.get_total_counts()
+    return clip_calls, step_calls
 
 
 def _train_with_torch_tools(rank: int, world: int, t: Traced, plan_list: list[Plan], weight: torch.Tensor,
@@ -89,8 +98,9 @@ def _train_with_torch_tools(rank: int, world: int, t: Traced, plan_list: list[Pl
             (module(*t.inputs) * local_weight).sum().backward()
         planned = [c for c in module.collectives() if plan.mesh.shape[c.axis] > 1]
         grads_placed = all(isinstance(p.grad, DTensor) and p.grad.placements == p.placements for p in module.parameters())
-        _adamw_steps(module, t.inputs, local_weight, 3)
+        clip_calls, step_calls = _adamw_steps(module, t.inputs, local_weight, 3)
         results.append({"placed": placed, "grads_placed": grads_placed, "calls": comm.get_total_counts(),
+                        "clip_calls": clip_calls, "step_calls": step_calls,
                         "planned": len(planned),
                         "errors": relative_errors({n: p.detach().full_tensor() for n, p in module.named_parameters()}, want)})
     return results
@@ -109,6 +119,9 @@ def test_parameters_are_dtensors_that_train_with_adamw_and_clip_grad_norm() -> N
         for label, result in zip(named, rank_results):
             assert result["placed"] and result["grads_placed"], label
             assert result["calls"] == result["planned"] > 0, f"{label}: DTensor ran collectives the plan does not list"
+            # Outside the plan: clip_grad_norm_ all-reduces the norm of sharded gradients; AdamW sends nothing.
+            sharded = any(not spec.is_replicated for spec in named[label].param_specs.values())
+            assert result["step_calls"] == 0 and (result["clip_calls"] > 0) == sharded, label
             assert max(e for _, e in result["errors"].values()) <= TOLERANCE, (label, result["errors"])
 
 
