@@ -43,7 +43,7 @@ from torch import nn
 
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.lower.tp_styles import NotMappable, Style, style_arguments, tp_styles
-from autoshard.plan import EdgeReshard, NodePlacement, Plan
+from autoshard.plan import NodePlacement, Plan
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.reshard import ALL_GATHER, SLICE, Step
 from autoshard.sharding.rules import load_rules
@@ -81,9 +81,9 @@ def explicit_size_axes(node: OpNode, place: NodePlacement) -> set[int]:
     if attr is None or attr not in place.local_attrs or place.out_spec is None:
         return set()
     traced = list(node.attrs.get(attr) or [])
-    offset = node.attrs.get("dim", 0) % place.out_spec.ndim if attr == "sizes" else 0
-    return {a for k, size in enumerate(traced) if size != -1 and k + offset < place.out_spec.ndim
-            for a in place.out_spec.dims[k + offset]}
+    ndim = place.out_spec.ndim
+    offset = node.attrs.get("dim", 0) % (ndim - len(traced) + 1) if attr == "sizes" else 0  # unflatten's new dims
+    return {a for k, size in enumerate(traced) if size != -1 and k + offset < ndim for a in place.out_spec.dims[k + offset]}
 
 
 def parameter_dependent(graph: OpGraph) -> frozenset[str]:
@@ -127,9 +127,9 @@ def project(plan: Plan, graph: OpGraph, axis: int, dependent: frozenset[str]) ->
 
 def _is_idle(view: Plan, dependent: frozenset[str]) -> bool:
     """Nothing that depends on a parameter is sharded or partial, and nothing moves, along the axis."""
-    specs = [s for name, p in view.nodes.items() if name in dependent for s in (*p.in_specs, p.out_spec)
-             if s is not None]
-    return all(s.is_replicated for s in specs) and not any(e.steps for e in view.edges)
+    specs = [view.nodes[name].out_spec for name in dependent if name in view.nodes]
+    specs += [e.dst_spec for e in view.edges if e.src in dependent]
+    return all(s is None or s.is_replicated for s in specs) and not any(e.steps for e in view.edges)
 
 
 def _check_inputs(view: Plan, graph: OpGraph, dependent: frozenset[str], role: str, axis: int) -> None:

@@ -26,6 +26,7 @@ from torch import nn
 
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
+from autoshard.sharding.rules import load_rules
 from autoshard.sharding.spec import TensorSpec
 
 COLWISE, ROWWISE, SEQUENCE = "ColwiseParallel", "RowwiseParallel", "SequenceParallel"
@@ -111,17 +112,45 @@ def tp_styles(plan: Plan, graph: OpGraph, model: nn.Module) -> dict[str, Style]:
         styles.setdefault(path, style)
         styled[node.name] = path
     _check_state(plan, graph, styled, model)
-    _check_nodes(plan, graph, styled)
+    reshaped = _gathered_after_views(plan, graph, styles, styled)
+    _check_nodes(plan, graph, styled, reshaped)
     for edge in plan.edges:
-        _place_edge(edge, graph, styles, styled)
+        if edge.src not in reshaped and edge.dst not in reshaped:
+            _place_edge(edge, graph, styles, styled)
     return styles
 
 
-def _check_nodes(plan: Plan, graph: OpGraph, styled: dict[str, str]) -> None:
-    """No local shapes, scaling or masking outside styled modules."""
+def _gathered_after_views(plan: Plan, graph: OpGraph, styles: dict[str, Style], styled: dict[str, str]) -> set[str]:
+    """Views between a ColwiseParallel output and the gather that makes it whole, as in ``lm_head`` ->
+    ``flatten`` -> all-gather -> cross-entropy. A view moves no data, so gathering before it is the same
+    collective: the module's output layout becomes whole and the views run on whole tensors, as the
+    model's own code does. Returns the views; each must be its producer's only consumer."""
+    views: set[str] = set()
+    for edge in plan.edges:
+        if not edge.steps or edge.src in styled or not edge.dst_spec.is_replicated:
+            continue
+        chain, node = [], graph[edge.src]
+        while node.kind == NodeKind.OP and _is_view(node) and len(graph.users(node.name)) == 1 and node.inputs:
+            chain.append(node.name)
+            node = graph[node.inputs[0]]
+        style = styles.get(styled.get(node.name, ""))
+        if chain and style is not None and style.kind == COLWISE and len(graph.users(node.name)) == 1:
+            _set_layout(style, "output_layout", edge.dst_spec, f"output of {styled[node.name]}")
+            views.update(chain)
+    return views
+
+
+def _is_view(node: OpNode) -> bool:
+    rule = load_rules().get(node.op or "")
+    return rule is not None and rule.kind == "view"
+
+
+def _check_nodes(plan: Plan, graph: OpGraph, styled: dict[str, str], reshaped: set[str]) -> None:
+    """No local shapes, scaling or masking outside styled modules (views of gathered outputs run whole)."""
     for node in graph:
         place = plan.nodes.get(node.name)
-        if node.kind == NodeKind.OP and place is not None and node.name not in styled and (
+        outside = node.name not in styled and node.name not in reshaped
+        if node.kind == NodeKind.OP and place is not None and outside and (
                 place.local_attrs or place.scale != 1 or place.masked_operands):
             what = f"an explicit size ({', '.join(place.local_attrs)})" if place.local_attrs else "a partial-sum correction"
             raise NotMappable(f"{node.name} ({node.op}) needs {what} on the tensor-parallel axis outside any styled "

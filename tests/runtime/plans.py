@@ -100,13 +100,15 @@ def _encoder_layer() -> nn.Module:
 @functools.lru_cache(maxsize=None)
 def traced(name: str) -> Traced:
     """``tiny_mlp``, ``sp_block``, ``encoder``, ``norm_mix`` (test models, x [8, 8, 16]) or an example's stem
-    (``mlp``, ``gpt2`` ...)."""
+    (``mlp``, ``gpt2`` ...); ``llama+loss`` is the example with its loss (inputs, then targets)."""
     models = {"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer, "norm_mix": NormMix}
     if name in models:
         model = _seeded(models[name])
         inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)
     else:
-        loaded = load_model(str(EXAMPLES / f"{name}.py"))
+        stem, with_loss = name.removesuffix("+loss"), name.endswith("+loss")
+        loaded = load_model(str(EXAMPLES / f"{stem}.py"))
+        loaded = loaded.for_training() if with_loss else loaded
         model, inputs = loaded.model.eval(), loaded.example_inputs
     return Traced(name, model, inputs, trace(model, inputs))
 

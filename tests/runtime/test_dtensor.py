@@ -6,7 +6,9 @@ compares its slice of the outputs; gradients (averaged over data-parallel ranks 
 loss is a mean over the rank's slice) are gathered whole. On 2x2: the LLaMA example's optimum
 (every rank computes everything), its Megatron-style plan pinned as torchtitan shards it (FSDP
 on axis 0, tensor parallelism on axis 1, vocabulary-sharded logits under loss_parallel), GPT-2's
-optimum and a data-parallel GPT-2 plan. Plans PyTorch's APIs cannot express must say why.
+optimum and a data-parallel GPT-2 plan; and LLaMA with its own loss in the graph (the plan
+``autoshard.solve --mode training`` makes), whose logits are gathered for the cross-entropy.
+Plans PyTorch's APIs cannot express must say why.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoshard.api import solve_model_problem
+from autoshard.graph import NodeKind
 from autoshard.lower.dtensor import export_dtensor
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
@@ -27,7 +31,7 @@ from autoshard.runtime.executor import relative_errors
 from autoshard.train import quiet_dtensor_hints
 
 from .dist import run_ranks
-from .plans import (batch_pins, data_parallel_choice, loss_weights, megatron_pins, plans, problem,
+from .plans import (Traced, batch_pins, data_parallel_choice, loss_weights, megatron_pins, plans, problem,
                     sequence_parallel_plan, traced)
 
 TOLERANCE = 1e-5
@@ -82,28 +86,45 @@ def _logits(out: object) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else pytree.tree_leaves(out)[0]
 
 
-def _is_language_model(model: str) -> bool:
-    """Token ids in, logits out: trained with cross-entropy (under loss_context)."""
-    return traced(model).inputs[0].dtype == torch.long
+def _loss_kind(model: str) -> str:
+    """``own``: the model returns its loss; ``lm``: token ids in, logits out, trained with cross-entropy under
+    loss_context; ``sum``: loss = sum(output * R)."""
+    t = traced(model)
+    if _output_is_scalar(t):
+        return "own"
+    return "lm" if t.inputs[0].dtype == torch.long else "sum"
 
 
-def _labels(t_inputs: tuple[torch.Tensor, ...], vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, t_inputs[0].shape, generator=torch.Generator().manual_seed(3))
+def _output_is_scalar(t: Traced) -> bool:
+    output = next(n for n in t.graph if n.kind == NodeKind.OUTPUT)
+    meta = t.graph[output.inputs[0]].tensor
+    return meta is not None and meta.shape == ()
+
+
+def _labels(inputs: tuple[torch.Tensor, ...], vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, inputs[0].shape, generator=torch.Generator().manual_seed(3))
+
+
+def _loss(kind: str, out: torch.Tensor, inputs: tuple[torch.Tensor, ...], weight: torch.Tensor | None,
+          labels: torch.Tensor | None) -> torch.Tensor:
+    if kind == "own":
+        return out
+    if kind == "lm":
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
+    return (out * weight).sum()
 
 
 def _reference(model: str, training: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Outputs and gradients of the unsharded model: cross-entropy for language models, sum(output * R) else."""
+    """Outputs and gradients of the unsharded model under its test loss (see ``_loss_kind``)."""
     t = traced(model)
     reference = copy.deepcopy(t.model)
     with torch.set_grad_enabled(training):
         out = _logits(reference(*t.inputs))
     if not training:
         return out.detach(), {}
-    if _is_language_model(model):
-        loss = torch.nn.functional.cross_entropy(out.flatten(0, 1), _labels(t.inputs, out.shape[-1]).flatten())
-    else:
-        loss = (out * loss_weights([out])[0]).sum()
-    loss.backward()
+    kind = _loss_kind(model)
+    labels = _labels(t.inputs, out.shape[-1]) if kind == "lm" else None
+    _loss(kind, out, t.inputs, loss_weights([out])[0] if kind == "sum" else None, labels).backward()
     return out.detach(), {n: p.grad.clone() for n, p in reference.named_parameters()}
 
 
@@ -129,15 +150,18 @@ def _run_exports(rank: int, world: int, cases: list[Export], wants: list) -> lis
         inputs = tuple(x.chunk(parts)[index] for x in t.inputs)
         with torch.set_grad_enabled(case.training):
             out = _logits(model(*inputs))
-        errors = relative_errors({"output": _whole(out)}, {"output": want_out.chunk(parts)[index]})
+        if out.ndim == 0:  # a loss: each data-parallel rank's mean over its slice; their mean is the whole's
+            whole = _whole(out).detach().clone()
+            dist.all_reduce(whole)
+            errors = relative_errors({"output": whole / world}, {"output": want_out})
+        else:
+            errors = relative_errors({"output": _whole(out)}, {"output": want_out.chunk(parts)[index]})
         if case.training:
+            kind = _loss_kind(case.model)
+            labels = _labels(t.inputs, want_out.shape[-1]).chunk(parts)[index] if kind == "lm" else None
+            weight = loss_weights([want_out])[0].chunk(parts)[index] * parts if kind == "sum" else None
             with namespace["loss_context"]():
-                if _is_language_model(case.model):
-                    labels = _labels(t.inputs, want_out.shape[-1]).chunk(parts)[index]
-                    loss = torch.nn.functional.cross_entropy(out.flatten(0, 1), labels.flatten())
-                else:
-                    loss = (_whole(out) * loss_weights([want_out])[0].chunk(parts)[index]).sum() * parts
-                loss.backward()
+                _loss(kind, _whole(out) if kind == "sum" else out, inputs, weight, labels).backward()
             errors |= relative_errors({n: _whole(p.grad) for n, p in model.named_parameters()}, want_grads)
         results.append({name: rel for name, (_, rel) in errors.items()})
     return results
@@ -180,8 +204,10 @@ def test_llama_and_gpt2_plans_on_2x2_export_to_torchtitan_style_code() -> None:
     # A tiny model: collectives' latency outweighs splitting any weight.
     assert all(optimum.param_specs[name].is_replicated for name, _ in llama.model.named_parameters())
     torchtitan = _solved("llama", "2x2", megatron_pins(llama, ("o_proj", "down_proj")))
+    with_loss = _solved("llama+loss", "2x2", megatron_pins(traced("llama+loss"), ("o_proj", "down_proj")))
     cases = [_exported("mlp megatron", "tiny_mlp", plans(traced("tiny_mlp"), "2x2", "training", 0)["megatron"]),
              _exported("llama optimum", "llama", optimum), _exported("llama torchtitan", "llama", torchtitan),
+             _exported("llama+loss torchtitan", "llama+loss", with_loss),
              _exported("gpt2 optimum", "gpt2", _solved("gpt2", "2x2")),
              _exported("gpt2 data parallel", "gpt2", _solved("gpt2", "2x2", batch_pins(gpt2)))]
     assert "mesh_dim_names=('dp', 'tp')" in cases[0].source and 'fully_shard(model, mesh=mesh["dp"])' in cases[0].source
@@ -191,7 +217,10 @@ def test_llama_and_gpt2_plans_on_2x2_export_to_torchtitan_style_code() -> None:
     assert '"lm_head": ColwiseParallel(use_local_output=False)' in source and "return loss_parallel()" in source
     assert 'for block in model.get_submodule("model.layers"):' in source
     assert "parallelize_module" not in cases[1].source and "fully_shard" not in cases[1].source
-    assert 'fully_shard(block, mesh=mesh["dp"])' in cases[4].source and "('dp', 'replica')" in cases[4].source
+    # With the loss in the graph the plan gathers the logits before the cross-entropy (after a flatten).
+    assert '"lm_head": ColwiseParallel(output_layouts=Replicate())' in cases[3].source
+    assert "return nullcontext()" in cases[3].source
+    assert 'fully_shard(block, mesh=mesh["dp"])' in cases[5].source and "('dp', 'replica')" in cases[5].source
     _check(4, cases)
 
 
