@@ -3,7 +3,8 @@
     python -m autoshard.solve examples/mlp.py --mesh 2 --mode training --out plan.json
     torchrun --nproc_per_node=2 -m autoshard.run examples/mlp.py --plan plan.json
 
-Every rank loads the plan and the model and refuses, before any computation, with one line on
+Every rank loads the plan and the model (a model file need not seed its random generator: rank
+0's parameters are broadcast to the others before sharding, as DDP does) and refuses, before any computation, with one line on
 stderr (from rank 0) and exit status 2: a world size other than the plan mesh's, a plan needing
 a collective the backend cannot run, a plan made for another model. Then one forward runs with
 every planned collective, and for a training plan one backward of ``loss = sum(output * R)``
@@ -34,8 +35,8 @@ from autoshard.frontend.trace import trace
 from autoshard.graph import OpGraph
 from autoshard.plan import Plan
 from autoshard.runtime.executor import (BACKEND_COLLECTIVES, ParallelModule, check_backend, check_model,
-                                        check_world, distribute, expected_collectives, gather_full, parallelize,
-                                        relative_errors)
+                                        check_world, distribute, expected_collectives, gather_full, local_of,
+                                        parallelize, relative_errors)
 from autoshard.runtime.collectives import FORWARD
 from autoshard.runtime.groups import MeshGroups
 from autoshard.units import format_bytes
@@ -72,13 +73,13 @@ class Prepared:
     device: torch.device
 
 
-def launch_env(environ: Mapping[str, str]) -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the variables torchrun sets."""
+def launch_env(environ: Mapping[str, str], command: str = "autoshard.run") -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the variables torchrun sets; ``command`` names the module to launch."""
     try:
         return int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", environ["RANK"]))
     except (KeyError, ValueError):
         raise AutoshardError("RANK and WORLD_SIZE are not set: launch with torchrun --nproc_per_node=N "
-                             "-m autoshard.run model.py --plan plan.json") from None
+                             f"-m {command} model.py --plan plan.json") from None
 
 
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
@@ -89,6 +90,8 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
     check_backend(plan, args.backend, collectives)
     device = torch.device("cuda", local_rank) if args.backend == "nccl" else torch.device("cpu")
     loaded = load_model(args.model)
+    if plan.mode == "training":  # the graph a training plan was made for includes the file's loss
+        loaded = loaded.for_training()
     model = loaded.model.to(device).eval()
     inputs = tuple(t.to(device) for t in loaded.example_inputs)
     graph = trace(model, inputs)
@@ -114,16 +117,6 @@ def _reference(prep: Prepared, training: bool) -> tuple[list[torch.Tensor], dict
     return outputs, grads
 
 
-def check_same_model(model: torch.nn.Module) -> None:
-    """Refuse a model file that builds different weights on different ranks (collective)."""
-    checksum = sum(float(t.detach().double().sum()) for t in model.state_dict().values() if t.is_floating_point())
-    sums: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(sums, checksum)
-    if len(set(sums)) > 1:
-        raise AutoshardError("the model file builds different weights on different ranks: seed the random "
-                             "generator (torch.manual_seed) before constructing the model")
-
-
 def _sharded_step(prep: Prepared, parallel: ParallelModule, groups: MeshGroups, training: bool
                   ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """One forward (and backward) on local pieces; returns whole outputs and gradients (collective)."""
@@ -137,7 +130,7 @@ def _sharded_step(prep: Prepared, parallel: ParallelModule, groups: MeshGroups, 
         loss = sum((o * distribute(w, s, groups)).sum() for o, w, s in zip(local, weights, specs) if w is not None)
         loss.backward()
         for name, p in parallel.named_parameters():
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            grad = local_of(p.grad) if p.grad is not None else torch.zeros_like(local_of(p))
             grads[name] = gather_full(grad, parallel.param_specs[name], groups)
     return outputs, grads
 
@@ -201,7 +194,6 @@ def _check_ranks(plan: Plan, summaries: list[dict[str, Any]], list_all: bool) ->
 
 def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
     """The distributed part: parallelize, run, gather, report on rank 0; every rank gets the verdict."""
-    check_same_model(prep.model)
     groups = MeshGroups.create(prep.plan.mesh)
     parallel = parallelize(prep.model, prep.plan, groups, graph=prep.graph)
     training = prep.plan.mode == "training"

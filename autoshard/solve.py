@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-bandwidth", type=float, default=None,
                    help=f"device memory bytes/s for compute costs; default {GENERIC.memory_bandwidth:.0e} without a preset")
     p.add_argument("--mode", choices=("inference", "training"), default="inference",
-                   help="inference: forward only; training: forward + backward, gradients and optimizer state")
+                   help="inference: forward only; training: forward + backward, gradients and optimizer state "
+                        "(of the model with its loss when the model file defines loss(outputs, *targets))")
     p.add_argument("--precision", choices=PRECISIONS, default="as-is",
                    help="training bytes of parameters, gradients and AdamW moments: as-is (the model's dtypes, "
                         "default), bf16-mixed (fp32 masters, gradients and moments, bf16 compute copies), fp32")
@@ -149,6 +150,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     pins = _pins(args.pin)
     loaded = load_model(args.path)
+    if args.mode == "training":  # a training plan shards the model's loss too (model file convention)
+        loaded = loaded.for_training()
     graph = trace(loaded.model, loaded.example_inputs, args.frontend)
     if not args.quiet:
         console.print(graph_table(graph))
@@ -196,10 +199,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     exported = export_dtensor(plan, graph, loaded.model)
     if exported.source is None:
-        console.print(f"PyTorch tensor parallel (parallelize_module): not expressible: {exported.reason}",
+        console.print(f"PyTorch-native (torchtitan style): not expressible: {exported.reason}",
                       highlight=False, markup=False)
     else:
-        console.print("PyTorch tensor parallel (parallelize_module):")
+        console.print("PyTorch-native (torchtitan style):")
         console.print(exported.source.rstrip(), highlight=False, markup=False, soft_wrap=True)
     if args.out:
         plan.save(args.out)

@@ -126,10 +126,10 @@ def test_megatron_baseline_is_never_cheaper(capsys):
 def test_prints_pytorch_tensor_parallel_export(capsys):
     code, out, _ = run_cli(capsys, MLP, "--mesh", "8", "--mode", "training", "--tables", "none", "--quiet")
     assert code == 0
-    source = out.split("PyTorch tensor parallel (parallelize_module):\n", 1)[1]
+    source = out.split("PyTorch-native (torchtitan style):\n", 1)[1]
     namespace: dict = {}
     exec(compile(source, "<export>", "exec"), namespace)
-    assert callable(namespace["apply_tensor_parallel"])
+    assert callable(namespace["parallelize"]) and callable(namespace["build_mesh"])
     assert '"fc1": ColwiseParallel()' in source and '"fc2": RowwiseParallel()' in source
     # The row-parallel bias gets its whole gradient on every device, as in Megatron: no all-reduce.
     assert 'sch["fc2"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")' in out and "gradient of" not in out
@@ -138,4 +138,5 @@ def test_prints_pytorch_tensor_parallel_export(capsys):
 def test_says_why_a_plan_has_no_pytorch_tensor_parallel_form(capsys):
     code, out, _ = run_cli(capsys, MLP, "--mesh", "2x4", "--tables", "none", "--quiet")
     assert code == 0
-    assert "PyTorch tensor parallel (parallelize_module): not expressible: mesh 2x4 is 2-D" in out
+    assert ("PyTorch-native (torchtitan style): not expressible: input x reaches linear as RSR along mesh axis 0, "
+            "which shards no weight: only data parallelism maps there") in out

@@ -7,9 +7,22 @@ Convention: the file defines either
 - a function ``build()`` returning ``(model, example_inputs)`` (used first when both exist;
   handy when construction is costly or needs a seed).
 
+For training (``autoshard.solve --mode training``, a training plan under ``autoshard.run``,
+``autoshard.train``) the file may also define:
+
+- ``loss(outputs, *targets)`` returning a scalar tensor: the model is then traced together with
+  its loss (``frontend.loss.with_loss``), so the plan shards the loss too; without it the model's
+  own output must be the loss (a model that computes its loss in forward);
+- ``example_targets``, the tensors (or tensor) passed to ``loss`` after the outputs when tracing;
+- ``batch(step)`` returning step ``step``'s tensors in graph order: the model's inputs, then the
+  loss's targets, with the example shapes. It must be a pure function of ``step`` (seed a local
+  ``torch.Generator`` with it), so every rank builds the same batch and a resumed run sees the
+  same data. Without it every step trains on the example inputs and targets.
+
 The file runs as a fresh module with its own folder on ``sys.path`` (so it may import sibling
-files); the model should be deterministic (seed before constructing). Every problem is reported
-as a one-line ``AutoshardError`` naming the file, what is wrong and how to fix it.
+files). Ranks may build different random weights (rank 0's are broadcast), but plans and
+examples are reproducible only if the file seeds. Every problem is reported as a one-line
+``AutoshardError`` naming the file, what is wrong and how to fix it.
 """
 
 from __future__ import annotations
@@ -20,11 +33,12 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from autoshard.errors import AutoshardError
+from autoshard.frontend.loss import with_loss
 
 _CONVENTION = ("define `model` (an nn.Module) and `example_inputs` (a tensor or tuple of tensors), "
               "or `build()` returning both")
@@ -33,11 +47,42 @@ _SHORT_CONVENTION = "defines `model` and `example_inputs` (or `build()`)"
 
 @dataclass
 class LoadedModel:
-    """A model ready to trace: ``model(*example_inputs)``; ``name`` is the file's stem."""
+    """A model ready to trace: ``model(*example_inputs)``; ``name`` is the file's stem.
+
+    ``loss``, ``example_targets`` and ``batch`` are the file's training definitions (see module doc).
+    """
 
     model: torch.nn.Module
     example_inputs: tuple[torch.Tensor, ...]
     name: str
+    loss: Callable[..., torch.Tensor] | None = None
+    example_targets: tuple[torch.Tensor, ...] = ()
+    batch: Callable[[int], Any] | None = None
+
+    def for_training(self) -> "LoadedModel":
+        """The model a training plan is made for: with its loss when the file defines one."""
+        if self.loss is None:
+            return self
+        model = with_loss(self.model, self.loss, len(self.example_inputs), len(self.example_targets))
+        return LoadedModel(model, self.example_inputs + self.example_targets, self.name, None, (), self.batch)
+
+    def step_batch(self, step: int) -> tuple[torch.Tensor, ...]:
+        """Step ``step``'s graph inputs (``batch(step)``, else the examples), checked against the example shapes."""
+        expected = self.example_inputs + self.example_targets
+        if self.batch is None:
+            return expected
+        try:
+            got = self.batch(step)
+        except Exception as error:
+            raise AutoshardError(f"batch({step}) in the {self.name} model file raised {describe_error(error)}; "
+                                 "fix batch(step) so it returns the step's inputs and targets") from error
+        got = (got,) if isinstance(got, torch.Tensor) else tuple(got) if isinstance(got, (tuple, list)) else None
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in got or ()]
+        if got is None or shapes != [tuple(t.shape) for t in expected]:
+            raise AutoshardError(f"batch({step}) in the {self.name} model file returned {shapes or 'no tensors'}, "
+                                 f"not tensors of the example shapes {[tuple(t.shape) for t in expected]} "
+                                 "(inputs, then targets)")
+        return got
 
 
 def load_model(path: str) -> LoadedModel:
@@ -61,7 +106,17 @@ def load_model(path: str) -> LoadedModel:
     if not isinstance(model, torch.nn.Module):
         raise AutoshardError(f"{path}: `model` is a {type(model).__name__}, not a torch.nn.Module; "
                              "assign the module instance (e.g. model = MyNet()), not its class or output")
-    return LoadedModel(model, _as_input_tuple(file, example_inputs), file.stem)
+    loss = getattr(module, "loss", None)
+    if loss is not None and not callable(loss):
+        raise AutoshardError(f"{path}: `loss` is a {type(loss).__name__}, not a function; define "
+                             "def loss(outputs, *targets) returning a scalar tensor")
+    targets = getattr(module, "example_targets", ())
+    targets = _as_input_tuple(file, targets, "example_targets") if targets != () else ()
+    batch = getattr(module, "batch", None)
+    if batch is not None and not callable(batch):
+        raise AutoshardError(f"{path}: `batch` is a {type(batch).__name__}, not a function; define "
+                             "def batch(step) returning the step's inputs (then targets)")
+    return LoadedModel(model, _as_input_tuple(file, example_inputs), file.stem, loss, targets, batch)
 
 
 def _run_file(file: Path) -> ModuleType:
@@ -98,18 +153,19 @@ def _call_build(file: Path, build: Any) -> tuple[Any, Any]:
     return result
 
 
-def _as_input_tuple(file: Path, example_inputs: Any) -> tuple[torch.Tensor, ...]:
+def _as_input_tuple(file: Path, example_inputs: Any, what: str = "example_inputs") -> tuple[torch.Tensor, ...]:
     """A tensor becomes a 1-tuple; a tuple or list must hold only tensors."""
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,)
     if isinstance(example_inputs, (tuple, list)) and example_inputs:
         for index, item in enumerate(example_inputs):
             if not isinstance(item, torch.Tensor):
-                raise AutoshardError(f"{file}: example_inputs[{index}] is a {type(item).__name__}, not a tensor; "
+                raise AutoshardError(f"{file}: {what}[{index}] is a {type(item).__name__}, not a tensor; "
                                      "pass only tensors (bake other arguments into the model)")
         return tuple(example_inputs)
-    raise AutoshardError(f"{file}: example_inputs is {_brief(example_inputs)}; "
-                         "use a tensor or a non-empty tuple of tensors passed as model(*example_inputs)")
+    passed = "passed as model(*example_inputs)" if what == "example_inputs" else "passed to loss after the outputs"
+    raise AutoshardError(f"{file}: {what} is {_brief(example_inputs)}; use a tensor or a non-empty tuple of tensors "
+                         f"{passed}")
 
 
 def _brief(value: Any) -> str:

@@ -14,6 +14,7 @@ bytes logged in :class:`CommLog` are those of the collective the cost model pric
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -23,6 +24,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
+
+# torch 2.13 calls all_gather_into_tensor deprecated in favour of all_gather_single, which breaks the
+# group registry DTensor relies on; the old call is the one that works, so its warning is noise here.
+warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -71,7 +76,7 @@ def _all_gather(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor
     n = groups.axis_size(step.axis)
     if step.dim == 0:  # straight into the result: no pieces to concatenate (half the transient memory)
         out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        dist.all_gather_single(out, x, group=groups.groups[step.axis])
+        dist.all_gather_into_tensor(out, x, group=groups.groups[step.axis])
         return out
     parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x, group=groups.groups[step.axis])

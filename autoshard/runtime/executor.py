@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from autoshard.build import fingerprint
 from autoshard.errors import AutoshardError
@@ -40,6 +41,8 @@ from autoshard.plan import EdgeReshard, Plan
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, reshard_steps
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.placements import spec_placements
+from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
 from autoshard.sharding.spec import TensorSpec
 
 BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
@@ -159,15 +162,36 @@ def relative_errors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Te
     return errors
 
 
-class ParallelModule(nn.Module):
-    """A model running one plan on this rank: local parameter shards and the planned collectives.
+def local_of(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a DTensor (autograd-connected), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
-    Parameters and buffers keep their original dotted names (``named_parameters()`` matches the
-    model's) with local shapes; ``param_specs[name]`` is their layout and ``output_specs`` that
-    of each output, for :func:`gather_full`.
+
+def as_dtensor(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups, shape: tuple[int, ...]) -> torch.Tensor:
+    """``local`` as the DTensor of global ``shape`` laid out by ``spec`` on the groups' DeviceMesh.
+
+    No communication: every rank passes its own piece. Without a DeviceMesh (one device, no
+    torch.distributed) the local tensor is the whole tensor and is returned as is.
+    """
+    if groups.device_mesh is None:
+        return local
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, groups.device_mesh, spec_placements(spec, groups.mesh.shape),
+                              run_check=False, shape=torch.Size(shape), stride=stride)
+
+
+class ParallelModule(nn.Module):
+    """A model running one plan on this rank: DTensor parameters and the planned collectives.
+
+    Parameters and buffers keep their original dotted names (``named_parameters()`` and
+    ``state_dict()`` match the model's) and global shapes; ``local_value(name)`` is this rank's
+    piece, ``param_specs[name]`` its layout and ``output_specs`` that of each output, for
+    :func:`gather_full`.
     """
 
-    def __init__(self, graph: OpGraph, plan: Plan, groups: MeshGroups, state: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, graph: OpGraph, plan: Plan, groups: MeshGroups, state: Mapping[str, torch.Tensor],
+                 transient: frozenset[str] = frozenset()) -> None:
+        """``state`` holds whole values by node name; buffers named in ``transient`` stay out of state_dict()."""
         super().__init__()
         self.plan, self.groups = plan, groups
         self.param_specs: dict[str, TensorSpec] = {}
@@ -175,20 +199,23 @@ class ParallelModule(nn.Module):
         self._edges = {(e.dst, e.operand): e for e in plan.edges}
         self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
         self._state_names: dict[str, str] = {}
+        self._parameter_names = {n.qualname for n in graph if n.kind == NodeKind.PARAM}
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
         self._dying = _last_readers(graph)
         for node in graph:
             if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
                 spec = plan.nodes[node.name].out_spec
-                local = distribute(state[node.name].detach(), spec, groups).clone()
-                self._register(node, local)
+                whole = state[node.name].detach()
+                local = distribute(whole, spec, groups).clone()
+                self._register(node, as_dtensor(local, spec, groups, tuple(whole.shape)),
+                               persistent=node.qualname not in transient)
                 self.param_specs[node.qualname] = spec
                 self._state_names[node.name] = node.qualname
         output = next(n for n in graph if n.kind == NodeKind.OUTPUT)
         self.output_specs: list[TensorSpec] = list(plan.nodes[output.name].in_specs)
 
-    def _register(self, node: OpNode, local: torch.Tensor) -> None:
-        """Attach a local tensor under its dotted name, creating empty parent modules on the way."""
+    def _register(self, node: OpNode, value: torch.Tensor, persistent: bool) -> None:
+        """Attach a parameter or buffer under its dotted name, creating empty parent modules on the way."""
         *path, leaf = node.qualname.split(".")
         owner: nn.Module = self
         for part in path:
@@ -199,9 +226,16 @@ class ParallelModule(nn.Module):
                 owner.add_module(part, nn.Module())
             owner = owner._modules[part]
         if node.kind == NodeKind.PARAM:
-            owner.register_parameter(leaf, nn.Parameter(local, requires_grad=node.requires_grad))
+            owner.register_parameter(leaf, nn.Parameter(value, requires_grad=node.requires_grad))
         else:
-            owner.register_buffer(leaf, local)
+            owner.register_buffer(leaf, value, persistent=persistent)
+
+    def local_value(self, name: str) -> torch.Tensor:
+        """This rank's piece of parameter or buffer ``name`` (dotted), as the plan's ops read it.
+
+        Gradients flow back to the DTensor parameter in its own placements (see module doc).
+        """
+        return local_of(self.get_parameter(name) if name in self._parameter_names else self.get_buffer(name))
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the plan on whole inputs; returns the local output pieces (a tuple if several)."""
@@ -223,8 +257,7 @@ class ParallelModule(nn.Module):
             if node.kind == NodeKind.INPUT:
                 values[node.name] = distribute(self._checked_input(node, fed[node.name]), place.out_spec, self.groups)
             elif node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
-                values[node.name] = self.get_parameter(self._state_names[node.name]) if node.kind == NodeKind.PARAM \
-                    else self.get_buffer(self._state_names[node.name])
+                values[node.name] = self.local_value(self._state_names[node.name])
             elif node.kind == NodeKind.OUTPUT:
                 return [self._operand(node, k, values) for k in range(len(node.inputs))]
             elif node.op == "getitem" and isinstance(values[node.inputs[0]], (tuple, list)):
@@ -270,8 +303,8 @@ class ParallelModule(nn.Module):
             log.records.clear()
 
     def parameter_bytes(self) -> int:
-        """Bytes of this rank's parameters and buffers."""
-        return sum(t.numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
+        """Bytes of this rank's pieces of the parameters and buffers."""
+        return sum(local_of(t).numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
 
 
 def _last_readers(graph: OpGraph) -> dict[str, list[str]]:
@@ -305,19 +338,6 @@ def _scaled(out: Any, factor: float) -> Any:
     return out * factor if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
 
-def _state(model: nn.Module, graph: OpGraph) -> dict[str, torch.Tensor]:
-    """Whole parameter and buffer values by node name: the model's own, else the traced constant."""
-    state = {}
-    for node in graph:
-        if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
-            try:
-                value = model.get_parameter(node.qualname) if node.kind == NodeKind.PARAM else model.get_buffer(node.qualname)
-            except AttributeError:  # a constant lifted by torch.export belongs to the program
-                value = node_caller(graph, node.name)([], {})
-            state[node.name] = value
-    return state
-
-
 def parallelize(
     model: nn.Module,
     plan: Plan,
@@ -331,6 +351,8 @@ def parallelize(
     The model is re-traced on ``example_inputs`` unless its ``graph`` is given, and checked
     against the plan (fingerprint, world size, collectives of the backend) before anything runs.
     ``mesh_groups`` defaults to the plan mesh's groups over the initialized default process group.
+    The mesh's first rank broadcasts its parameters and buffers to the others (collective);
+    ``model`` itself is not modified.
     """
     if graph is None:
         if example_inputs is None:
@@ -347,5 +369,6 @@ def parallelize(
         check_backend(plan, dist.get_backend())
     if mesh_groups is None:
         mesh_groups = MeshGroups.create(plan.mesh) if distributed else MeshGroups.single()
-    return ParallelModule(graph, plan, mesh_groups, _state(model, graph))
+    state = broadcast_state(model_state(model, graph), mesh_groups)
+    return ParallelModule(graph, plan, mesh_groups, state, transient_buffers(model, graph))
 

@@ -1,9 +1,12 @@
 """The torch.distributed process groups of a device mesh, as seen from one rank.
 
 Every collective in a plan runs along one mesh axis, among the ranks that share all other
-coordinates (``Mesh.axis_groups``). ``torch.distributed.new_group`` is itself collective: every
-rank must create every group, in the same order, even the groups it is not a member of, so
-:meth:`MeshGroups.create` walks all axes and all their groups identically on every rank.
+coordinates (``Mesh.axis_groups``). The groups are those of a ``torch.distributed`` ``DeviceMesh``
+of the plan's shape, so the same mesh also places the DTensor parameters: DeviceMesh lays ranks
+out as ``torch.arange(world).view(shape)``, row-major with the last axis fastest, which is our
+``Mesh.coords``, and its per-axis groups list ranks in ascending order, so a rank's group rank
+along an axis is its mesh coordinate there. Creating groups is collective: every rank must
+call :meth:`MeshGroups.create` with the same mesh.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autoshard.errors import AutoshardError
 from autoshard.sharding.mesh import Mesh, default_links
@@ -23,47 +27,45 @@ class MeshGroups:
 
     ``groups[a]`` is None for an axis of size 1 (nothing to communicate). Inside a group the
     group rank equals the mesh coordinate on that axis, so concatenating gathered pieces in
-    group order puts them in mesh order.
+    group order puts them in mesh order. ``device_mesh`` is the same mesh for DTensors and
+    ``span`` the group of all its ranks (both None without torch.distributed).
     """
 
     mesh: Mesh
     rank: int
     coords: tuple[int, ...]
     groups: tuple[dist.ProcessGroup | None, ...]
+    device_mesh: DeviceMesh | None = None
+    span: dist.ProcessGroup | None = None
 
     @staticmethod
-    def create(mesh: Mesh) -> "MeshGroups":
-        """Build the groups of every axis of ``mesh`` over the initialized default process group.
+    def create(mesh: Mesh, device_type: str | None = None) -> "MeshGroups":
+        """The groups of every axis of ``mesh`` over the initialized default process group.
 
         Collective: all ranks must call it with the same mesh. Rank ``r`` of the world is the
-        mesh device ``r`` (row-major, last axis fastest).
+        mesh device ``r`` (row-major, last axis fastest). ``device_type`` defaults to ``cuda``
+        under NCCL and ``cpu`` otherwise.
         """
         if not dist.is_initialized():
             raise AutoshardError("torch.distributed is not initialized: call init_process_group before MeshGroups.create")
         world, rank = dist.get_world_size(), dist.get_rank()
         if world != mesh.size:
             raise AutoshardError(f"mesh {mesh.label} has {mesh.size} devices but the world has {world} ranks: launch {mesh.size}")
-        mine: list[dist.ProcessGroup | None] = []
-        for axis in range(mesh.ndim):
-            axis_group: dist.ProcessGroup | None = None
-            for ranks in mesh.axis_groups(axis):
-                if len(ranks) == 1:
-                    continue
-                group = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks)
-                if rank in ranks:
-                    axis_group = group
-            mine.append(axis_group)
-        return MeshGroups(mesh, rank, mesh.coords(rank), tuple(mine))
+        device_mesh = init_device_mesh(device_type or default_device_type(), mesh.shape)
+        groups = tuple(device_mesh.get_group(axis) if n > 1 else None for axis, n in enumerate(mesh.shape))
+        return MeshGroups(mesh, rank, mesh.coords(rank), groups, device_mesh, dist.group.WORLD)
 
     @staticmethod
-    def from_group(group: dist.ProcessGroup | None = None) -> "MeshGroups":
+    def from_group(group: dist.ProcessGroup | None = None, device_type: str | None = None) -> "MeshGroups":
         """A 1-D mesh over an existing group (default: the world); no new groups are created."""
         if not dist.is_initialized():
             raise AutoshardError("torch.distributed is not initialized: call init_process_group first")
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         if rank < 0:
             raise AutoshardError("this rank is not a member of the given process group: pass a group it belongs to")
-        return MeshGroups(line_mesh(size), rank, (rank,), ((group or dist.group.WORLD) if size > 1 else None,))
+        span = group or dist.group.WORLD
+        device_mesh = DeviceMesh.from_group(span, device_type or default_device_type())
+        return MeshGroups(line_mesh(size), rank, (rank,), (span if size > 1 else None,), device_mesh, span)
 
     @staticmethod
     def single() -> "MeshGroups":
@@ -73,6 +75,11 @@ class MeshGroups:
     def axis_size(self, axis: int) -> int:
         """Number of devices along mesh axis ``axis``."""
         return self.mesh.shape[axis]
+
+
+def default_device_type() -> str:
+    """The device type of the default process group's tensors: ``cuda`` under NCCL, else ``cpu``."""
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
 def line_mesh(size: int) -> Mesh:

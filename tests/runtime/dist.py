@@ -37,12 +37,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, timeout: float, conn: Connection,
+def _worker(rank: int, world_size: int, port: int | None, timeout: float, conn: Connection,
             fn: Callable[..., Any], args: tuple) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     try:
-        init_gloo(rank, world_size, port, timeout_s=timeout)
+        if port is not None:
+            init_gloo(rank, world_size, port, timeout_s=timeout)
         result = fn(rank, world_size, *args)
         destroy_gloo()
         conn.send(("ok", result))
@@ -52,14 +53,16 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, conn: Connect
         conn.close()
 
 
-def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0) -> list[Any]:
+def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
+              connect: bool = True) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked gloo ranks; return results by rank.
 
     ``fn`` and ``args`` reach the workers by fork (no pickling); results must be picklable.
+    ``connect=False`` skips the gloo group (for work that makes its own, keeping this process clean).
     Raises :class:`RankError` with the worker traceback if any rank fails, dies or times out.
     """
     ctx = mp.get_context("fork")
-    port = free_port()
+    port = free_port() if connect else None
     procs, conns = [], {}
     for rank in range(world_size):
         recv, send = ctx.Pipe(duplex=False)

@@ -100,13 +100,15 @@ def _encoder_layer() -> nn.Module:
 @functools.lru_cache(maxsize=None)
 def traced(name: str) -> Traced:
     """``tiny_mlp``, ``sp_block``, ``encoder``, ``norm_mix`` (test models, x [8, 8, 16]) or an example's stem
-    (``mlp``, ``gpt2`` ...)."""
+    (``mlp``, ``gpt2`` ...); ``llama+loss`` is the example with its loss (inputs, then targets)."""
     models = {"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer, "norm_mix": NormMix}
     if name in models:
         model = _seeded(models[name])
         inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)
     else:
-        loaded = load_model(str(EXAMPLES / f"{name}.py"))
+        stem, with_loss = name.removesuffix("+loss"), name.endswith("+loss")
+        loaded = load_model(str(EXAMPLES / f"{stem}.py"))
+        loaded = loaded.for_training() if with_loss else loaded
         model, inputs = loaded.model.eval(), loaded.example_inputs
     return Traced(name, model, inputs, trace(model, inputs))
 
@@ -197,3 +199,31 @@ def reference(t: Traced, training: bool) -> tuple[list[torch.Tensor], dict[str, 
         grads = {name: p.grad.clone() for name, p in t.model.named_parameters()}
         t.model.zero_grad(set_to_none=True)
     return [o.detach() for o in outputs], grads
+
+
+def batch_pins(t: Traced) -> dict[str, str]:
+    """Pins for data parallelism along axis 0 of a 2-D mesh: the inputs and every op that reads a parameter
+    cut on dim 0 (where it divides), the rest left to the solver."""
+    pins = {n.name: "S0" + "R" * (len(n.tensor.shape) - 1) for n in t.graph
+            if n.kind == NodeKind.INPUT and n.tensor is not None}
+    for node in t.graph:
+        reads_param = any(t.graph[src].kind == NodeKind.PARAM for src in node.inputs)
+        if node.kind == NodeKind.OP and reads_param and node.tensor is not None and node.tensor.shape \
+                and node.tensor.shape[0] % 2 == 0:
+            pins[node.name] = "S0" + "R" * (len(node.tensor.shape) - 1)
+    return pins
+
+
+def megatron_pins(t: Traced, row_parallel: tuple[str, ...]) -> dict[str, str]:
+    """torchtitan's tensor-parallel plan on axis 1 of a 2x2 mesh with the batch on axis 0, as pins: every
+    nn.Linear column-parallel (weight S1R, output S0..S1) except the modules named in ``row_parallel``
+    (weight RS1, output a partial sum over axis 1), the norms' outputs and the inputs cut on the batch."""
+    pins = {name: spec for name, spec in batch_pins(t).items() if t.graph[name].op != "linear"}
+    for node in t.graph:
+        if node.op == "linear" and t.graph[node.inputs[1]].kind == NodeKind.PARAM:
+            weight = t.graph[node.inputs[1]].qualname
+            middle = "R" * (len(node.tensor.shape) - 2)
+            row = weight.rpartition(".")[0].rpartition(".")[2] in row_parallel
+            pins[weight] = "RS1" if row else "S1R"
+            pins[node.name] = f"S0{middle}RP1" if row else f"S0{middle}S1"
+    return pins

@@ -23,7 +23,7 @@ from autoshard.plan import Plan
 from autoshard.sharding.reshard import REDUCE_SCATTER
 from autoshard.runtime.collectives import BACKWARD, FORWARD
 from autoshard.runtime.executor import (Collective, check_backend, distribute, expected_collectives, gather_full,
-                                        parallelize, relative_errors, required_collectives)
+                                        local_of, parallelize, relative_errors, required_collectives)
 from autoshard.runtime.groups import MeshGroups
 
 from .dist import run_ranks
@@ -64,7 +64,8 @@ class Outcome:
 
 
 def _grad(p: nn.Parameter) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
+    """This rank's piece of the parameter's gradient (zeros if it got none)."""
+    return local_of(p.grad) if p.grad is not None else torch.zeros_like(local_of(p))
 
 
 def _run_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[Outcome]:
@@ -85,7 +86,7 @@ def _run_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[Outc
         errors |= relative_errors(grads, case.grads)
         if len(outputs) != len(case.outputs) or set(grads) != set(case.grads):
             errors["structure"] = (float("inf"), float("inf"))
-        shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+        shapes = {name: tuple(local_of(p).shape) for name, p in module.named_parameters()}
         outcomes.append(Outcome(case.label, errors, shapes, module.collectives()))
     return outcomes
 
@@ -186,7 +187,7 @@ def _sgd_steps(rank: int, world: int, t: Traced, plan_list: list[Plan], steps: i
             (local * distribute(weight, spec, groups)).sum().backward()
             optimizer.step()
             assert module.collectives() == expected_collectives(plan)
-        got = {n: gather_full(p.detach(), module.param_specs[n], groups) for n, p in module.named_parameters()}
+        got = {n: gather_full(local_of(p.detach()), module.param_specs[n], groups) for n, p in module.named_parameters()}
         results.append(relative_errors(got, want))
     return results
 

@@ -1,0 +1,60 @@
+"""A model and its loss as one module, so the loss is part of the graph a training plan shards.
+
+``with_loss(model, loss, n_inputs, n_targets)`` returns the model itself under a subclass whose
+``forward(*inputs, *targets)`` is ``loss(model.forward(*inputs), *targets)``. It is a shallow
+copy of the model (the same parameter and submodule dictionaries), so every parameter keeps its
+dotted name (``fc1.weight``, not ``model.fc1.weight``) and checkpoints of the model with and
+without its loss share keys. The forward is written out with named positional arguments (the
+model's own argument names, then the loss's), because torch.fx cannot trace ``*args``; the
+names become the graph's input nodes (``--pin input_ids=S0R`` pins the tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Callable
+
+import torch
+from torch import nn
+
+from autoshard.errors import AutoshardError
+
+
+def _argument_names(function: Callable, skip: int, count: int, fallback: str, taken: set[str]) -> list[str]:
+    """``count`` names for the positional arguments of ``function`` after the first ``skip``."""
+    try:
+        params = list(inspect.signature(function).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        params = []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = []
+    for k in range(count):
+        name = params[k].name if k < len(params) and params[k].kind in positional else ""
+        if not name.isidentifier() or name.startswith("_") or name in taken:
+            name = f"{fallback}{k}"
+            while name in taken:
+                name += "_"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def with_loss(model: nn.Module, loss: Callable[..., torch.Tensor], n_inputs: int, n_targets: int) -> nn.Module:
+    """``model`` whose forward takes ``n_inputs`` inputs and ``n_targets`` targets and returns the loss."""
+    if not callable(loss):
+        raise AutoshardError(f"`loss` is a {type(loss).__name__}, not a function: define "
+                             "def loss(outputs, *targets) returning a scalar tensor")
+    cls = type(model)
+    taken = {"self"}
+    inputs = _argument_names(cls.forward, 1, n_inputs, "input", taken)
+    targets = _argument_names(loss, 1, n_targets, "target", taken)
+    source = (f"def forward(self, {', '.join(inputs + targets)}):\n"
+              f"    return _loss(_forward(self, {', '.join(inputs)}), {', '.join(targets)})\n")
+    namespace: dict = {"_loss": loss, "_forward": cls.forward}
+    exec(compile(source, f"<{cls.__name__} with its loss>", "exec"), namespace)
+    subclass = type(f"{cls.__name__}WithLoss", (cls,), {"forward": namespace["forward"],
+                                                          "__module__": cls.__module__})
+    wrapped = copy.copy(model)
+    wrapped.__class__ = subclass
+    return wrapped

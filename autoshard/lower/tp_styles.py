@@ -1,0 +1,249 @@
+"""One mesh axis of a plan as PyTorch tensor-parallel styles (ColwiseParallel, RowwiseParallel, SequenceParallel).
+
+PyTorch's ``parallelize_module`` shards whole modules: an ``nn.Linear`` whose weight is split on
+its output features is ``ColwiseParallel`` (output sharded on the last dim), on its input
+features ``RowwiseParallel`` (output a partial sum, reduced to ``output_layouts``); an
+``nn.Embedding`` split on its embedding dim is ``ColwiseParallel``; an ``nn.LayerNorm`` that runs
+on a sequence-sharded input is ``SequenceParallel``. Each style reshards only at its module's
+boundary: its input from ``input_layouts`` to the layout it computes on, its output to
+``output_layouts``; everything in between runs on local tensors with the model's own code.
+
+:func:`tp_styles` reads a plan projected onto the tensor-parallel axis (a 1-D plan, see
+``lower.dtensor``) and checks, edge by edge, that it is expressible that way: every parameter
+is laid out as its module's style stores it (replicated outside styled modules), every forward
+reshard sits at a styled module's input or output, and nothing outside styled modules needs an
+explicit local size, a scale or a mask (``lower.dtensor`` checks the model's inputs). Outputs leave
+whole, except logits left sharded on their last dim by a ColwiseParallel module, which stay a
+DTensor for ``loss_parallel``. DTensor derives the backward itself, so gradient steps are not
+consulted. Otherwise :class:`NotMappable` names the first edge or tensor that does not map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from autoshard.graph import NodeKind, OpGraph, OpNode
+from autoshard.plan import EdgeReshard, Plan
+from autoshard.sharding.rules import load_rules
+from autoshard.sharding.spec import TensorSpec
+
+COLWISE, ROWWISE, SEQUENCE = "ColwiseParallel", "RowwiseParallel", "SequenceParallel"
+# op -> (module types it may style, operand of the weight, operand of the activation)
+STYLED_OPS: dict[str, tuple[tuple[type[nn.Module], ...], int, int]] = {
+    "linear": ((nn.Linear,), 1, 0),
+    "embedding": ((nn.Embedding,), 0, 1),
+    "layer_norm": ((nn.LayerNorm,), 1, 0),
+}
+
+
+class NotMappable(Exception):
+    """Why the plan has no torch.distributed equivalent."""
+
+
+@dataclass
+class Style:
+    """One styled module: its style, the operand its input arrives on, the layouts at its boundary
+    (None: the style's default), and whether its output stays a DTensor (for loss_parallel)."""
+
+    kind: str
+    activation: int
+    input_layout: TensorSpec | None = None
+    output_layout: TensorSpec | None = None
+    dtensor_output: bool = False
+
+
+def sharded_dims(spec: TensorSpec) -> list[int]:
+    """Tensor dims the spec shards."""
+    return [d for d, axes in enumerate(spec.dims) if axes]
+
+
+def placement(spec: TensorSpec, where: str) -> str:
+    """``Replicate()`` or ``Shard(d)`` (``Shard(-1)`` for the last dim) for a 1-D spec."""
+    dims = sharded_dims(spec)
+    if spec.partial:
+        raise NotMappable(f"{where} is a partial sum, which no style leaves between modules")
+    if not dims:
+        return "Replicate()"
+    return f"Shard({-1 if dims[0] == spec.ndim - 1 else dims[0]})"
+
+
+def _shards(spec: TensorSpec | None, dim: int) -> bool:
+    return spec is not None and not spec.partial and sharded_dims(spec) == [dim % spec.ndim]
+
+
+def _style_of(node: OpNode, graph: OpGraph, plan: Plan, model: nn.Module) -> tuple[str, Style] | None:
+    """(module path, style) when ``node`` is the op of a module a style can shard the way the plan does."""
+    types, weight_at, activation = STYLED_OPS.get(node.op or "", ((), 0, 0))
+    if not types or len(node.inputs) <= max(weight_at, activation) or graph[node.inputs[weight_at]].kind != NodeKind.PARAM:
+        return None
+    path = graph[node.inputs[weight_at]].qualname.rpartition(".")[0]
+    if not isinstance(model.get_submodule(path), types):
+        return None
+    weight = plan.param_specs[graph[node.inputs[weight_at]].qualname]
+    extra = [plan.param_specs[graph[src].qualname] for k, src in enumerate(node.inputs)
+             if k not in (weight_at, activation) and graph[src].kind == NodeKind.PARAM]
+    if node.op == "linear":
+        if _shards(weight, 0) and all(_shards(s, 0) for s in extra):
+            return path, Style(COLWISE, activation)
+        if _shards(weight, 1) and all(s.is_replicated for s in extra):
+            return path, Style(ROWWISE, activation)
+    if node.op == "embedding" and _shards(weight, 1):
+        return path, Style(COLWISE, activation)
+    if node.op == "layer_norm" and weight.is_replicated and all(s.is_replicated for s in extra):
+        arriving = plan.nodes[node.name].in_specs[activation]
+        if len(sharded_dims(arriving)) == 1 and not arriving.partial:
+            return path, Style(SEQUENCE, activation, input_layout=arriving)
+    return None
+
+
+def tp_styles(plan: Plan, graph: OpGraph, model: nn.Module) -> dict[str, Style]:
+    """The style of every module a 1-D ``plan`` shards, with boundary layouts; raises NotMappable."""
+    styles: dict[str, Style] = {}
+    styled: dict[str, str] = {}
+    for node in graph:
+        found = _style_of(node, graph, plan, model) if node.kind == NodeKind.OP else None
+        if found is None:
+            continue
+        path, style = found
+        if path in styles and styles[path].kind != style.kind:
+            raise NotMappable(f"module {path} is called with two different shardings")
+        styles.setdefault(path, style)
+        styled[node.name] = path
+    _check_state(plan, graph, styled, model)
+    reshaped = _gathered_after_views(plan, graph, styles, styled)
+    _check_nodes(plan, graph, styled, reshaped)
+    for edge in plan.edges:
+        if edge.src not in reshaped and edge.dst not in reshaped:
+            _place_edge(edge, graph, styles, styled)
+    return styles
+
+
+def _gathered_after_views(plan: Plan, graph: OpGraph, styles: dict[str, Style], styled: dict[str, str]) -> set[str]:
+    """Views between a ColwiseParallel output and the gather that makes it whole, as in ``lm_head`` ->
+    ``flatten`` -> all-gather -> cross-entropy. A view moves no data, so gathering before it is the same
+    collective: the module's output layout becomes whole and the views run on whole tensors, as the
+    model's own code does. Returns the views; each must be its producer's only consumer."""
+    views: set[str] = set()
+    for edge in plan.edges:
+        if not edge.steps or edge.src in styled or not edge.dst_spec.is_replicated:
+            continue
+        chain, node = [], graph[edge.src]
+        while node.kind == NodeKind.OP and _is_view(node) and len(graph.users(node.name)) == 1 and node.inputs:
+            chain.append(node.name)
+            node = graph[node.inputs[0]]
+        style = styles.get(styled.get(node.name, ""))
+        if chain and style is not None and style.kind == COLWISE and len(graph.users(node.name)) == 1:
+            _set_layout(style, "output_layout", edge.dst_spec, f"output of {styled[node.name]}")
+            views.update(chain)
+    return views
+
+
+def _is_view(node: OpNode) -> bool:
+    rule = load_rules().get(node.op or "")
+    return rule is not None and rule.kind == "view"
+
+
+def _check_nodes(plan: Plan, graph: OpGraph, styled: dict[str, str], reshaped: set[str]) -> None:
+    """No local shapes, scaling or masking outside styled modules (views of gathered outputs run whole)."""
+    for node in graph:
+        place = plan.nodes.get(node.name)
+        outside = node.name not in styled and node.name not in reshaped
+        if node.kind == NodeKind.OP and place is not None and outside and (
+                place.local_attrs or place.scale != 1 or place.masked_operands):
+            what = f"an explicit size ({', '.join(place.local_attrs)})" if place.local_attrs else "a partial-sum correction"
+            raise NotMappable(f"{node.name} ({node.op}) needs {what} on the tensor-parallel axis outside any styled "
+                              "module, which the model's own code would not apply")
+
+
+def _place_edge(edge: EdgeReshard, graph: OpGraph, styles: dict[str, Style], styled: dict[str, str]) -> None:
+    """Attribute an edge's reshard to a style's output or input layout, or raise NotMappable."""
+    if graph[edge.src].kind in (NodeKind.PARAM, NodeKind.BUFFER):
+        if edge.steps:
+            raise NotMappable(f"{graph[edge.src].qualname} is resharded before use ({edge.src_spec.format(1)}->"
+                              f"{edge.dst_spec.format(1)}); a style keeps parameters in place")
+        return
+    src, dst = styles.get(styled.get(edge.src, "")), styles.get(styled.get(edge.dst, ""))
+    if graph[edge.dst].kind == NodeKind.OUTPUT:
+        _place_output(edge, src, styled.get(edge.src, edge.src))
+        return
+    arriving = edge.src_spec
+    if src is not None and src.kind != SEQUENCE:
+        _set_layout(src, "output_layout", edge.dst_spec, f"output of {styled[edge.src]}")
+        arriving = edge.dst_spec
+    elif edge.steps and not (dst is not None and dst.kind != SEQUENCE and edge.operand == dst.activation):
+        raise NotMappable(f"edge {edge.src} -> {edge.dst} reshards {edge.src_spec.format(1)}->"
+                          f"{edge.dst_spec.format(1)} away from any styled module's input or output")
+    if dst is not None and edge.operand == dst.activation:
+        _check_input(dst, edge.dst_spec, styled[edge.dst])
+        if dst.kind == SEQUENCE and arriving != dst.input_layout:
+            raise NotMappable(f"{styled[edge.dst]} gets {arriving.format(1)}, not its sequence-sharded input")
+        if dst.kind != SEQUENCE:
+            _set_layout(dst, "input_layout", arriving, f"input of {styled[edge.dst]}")
+    elif src is None and edge.src_spec.partial:
+        raise NotMappable(f"{edge.src} is a partial sum outside any RowwiseParallel Linear")
+
+
+def _place_output(edge: EdgeReshard, src: Style | None, where: str) -> None:
+    """An output leaves whole, or as the last-dim-sharded DTensor of a ColwiseParallel module (loss_parallel)."""
+    if edge.dst_spec.is_replicated:
+        if src is not None and src.kind != SEQUENCE:
+            _set_layout(src, "output_layout", edge.dst_spec, f"output of {where}")
+        elif edge.steps:
+            raise NotMappable(f"the output {edge.src} is gathered from {edge.src_spec.format(1)} outside any styled "
+                              "module")
+        return
+    if src is not None and src.kind == COLWISE and _shards(edge.dst_spec, -1) and not edge.steps:
+        _set_layout(src, "output_layout", edge.dst_spec, f"output of {where}")
+        src.dtensor_output = True
+        return
+    raise NotMappable(f"the plan leaves output {edge.src} as {edge.dst_spec.format(1)}; the exported model returns "
+                      "whole outputs, or logits sharded on their last dim by a ColwiseParallel module")
+
+
+def _check_state(plan: Plan, graph: OpGraph, styled: dict[str, str], model: nn.Module) -> None:
+    """Parameters outside styled modules must be replicated (buffers stay whole: the styles leave them)."""
+    owned = {graph[src].qualname for name in styled for src in graph[name].inputs if graph[src].kind == NodeKind.PARAM}
+    for name in (n.qualname for n in graph if n.kind == NodeKind.PARAM):
+        spec = plan.param_specs[name]
+        if name not in owned and not spec.is_replicated:
+            owner = name.rpartition(".")[0]
+            kind = type(model.get_submodule(owner)).__name__ if owner else type(model).__name__
+            raise NotMappable(f"{name} is stored {spec.format(1)} on the tensor-parallel axis, but its module {owner} "
+                              f"({kind}) is not an nn.Linear / nn.Embedding / nn.LayerNorm sharded the way a "
+                              "ColwiseParallel / RowwiseParallel / SequenceParallel style shards it")
+
+
+def _check_input(style: Style, required: TensorSpec, path: str) -> None:
+    """The layout the plan runs the module on must be the one its style computes on."""
+    wanted = {COLWISE: TensorSpec.replicated(required.ndim),
+              ROWWISE: TensorSpec(((),) * (required.ndim - 1) + ((0,),)),
+              SEQUENCE: style.input_layout}[style.kind]
+    if required != wanted:
+        raise NotMappable(f"{path} ({style.kind}) needs its input as {wanted.format(1)}, the plan gives it "
+                          f"{required.format(1)}")
+
+
+def _set_layout(style: Style, attr: str, spec: TensorSpec, where: str) -> None:
+    current = getattr(style, attr)
+    if current is not None and current != spec:
+        raise NotMappable(f"the {where} is needed both as {current.format(1)} and as {spec.format(1)}")
+    setattr(style, attr, spec)
+
+
+def style_arguments(style: Style, path: str) -> str:
+    """Constructor arguments that differ from the style's defaults."""
+    if style.kind == SEQUENCE:
+        dim = sharded_dims(style.input_layout)[0]
+        return ("" if dim == 1 else f"sequence_dim={dim}, ") + "use_local_output=True"
+    defaults = {COLWISE: ("Replicate()", "Shard(-1)"), ROWWISE: ("Shard(-1)", "Replicate()")}[style.kind]
+    args = []
+    for name, spec, default in (("input_layouts", style.input_layout, defaults[0]),
+                                ("output_layouts", style.output_layout, defaults[1])):
+        text = placement(spec, f"the {name[:-8]} of {path}") if spec is not None else default
+        if text != default:
+            args.append(f"{name}={text}")
+    if style.dtensor_output:
+        args.append("use_local_output=False")
+    return ", ".join(args)
