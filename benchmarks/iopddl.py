@@ -1,6 +1,6 @@
 """Benchmark autoshard's solver against HiGHS on IOPDDL instances; prints a markdown table.
 
-    python benchmarks/iopddl.py /work/shared/iopddl/asplos-2025-iopddl-*.json.gz [--timeout S] [--no-highs]
+    python benchmarks/iopddl.py ../shared/iopddl/asplos-2025-iopddl-*.json.gz [--timeout S] [--no-highs]
 
 For every instance: our cost, the wall time of our solver's whole process (start-up and reading
 the file included, as the contest counts it) and its peak RSS, whether it was proved optimal or
@@ -25,7 +25,9 @@ from autoshard.errors import AutoshardError
 from autoshard.iopddl import load_problem, parse_solution
 from autoshard.solver.milp import solve_problem_milp
 
-DEFAULT_BEST_KNOWN = Path("/work/shared/iopddl/best_known.csv")
+SHARED = Path(os.environ.get("AUTOSHARD_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+"""shared/ beside the repository (as CI has it), or AUTOSHARD_SHARED."""
+DEFAULT_BEST_KNOWN = SHARED / "iopddl" / "best_known.csv"
 
 
 def read_best_known(path: Path) -> dict[str, tuple[int, float]]:
