@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -122,3 +123,17 @@ def test_gap_flag_is_checked_and_passed_on(capsys):
     assert solve_options(parser.parse_args(["--gap", "0.01"])).gap == 0.01
     assert main([str(EXAMPLE), "--gap", "2"]) == 2
     assert "--gap 2 is not a relative gap" in capsys.readouterr().err
+
+
+def test_model_cli_writes_its_problem_for_other_solvers(tmp_path, capsys):
+    from autoshard.solve import main as solve_main
+
+    path = tmp_path / "mlp.json.gz"
+    mlp = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
+    assert solve_main([str(mlp), "--mesh", "8", "--quiet", "--tables", "none", "--log",
+                       "--write-problem", str(path)]) == 0
+    out, err = capsys.readouterr()
+    problem = load_problem(path)
+    proved = err.strip().splitlines()[-1].split()
+    assert proved[1] == "optimal" and "proved optimal" in out
+    assert problem.num_nodes > 0 and problem.evaluate(problem.check_choice([0] * problem.num_nodes)).cost >= int(proved[2])
