@@ -313,6 +313,8 @@ class _Run:
         engines = []
         if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS and not self.finished():
             engines = self._start_engines(["milp"], "HiGHS's MILP of the core (child process)")
+        elif not self.finished():
+            engines = self._start_engines(["lagrange"], "a second Lagrangian search (child process, own seed)")
         try:
             cut = self._lp_phase()
             z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
@@ -325,7 +327,7 @@ class _Run:
                 self._await(engines)
         finally:
             self._stop(engines)
-        if not self.finished() and self.deadline is None and self.options.prove and not engines:
+        if not self.finished() and self.deadline is None and self.options.prove and not any(e.exact for e in engines):
             self._milp_proof()
 
     def _greedy(self) -> None:
@@ -363,7 +365,8 @@ class _Run:
     def _start_engines(self, methods: list[str], what: str) -> list[EngineWorker]:
         """Fork one child per exact engine (workers.py), each told the best cost so far."""
         self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
-        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k)
+        plan = None if self.best_local is None else self.best_local.tolist()
+        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan)
                    for k, m in enumerate(methods)]
         for engine in engines:
             engine.start()
@@ -391,7 +394,7 @@ class _Run:
 
     def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
         """A plan from any engine; bounds and proofs only from the exact ones."""
-        source = "milp" if engine.method == "milp" else "toulbar2"
+        source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
         if event.kind == "plan":
             self.offer(event.choice, source, None)
         elif not engine.exact:

@@ -27,9 +27,15 @@ from dataclasses import dataclass
 
 from autoshard.solver.core import Compact
 
-METHODS = ("hbfs", "vns", "milp")
+METHODS = ("hbfs", "vns", "milp", "lagrange")
 """hbfs: toulbar2's hybrid best-first branch and bound (exact); vns: toulbar2's variable-
-neighbourhood search (plans only); milp: HiGHS on the linearised core (exact)."""
+neighbourhood search (plans only); milp: HiGHS on the linearised core (exact); lagrange: our
+Lagrangian/TRW-S search with neighbourhood search when it stalls, with its own seed (plans only:
+a second, independent search where no exact engine takes the core)."""
+LNS_AFTER = 30
+"""lagrange: steps without a better plan before a slice of neighbourhood search..."""
+LNS_SLICE = 5.0
+"""... of this many seconds."""
 
 _NEW = re.compile(r"New solution: (-?[0-9.e+]+)")
 _GAP = re.compile(r"Optimality gap: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
@@ -54,10 +60,12 @@ class EngineWorker:
     EngineEvents (costs include ``comp.const``). ``upper``: only plans cheaper than this are
     wanted. ``gap``: stop at this relative gap (0: prove). ``seed``: the engine's random seed."""
 
-    def __init__(self, comp: Compact, method: str, upper: int | None, gap: float = 0.0, seed: int = 1) -> None:
+    def __init__(self, comp: Compact, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
+                 plan: list[int] | None = None) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown engine {method!r}")
         self.comp, self.method, self.upper, self.gap, self.seed = comp, method, upper, gap, seed
+        self.plan = plan  # the plan costing ``upper`` (local strategies), where one is known
         self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.pid: int | None = None
         self.done = False
@@ -67,7 +75,7 @@ class EngineWorker:
     @property
     def exact(self) -> bool:
         """True when the engine's bounds and verdicts are proofs (not neighbourhood search)."""
-        return self.method != "vns"
+        return self.method in ("hbfs", "milp")
 
     def start(self) -> None:
         """Fork the child and start reading what it prints."""
@@ -154,6 +162,8 @@ def _child(worker: EngineWorker, write: int) -> None:
         os.close(write)
         if worker.method == "milp":
             _milp(worker)
+        elif worker.method == "lagrange":
+            _lagrange(worker)
         else:
             from autoshard.solver.toulbar import solve_cfn
 
@@ -183,6 +193,42 @@ def _milp(worker: EngineWorker) -> None:
         lower = result.bound - comp.const
         lines.append(f"Optimality gap: [{lower - 1e-6 * abs(lower) - 1:.0f}, 0]")
     os.write(1, ("\n".join(lines) + "\n").encode())
+
+
+def _lagrange(worker: EngineWorker) -> None:
+    """Lagrangian steps with neighbourhood search after LNS_AFTER steps without progress, until
+    killed; every better fitting plan is written out."""
+    import time
+
+    import numpy as np
+
+    from autoshard.solver.lagrange import LagrangianSearch
+    from autoshard.solver.lns import NeighbourhoodSearch
+
+    comp = worker.comp
+    rng = np.random.default_rng(worker.seed)
+    lag, lns = LagrangianSearch(comp, rng), NeighbourhoodSearch(comp, rng)
+    best, x = worker.upper, None if worker.plan is None else np.asarray(worker.plan, dtype=np.int64)
+    stale = 0
+
+    def report(plan: np.ndarray, cost: int) -> None:
+        line = f"New solution: {cost - comp.const}\n" + " ".join(map(str, plan.tolist())) + "\n"
+        os.write(1, line.encode())
+
+    while True:
+        result = lag.step(best, time.monotonic() + 30.0)
+        if result.plan is not None and (best is None or result.cost < best):
+            best, x, stale = result.cost, result.plan, 0
+            report(x, best)
+        else:
+            stale += 1
+        if stale >= LNS_AFTER and x is not None:
+            y = lns.run(x, time.monotonic() + LNS_SLICE)
+            cost = comp.cost(y)
+            if cost < best and comp.is_feasible(y):
+                best, x = cost, y
+                report(x, best)
+            stale = 0
 
 
 def _die_with_parent() -> None:
