@@ -312,7 +312,9 @@ class _Run:
             return
         engines = []
         if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS and not self.finished():
-            engines = self._start_engines(["milp"], "HiGHS's MILP of the core (child process)")
+            relaxed = ["relaxed"] if self.options.toulbar and can_take(comp, rows=False) else []
+            engines = self._start_engines(["milp"] + relaxed, "HiGHS's MILP of the core, toulbar2 on it without "
+                                          "memory rows (child processes)")
         elif not self.finished():
             engines = self._start_engines(["lagrange"], "a second Lagrangian search (child process, own seed)")
         try:
@@ -397,7 +399,7 @@ class _Run:
         source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
         if event.kind == "plan":
             self.offer(event.choice, source, None)
-        elif not engine.exact:
+        elif not engine.bounds:
             return
         elif event.kind in ("bound", "optimal"):
             self.bound(event.cost, source)

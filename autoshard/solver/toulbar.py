@@ -38,19 +38,21 @@ def row_terms(comp: Compact) -> int:
     return sum((stop - start) * int(np.count_nonzero(u)) for segs in comp.segments for start, stop, u in segs)
 
 
-def can_take(comp: Compact) -> bool:
-    """True when toulbar2 can solve ``comp`` exactly and well (rows small, costs exact in doubles)."""
-    if comp.n == 0 or row_terms(comp) > MAX_ROW_TERMS:
+def can_take(comp: Compact, rows: bool = True) -> bool:
+    """True when toulbar2 can solve ``comp`` exactly and well (rows small, costs exact in
+    doubles); with ``rows`` False, the core without its memory rows."""
+    if comp.n == 0 or (rows and row_terms(comp) > MAX_ROW_TERMS):
         return False
     top = max((int(np.where(c < INF, c, 0).max()) for c in comp.costs), default=0)
     top = max([top] + [int(np.where(m < INF, m, 0).max()) for _, _, m in comp.edges])
     return top < MAX_EXACT_COST
 
 
-def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool = False) -> None:
+def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool = False, rows: bool = True) -> None:
     """Build the network of ``comp`` and let toulbar2 search it (prints as it goes): hybrid
     best-first branch and bound (exact), or with ``vns`` variable-neighbourhood search from its
-    first depth-first plan (plans only)."""
+    first depth-first plan (plans only); without ``rows`` the memory rows are left out (a
+    relaxation)."""
     import pytoulbar2
 
     ub = None if upper is None else float(upper - comp.const)
@@ -69,7 +71,7 @@ def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool
             wcsp.postNullaryConstraint(float(c[0]))
     for u, v, m in comp.edges:
         wcsp.postBinaryConstraint(u, v, _doubles(m.ravel()), False)
-    for scope, params in knapsack_rows(comp):
+    for scope, params in knapsack_rows(comp) if rows else []:
         wcsp.postKnapsackConstraint(scope, params, kp=True)
     cfn.Solve(showSolutions=1)
     os.write(1, b"\n")

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 
 from autoshard.solver.core import Compact
 
-METHODS = ("hbfs", "vns", "milp", "lagrange")
+METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange")
 """hbfs: toulbar2's hybrid best-first branch and bound (exact); vns: toulbar2's variable-
-neighbourhood search (plans only); milp: HiGHS on the linearised core (exact); lagrange: our
+neighbourhood search (plans only); relaxed: toulbar2's branch and bound without the memory rows
+(its bounds hold for the problem, and when its optimum fits, that is the optimum); milp: HiGHS on
+the linearised core (exact); lagrange: our
 Lagrangian/TRW-S search with neighbourhood search when it stalls, with its own seed (plans only:
 a second, independent search where no exact engine takes the core)."""
 LNS_AFTER = 30
@@ -74,8 +76,13 @@ class EngineWorker:
 
     @property
     def exact(self) -> bool:
-        """True when the engine's bounds and verdicts are proofs (not neighbourhood search)."""
+        """True when the engine ends by proving the optimum (or that there is no plan)."""
         return self.method in ("hbfs", "milp")
+
+    @property
+    def bounds(self) -> bool:
+        """True when the engine's bounds and verdicts are lower bounds of the problem."""
+        return self.method in ("hbfs", "milp", "relaxed")
 
     def start(self) -> None:
         """Fork the child and start reading what it prints."""
@@ -167,7 +174,8 @@ def _child(worker: EngineWorker, write: int) -> None:
         else:
             from autoshard.solver.toulbar import solve_cfn
 
-            solve_cfn(worker.comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "vns")
+            solve_cfn(worker.comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "vns",
+                      rows=worker.method != "relaxed")
         status = 0
     except BaseException as err:  # report and leave: the parent reads "error" and then the end
         os.write(1, f"\nerror: {type(err).__name__}: {err}\n".encode())
