@@ -12,18 +12,24 @@ Pipeline and where each part lives:
    ``memory.py`` puts the memory constraint on compressed rows.
 2. warm start on the core (``warm_start=True``): without memory, exact variable elimination when
    the core is narrow enough (eliminate.py) — done, proved. Otherwise a minimum-memory plan
-   polished by local search (heuristics.py), the LP relaxation's certified bound and, when
-   integral, its plan (relax.py), then the Lagrangian relaxation of memory solved by elimination
-   or TRW-S (lagrange.py, trws.py), which yields plans and lower bounds until the time runs out
-   or they meet; when its plans stop improving, slices of large-neighbourhood search re-solve
-   parts of the best plan exactly with HiGHS (lns.py).
-3. z3 CEGIS (cegis.py) on the core, seeded with the best plan: "is there any plan with cost <
-   best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it gets
-   the LP's (or TRW-S's) dual as a redundant cut (cut.py), without which z3 rarely proves
-   anything, and runs in a background thread (z3 releases the GIL) with growing time slices,
-   always asking about the latest best cost.
-4. without a time limit, a core still unproved (too large for z3's encoding, or z3 without a
-   verdict) is solved as an ILP by HiGHS to a zero gap (milp.py): the answer is always proved.
+   polished by local search (heuristics.py), then exact engines in child processes, one per
+   core (workers.py), chosen by what the core is:
+   - memory rows small enough for toulbar2 (toulbar.can_take; no rows at all included): the LP
+     relaxation first when small (on B and G it is integral), then toulbar2's branch and bound
+     (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
+   - otherwise, an ILP of at most MILP_MAX_COLUMNS: HiGHS's MILP (proves) and toulbar2 without
+     the memory rows (bounds; its optimum, if it fits, is optimal), while this process runs the
+     LP bound, z3 and the Lagrangian relaxation of memory solved by elimination or TRW-S
+     (lagrange.py, trws.py) with large-neighbourhood search when it stalls (lns.py);
+   - otherwise (S: 59 million row terms) the same Lagrangian search here and a second one with
+     its own seed in a child.
+3. z3 CEGIS (cegis.py) on the core: "is there any plan with cost < best?"; each SAT is a better
+   plan, UNSAT proves the best optimal. It gets the LP's (or TRW-S's) dual as a redundant cut
+   (cut.py), without which z3 rarely proves anything. When another method has proved the
+   optimum, z3 is asked once more (``_z3_certificate``, cores of at most Z3_CERTIFY_MAX_TERMS
+   literals) and its UNSAT is the proof shown; ``Solution.proof_times`` has both times.
+4. without a time limit, a core still unproved is solved as an ILP by HiGHS to a zero gap
+   (milp.py): the answer is always proved. ``gap`` stops every phase at that relative gap.
 
 Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
 original problem before it is reported (events.py).
@@ -35,7 +41,6 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -55,6 +60,7 @@ from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import lp_bound, lp_columns
+from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
 from autoshard.solver.toulbar import can_take
 from autoshard.solver.workers import EngineEvent, EngineWorker
 
@@ -85,61 +91,6 @@ with a TRW-S cut 4e-7 below the optimum."""
 REDUCE_SHARE = 0.4
 """At most this share of the time limit goes to the exact reductions (a partly reduced core is
 still exact; the first plan must come early on large instances)."""
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    """How to solve.
-
-    ``timeout``: seconds (None: until proved). ``reduce``: exact reductions first. ``warm_start``:
-    heuristics, LP bound and Lagrangian search before and alongside z3 (without it z3 works alone,
-    showing every plan it finds). ``prove``: run z3 at all. ``seed``: for the randomised parts.
-    ``gap``: stop once (best - lower bound) / best is at most this (0: until proved). ``toulbar``:
-    let toulbar2 search the cores it can take (toulbar.py); off, the rest of the portfolio works alone.
-    """
-
-    timeout: float | None = None
-    reduce: bool = True
-    warm_start: bool = True
-    prove: bool = True
-    seed: int = 0
-    gap: float = 0.0
-    toulbar: bool = True
-
-
-@dataclass
-class Solution:
-    """The answer: a strategy per original node, its exact cost, and what is proved about it.
-
-    ``status`` is "optimal" (proved: ``proof`` says by what), "feasible" (best found, with
-    ``lower_bound`` and relative ``gap`` when a bound is known) or "infeasible" (no plan;
-    ``choice`` empty, ``cost`` None, ``message`` says why). ``proof_times``: seconds into the
-    solve at which each exact method (z3, toulbar2, milp, ...) proved the final cost optimal.
-    """
-
-    choice: list[int]
-    cost: int | None
-    lower_bound: int | None
-    status: str
-    gap: float | None
-    elapsed: float
-    iterations: int
-    peak: int | None = None
-    proof: str | None = None
-    message: str = ""
-    core_nodes: int = 0
-    core_edges: int = 0
-    core_rows: int = 0
-    reductions: dict[str, int] = field(default_factory=dict)
-    proof_times: dict[str, float] = field(default_factory=dict)
-
-
-class InfeasibleError(AutoshardError):
-    """No assignment avoids forbidden costs and fits the memory limit; ``solution`` has details."""
-
-    def __init__(self, message: str, solution: Solution) -> None:
-        super().__init__(message)
-        self.solution = solution
 
 
 def solve(
