@@ -245,8 +245,8 @@ class _Run:
             )
 
     def _warm_search(self) -> None:
-        """Exact elimination when the core is narrow; else greedy start, LP bound, then
-        Lagrangian search with z3 alongside."""
+        """Exact elimination when the core is narrow and memory-free; else the greedy start, then
+        the engines the core calls for (module docstring, step 2) with z3 alongside."""
         comp = self.comp
         plan = EliminationPlan(comp, deadline=self._soon(min(5.0, 0.05 * self.left()) if self.deadline else 5.0))
         if plan.feasible and not comp.has_memory:
