@@ -136,6 +136,7 @@ class _Display:
     def __call__(self, event: Any) -> None:
         kind = type(event).__name__
         if kind == "Started":
+            self.phase = "exact reductions"
             limit = "none" if event.usage_limit is None else str(event.usage_limit)
             self._line(f"{event.name or 'problem'}: {event.nodes} nodes, {event.edges} edges, "
                        f"{event.strategies} strategies, usage limit {limit}")
@@ -288,23 +289,30 @@ def run(
     ``log``: LogLines on stderr. ``write_to``: also write the problem there (IOPDDL)."""
     clock = Clock(timeout, launch_time() if started is None else started)
     watchdog = _Watchdog(clock.hard_deadline() if is_cli_process() else None, None)
+    listener = LogLines(watchdog) if log else watchdog
     try:
-        problem = load_problem(path)
-        if write_to:
-            write_problem(problem, write_to)
-        options = replace(options or SolveOptions(), timeout=clock.solver_budget())
         if quiet:
-            solution = solve(problem, options, LogLines(watchdog) if log else watchdog)
+            solution = _load_and_solve(path, clock, options, listener, write_to)
         else:
             # refreshed twice a second, so the phase and the time move even between events
             with Live(console=console, transient=True, refresh_per_second=2) as live:
-                watchdog.forward = _Display(console, live)
-                solution = solve(problem, options, LogLines(watchdog) if log else watchdog)
+                watchdog.forward = display = _Display(console, live)
+                display.phase = "reading the file"
+                live.update(display.status())
+                solution = _load_and_solve(path, clock, options, listener, write_to)
             _summary(console, solution)
         watchdog.print_once(console, solution.choice)
     finally:
         watchdog.cancel()
     return 0
+
+
+def _load_and_solve(path: str, clock: Clock, options: SolveOptions | None, listener: Any,
+                    write_to: str | None) -> Solution:
+    problem = load_problem(path)
+    if write_to:
+        write_problem(problem, write_to)
+    return solve(problem, replace(options or SolveOptions(), timeout=clock.solver_budget()), listener)
 
 
 def _summary(console: Console, solution: Solution) -> None:
