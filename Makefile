@@ -21,5 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
+SHARED ?= $(abspath ../shared)
+
 bench: $(STAMP)
-	$(PY) benchmarks/iopddl.py ../shared/iopddl/*.json.gz
+	AUTOSHARD_SHARED=$(SHARED) $(PY) benchmarks/iopddl.py $(SHARED)/iopddl/asplos-2025-iopddl-*.json.gz

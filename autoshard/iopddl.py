@@ -115,6 +115,39 @@ def parse_solution(text: str, problem: ShardingProblem, source: str = "solution"
         raise AutoshardError(f"{source}: {err}") from None
 
 
+def problem_to_json(problem: ShardingProblem) -> dict[str, Any]:
+    """The IOPDDL JSON of a problem (forbidden costs written as FORBIDDEN; names are not part of
+    the format)."""
+    return {
+        "problem": {
+            "name": problem.name,
+            "nodes": {
+                "intervals": [[int(a), int(b)] for a, b in problem.intervals],
+                "costs": [np.minimum(c, FORBIDDEN).tolist() for c in problem.node_costs],
+                "usages": [u.tolist() for u in problem.node_usages],
+            },
+            "edges": {
+                "nodes": [[int(u), int(v)] for u, v in problem.edges],
+                "costs": [np.minimum(m, FORBIDDEN).ravel().tolist() for m in problem.edge_costs],
+            },
+            **({} if problem.usage_limit is None else {"usage_limit": int(problem.usage_limit)}),
+        }
+    }
+
+
+def write_problem(problem: ShardingProblem, path: str | Path) -> None:
+    """Write ``problem`` as an IOPDDL file (gzip-compressed when the name ends in .gz), so any
+    solver can be compared on it; ``load_problem`` reads it back unchanged."""
+    path = Path(path)
+    data = json.dumps(problem_to_json(problem), separators=(",", ":")).encode()
+    if path.suffix == ".gz":
+        data = gzip.compress(data, 6)
+    try:
+        path.write_bytes(data)
+    except OSError as err:
+        raise AutoshardError(f"cannot write {path}: {err.strerror}: check the path") from None
+
+
 def format_solution(choice: Sequence[int]) -> str:
     """The contest's solution line: ``[i, j, ...]``."""
     return "[" + ", ".join(str(int(s)) for s in choice) + "]"

@@ -6,7 +6,9 @@ plan, and ends with the contest's solution format ``[i, j, ...]`` as the last li
 
 The time limit counts the whole process, as the contest does: interpreter start, imports and
 reading the file come out of it (``Clock``), the solver stops ``reserve`` seconds early, and a
-watchdog prints the best plan found so far and exits if the solver overruns anyway.
+watchdog prints the best plan found so far and exits if the solver overruns anyway. The CLI
+process leaves through ``exit_now`` (flush, then os._exit): tearing down the Python objects of a
+65k-node problem would take seconds after the answer is out.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rich.live import Live
 from rich.text import Text
 
 from autoshard.errors import AutoshardError
-from autoshard.iopddl import format_solution, load_problem
+from autoshard.iopddl import format_solution, load_problem, write_problem
 from autoshard.solver import Solution, SolveOptions, solve
 
 
@@ -38,6 +40,13 @@ def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-prove", action="store_true",
                        help="do not run z3 (heuristics and bounds only)")
     group.add_argument("--seed", type=int, default=None, help="seed of the randomised heuristics (default 0)")
+    group.add_argument("--gap", type=float, default=None, metavar="REL",
+                       help="stop once the best plan is within this relative gap of the lower bound, "
+                            "e.g. 0.001; default 0: until proved optimal")
+    group.add_argument("--log", action="store_true",
+                       help="one plain line per better plan, bound and proof on stderr (also with --quiet)")
+    group.add_argument("--write-problem", metavar="FILE", default=None,
+                       help="also write the problem in the IOPDDL format (.json or .json.gz) for other solvers")
 
 
 def solve_options(args: argparse.Namespace, base: SolveOptions | None = None) -> SolveOptions:
@@ -53,7 +62,54 @@ def solve_options(args: argparse.Namespace, base: SolveOptions | None = None) ->
         changes["prove"] = False
     if getattr(args, "seed", None) is not None:
         changes["seed"] = args.seed
+    gap = getattr(args, "gap", None)
+    if gap is not None:
+        if not 0 <= gap < 1:
+            raise AutoshardError(f"--gap {gap:g} is not a relative gap: give a number in [0, 1), e.g. 0.001")
+        changes["gap"] = gap
     return replace(base, **changes)
+
+
+class LogLines:
+    """``--log``: one plain line per better plan, better lower bound (at most one a second) and
+    the final proof, on stderr, whatever else is shown; forwards every event to ``forward``."""
+
+    def __init__(self, forward: Any = None, stream: Any = None) -> None:
+        self.forward, self.stream = forward, stream or sys.stderr
+        self.best: int | None = None
+        self.lower: int | None = None
+        self.last_bound = -1.0
+
+    def __call__(self, event: Any) -> None:
+        kind = type(event).__name__
+        if kind == "Improved":
+            self.best = event.cost
+            self._write(f"{event.elapsed:.2f}s plan {event.cost} by {event.source} gap {_gap(self.best, self.lower)}")
+        elif kind == "LowerBound":
+            self.lower = event.value
+            if event.elapsed - self.last_bound >= 1.0 or event.value == self.best:
+                self.last_bound = event.elapsed
+                self._write(f"{event.elapsed:.2f}s bound {event.value} by {event.source} gap {_gap(self.best, self.lower)}")
+        elif kind == "Finished":
+            sol = event.solution
+            what = f"proved by {sol.proof}" if sol.status == "optimal" else f"gap {_gap(sol.cost, sol.lower_bound)}"
+            self._write(f"{sol.elapsed:.2f}s {sol.status} {sol.cost} {what}")
+        if self.forward is not None:
+            self.forward(event)
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def exit_now(code: int) -> None:
+    """Flush and end the process at once (no teardown of large objects); in-process callers
+    (tests) get a normal SystemExit instead."""
+    if not is_cli_process():
+        raise SystemExit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class _Display:
@@ -80,6 +136,7 @@ class _Display:
     def __call__(self, event: Any) -> None:
         kind = type(event).__name__
         if kind == "Started":
+            self.phase = "exact reductions"
             limit = "none" if event.usage_limit is None else str(event.usage_limit)
             self._line(f"{event.name or 'problem'}: {event.nodes} nodes, {event.edges} edges, "
                        f"{event.strategies} strategies, usage limit {limit}")
@@ -137,6 +194,12 @@ class Clock:
     def hard_deadline(self) -> float | None:
         """When the watchdog prints the best plan so far and ends the process."""
         return None if self.timeout is None else self.started + self.timeout - min(0.75, 0.3 * self.reserve)
+
+
+ORIGINAL_STDOUT = os.dup(1)
+"""The process's stdout as it was at import: the watchdog writes the answer here even while a
+HiGHS call has fd 1 pointed at /dev/null (milp.silenced)."""
+ORIGINAL_STDERR = os.dup(2)
 
 
 def is_cli_process() -> bool:
@@ -202,11 +265,10 @@ class _Watchdog:
                 return
             self.printed = True
             if self.choice is None:
-                sys.stderr.write("error: no plan found within the time limit: raise the timeout\n")
-                sys.stderr.flush()
+                os.write(ORIGINAL_STDERR, b"error: no plan found within the time limit: raise the timeout\n")
                 os._exit(2)
-            sys.stdout.write("\n" + format_solution(self.choice) + "\n")
             sys.stdout.flush()
+            os.write(ORIGINAL_STDOUT, ("\n" + format_solution(self.choice) + "\n").encode())
             os._exit(0)
 
 
@@ -217,27 +279,40 @@ def run(
     quiet: bool = False,
     options: SolveOptions | None = None,
     started: float | None = None,
+    log: bool = False,
+    write_to: str | None = None,
 ) -> int:
     """Solve an IOPDDL problem file; print progress and, last, the solution list. Returns 0.
 
     ``timeout`` is wall time counted from ``started`` (default: ``launch_time()``), reading the
-    file included; the watchdog that ends an overrunning solve is armed in the CLI process only."""
+    file included; the watchdog that ends an overrunning solve is armed in the CLI process only.
+    ``log``: LogLines on stderr. ``write_to``: also write the problem there (IOPDDL)."""
     clock = Clock(timeout, launch_time() if started is None else started)
     watchdog = _Watchdog(clock.hard_deadline() if is_cli_process() else None, None)
+    listener = LogLines(watchdog) if log else watchdog
     try:
-        problem = load_problem(path)
-        options = replace(options or SolveOptions(), timeout=clock.solver_budget())
         if quiet:
-            solution = solve(problem, options, watchdog)
+            solution = _load_and_solve(path, clock, options, listener, write_to)
         else:
-            with Live(console=console, transient=True, auto_refresh=False) as live:
-                watchdog.forward = _Display(console, live)
-                solution = solve(problem, options, watchdog)
+            # refreshed twice a second, so the phase and the time move even between events
+            with Live(console=console, transient=True, refresh_per_second=2) as live:
+                watchdog.forward = display = _Display(console, live)
+                display.phase = "reading the file"
+                live.update(display.status())
+                solution = _load_and_solve(path, clock, options, listener, write_to)
             _summary(console, solution)
         watchdog.print_once(console, solution.choice)
     finally:
         watchdog.cancel()
     return 0
+
+
+def _load_and_solve(path: str, clock: Clock, options: SolveOptions | None, listener: Any,
+                    write_to: str | None) -> Solution:
+    problem = load_problem(path)
+    if write_to:
+        write_problem(problem, write_to)
+    return solve(problem, replace(options or SolveOptions(), timeout=clock.solver_budget()), listener)
 
 
 def _summary(console: Console, solution: Solution) -> None:
@@ -264,11 +339,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     try:
-        return run(args.path, args.timeout, console, quiet=args.quiet, options=solve_options(args))
+        return run(args.path, args.timeout, console, quiet=args.quiet, options=solve_options(args),
+                   log=args.log, write_to=args.write_problem)
     except AutoshardError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

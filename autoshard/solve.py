@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tracer: torch.fx, torch.export, or auto (fx, falling back to export); default auto")
     p.add_argument("--out", help="write the plan as JSON to this file")
     p.add_argument("--timeout", type=float, default=None,
-                   help="seconds for the solver; at the limit it returns the best plan, its lower bound and gap")
+                   help="seconds for the whole process (tracing included); at the limit it returns the best plan, "
+                        "its lower bound and gap")
     p.add_argument("--tables", choices=("all", "last", "none"), default="all",
                    help="cost tables to print: one per improving plan (all), the final plan's (last), or none")
     p.add_argument("--quiet", action="store_true", help="no graph table, no live display")
@@ -149,10 +150,12 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node, device.intra, device.inter)
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     pins = _pins(args.pin)
+    clock = problem_cli.Clock(args.timeout, problem_cli.launch_time())
     loaded = load_model(args.path)
     if args.mode == "training":  # a training plan shards the model's loss too (model file convention)
         loaded = loaded.for_training()
-    graph = trace(loaded.model, loaded.example_inputs, args.frontend)
+    with console.status(f"tracing {args.path}") if not args.quiet else _NoLive():
+        graph = trace(loaded.model, loaded.example_inputs, args.frontend)
     if not args.quiet:
         console.print(graph_table(graph))
     mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
@@ -161,6 +164,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print(device_line(mp.cost_model.device, args.device is None), highlight=False)
     budget = mp.problem.usage_limit
     p = mp.problem
+    if args.write_problem:
+        from autoshard.iopddl import write_problem
+        write_problem(p, args.write_problem)
     layers = find_repeated_layers(graph)
     if layers is not None:
         console.print(f"repeated layers: {layers.count} identical {layers.container}.* blocks of "
@@ -172,10 +178,11 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print(f"{loaded.name}: {len(graph)} graph nodes, {p.num_nodes} decision nodes, {len(p.edges)} edges, "
                   f"mesh {mesh.label}, {args.mode}, cost model {mp.cost_model.name}"
                   + (f", memory budget {format_bytes(budget)}" if budget else ""))
-    options = problem_cli.solve_options(args, default_solve_options(mp, args.timeout))
-    with Live(console=console, transient=True, auto_refresh=False) if not args.quiet else _NoLive() as live:
+    options = problem_cli.solve_options(args, default_solve_options(mp, clock.solver_budget()))
+    with Live(console=console, transient=True, refresh_per_second=2) if not args.quiet else _NoLive() as live:
         progress = _Progress(mp, console, args.tables, live if not args.quiet else None)
-        result = solve_model_problem(mp, options, progress, loaded.name)
+        listener = problem_cli.LogLines(progress) if args.log else progress
+        result = solve_model_problem(mp, options, listener, loaded.name)
     solution, plan = result.solution, result.plan
     fmt = mp.cost_model.format
     if args.tables == "last":
@@ -235,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(soft_wrap=True)
     try:
         if args.path.endswith((".json", ".json.gz")):
-            return problem_cli.run(args.path, args.timeout, console, quiet=args.quiet, options=problem_cli.solve_options(args))
+            return problem_cli.run(args.path, args.timeout, console, quiet=args.quiet, options=problem_cli.solve_options(args),
+                                   log=args.log, write_to=args.write_problem)
         return run_model(args, console)
     except AutoshardError as exc:
         sys.stderr.write(f"error: {exc}\n")
@@ -246,4 +254,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    problem_cli.exit_now(main())

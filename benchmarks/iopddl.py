@@ -1,10 +1,11 @@
 """Benchmark autoshard's solver against HiGHS on IOPDDL instances; prints a markdown table.
 
-    python benchmarks/iopddl.py /work/shared/iopddl/asplos-2025-iopddl-*.json.gz [--timeout S] [--no-highs]
+    python benchmarks/iopddl.py ../shared/iopddl/asplos-2025-iopddl-*.json.gz [--timeout S] [--no-highs]
 
 For every instance: our cost, the wall time of our solver's whole process (start-up and reading
-the file included, as the contest counts it) and its peak RSS, whether it was proved optimal or
-the gap to our lower bound, and the ratio to best_known_cost; then the same for HiGHS
+the file included, as the contest counts it) and its peak RSS (the process and its engine
+children), whether it was proved optimal (and by what) or the gap to our lower bound, the ratio
+to best_known_cost, and the contest winner's cost (benchmarks/data/iopddl_winner.csv); then the same for HiGHS
 (scipy.optimize.milp on the standard linearised ILP of the unreduced problem) under the same time
 limit. The time limit defaults to the contest's limit for the instance (best_known.csv).
 """
@@ -25,7 +26,10 @@ from autoshard.errors import AutoshardError
 from autoshard.iopddl import load_problem, parse_solution
 from autoshard.solver.milp import solve_problem_milp
 
-DEFAULT_BEST_KNOWN = Path("/work/shared/iopddl/best_known.csv")
+SHARED = Path(os.environ.get("AUTOSHARD_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+"""shared/ beside the repository (as CI has it), or AUTOSHARD_SHARED."""
+DEFAULT_BEST_KNOWN = SHARED / "iopddl" / "best_known.csv"
+WINNER = Path(__file__).resolve().parent / "data" / "iopddl_winner.csv"
 
 
 def read_best_known(path: Path) -> dict[str, tuple[int, float]]:
@@ -34,6 +38,13 @@ def read_best_known(path: Path) -> dict[str, tuple[int, float]]:
         return {}
     with path.open() as f:
         return {row["benchmark"]: (int(row["best_known_cost"]), float(row["timeout_s"])) for row in csv.DictReader(f)}
+
+
+def read_winner(path: Path = WINNER) -> dict[str, int]:
+    """benchmark name -> the contest winner's cost (comment lines start with #)."""
+    with path.open() as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return {row["benchmark"]: int(row["winner_cost"]) for row in rows}
 
 
 def instance_name(path: str) -> str:
@@ -66,7 +77,8 @@ def ours(path: str, timeout: float, seed: int) -> dict:
         raise AutoshardError("the printed plan does not fit or uses a forbidden strategy")
     summary = next((line for line in lines if line.startswith(("optimal:", "time limit:"))), "")
     gap = re.search(r"gap ([0-9.]+%)", summary)
-    proof = "proved" if summary.startswith("optimal:") else f"gap {gap.group(1) if gap else '?'}"
+    by = re.search(r"proved by (\S+)", summary)
+    proof = f"proved ({by.group(1)})" if by else f"gap {gap.group(1) if gap else '?'}"
     core = re.search(r"-> (\d+) / (\d+)", stdout)
     return {"cost": ev.cost, "time": wall, "proof": proof, "rss": usage.ru_maxrss / 1024,
             "core": f"{core.group(1)}n/{core.group(2)}e" if core else "-"}
@@ -110,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     best_known = read_best_known(args.best_known)
-    header = "| instance | limit s | best known | ours | time s | peak RSS MB | proved/gap | ratio | core |"
-    rule = "|---|---:|---:|---:|---:|---:|---|---:|---|"
+    winner = read_winner()
+    header = "| instance | limit s | best known | winner | ours | ratio | time s | peak RSS MB | proved/gap | core |"
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
     if not args.no_highs:
         header += " HiGHS | time s | proved/gap | ratio |"
         rule += "---:|---:|---|---:|"
@@ -126,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         except AutoshardError as err:
             print(f"| {name} | {timeout:g} | {best or '-'} | error: {err} |", flush=True)
             continue
-        row = (f"| {name} | {timeout:g} | {best if best is not None else '-'} | {mine['cost']} | {mine['time']:.1f} | "
-               f"{mine['rss']:.0f} | {mine['proof']} | {_ratio(mine['cost'], best)} | {mine['core']} |")
+        row = (f"| {name} | {timeout:g} | {best if best is not None else '-'} | {winner.get(name, '-')} | {mine['cost']} | "
+               f"{_ratio(mine['cost'], best)} | {mine['time']:.1f} | {mine['rss']:.0f} | {mine['proof']} | {mine['core']} |")
         if not args.no_highs:
             ref = highs(path, timeout)
             row += f" {ref['cost'] if ref['cost'] is not None else 'none'} | {ref['time']:.1f} | {ref['proof']} | {_ratio(ref['cost'], best)} |"

@@ -12,18 +12,24 @@ Pipeline and where each part lives:
    ``memory.py`` puts the memory constraint on compressed rows.
 2. warm start on the core (``warm_start=True``): without memory, exact variable elimination when
    the core is narrow enough (eliminate.py) — done, proved. Otherwise a minimum-memory plan
-   polished by local search (heuristics.py), the LP relaxation's certified bound and, when
-   integral, its plan (relax.py), then the Lagrangian relaxation of memory solved by elimination
-   or TRW-S (lagrange.py, trws.py), which yields plans and lower bounds until the time runs out
-   or they meet; when its plans stop improving, slices of large-neighbourhood search re-solve
-   parts of the best plan exactly with HiGHS (lns.py).
-3. z3 CEGIS (cegis.py) on the core, seeded with the best plan: "is there any plan with cost <
-   best?"; each SAT is a better plan, UNSAT proves the best optimal. With a warm start it gets
-   the LP's (or TRW-S's) dual as a redundant cut (cut.py), without which z3 rarely proves
-   anything, and runs in a background thread (z3 releases the GIL) with growing time slices,
-   always asking about the latest best cost.
-4. without a time limit, a core still unproved (too large for z3's encoding, or z3 without a
-   verdict) is solved as an ILP by HiGHS to a zero gap (milp.py): the answer is always proved.
+   polished by local search (heuristics.py), then exact engines in child processes, one per
+   core (workers.py), chosen by what the core is:
+   - memory rows small enough for toulbar2 (toulbar.can_take; no rows at all included): the LP
+     relaxation first when small (on B and G it is integral), then toulbar2's branch and bound
+     (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
+   - otherwise, an ILP of at most MILP_MAX_COLUMNS: HiGHS's MILP (proves) and toulbar2 without
+     the memory rows (bounds; its optimum, if it fits, is optimal), while this process runs the
+     LP bound, z3 and the Lagrangian relaxation of memory solved by elimination or TRW-S
+     (lagrange.py, trws.py) with large-neighbourhood search when it stalls (lns.py);
+   - otherwise (S: 59 million row terms) the same Lagrangian search here and a second one with
+     its own seed in a child.
+3. z3 CEGIS (cegis.py) on the core: "is there any plan with cost < best?"; each SAT is a better
+   plan, UNSAT proves the best optimal. It gets the LP's (or TRW-S's) dual as a redundant cut
+   (cut.py), without which z3 rarely proves anything. When another method has proved the
+   optimum, z3 is asked once more (``_z3_certificate``, cores of at most Z3_CERTIFY_MAX_TERMS
+   literals) and its UNSAT is the proof shown; ``Solution.proof_times`` has both times.
+4. without a time limit, a core still unproved is solved as an ILP by HiGHS to a zero gap
+   (milp.py): the answer is always proved. ``gap`` stops every phase at that relative gap.
 
 Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
 original problem before it is reported (events.py).
@@ -35,7 +41,6 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -53,7 +58,11 @@ from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
-from autoshard.solver.relax import lp_bound
+from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
+from autoshard.solver.relax import lp_bound, lp_columns
+from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
+from autoshard.solver.toulbar import can_take
+from autoshard.solver.workers import EngineEvent, EngineWorker
 
 Z3_MAX_TERMS = 200_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
@@ -64,58 +73,24 @@ LNS_SLICE = 5.0
 LNS_SHARE = 0.5
 """Share of the time left a slice of neighbourhood search takes (V: LNS finds what the
 Lagrangian search, stalled within seconds, cannot)."""
+LP_FIRST_COLUMNS = 100_000
+"""Cores whose LP has at most this many variables get the LP before toulbar2 (B: 48k columns,
+0.7 s; run beside toulbar2's two processes it took 3-4 s)."""
+MILP_MAX_COLUMNS = 1_000_000
+"""Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
+Lagrangian search (LLaMA-3-8B with 80 GiB: 27k columns proved in 5 s on 8 devices, 510k in 65 s
+on 2x8, where the Lagrangian search alone ended 1e-7 short of a proof)."""
+Z3_CONFIRM = 0.5
+"""After another method proved the optimum, z3 gets this share of the time so far to certify it."""
+Z3_CONFIRM_MIN = 2.0
+"""... and at least this many seconds."""
+Z3_CERTIFY_MAX_TERMS = 100_000
+"""Cores with more weighted literals are not given to z3 for the certificate: on IOPDDL B (36k)
+it answers UNSAT in under a second; on LLaMA-3-8B 8x8 (160k) it had no verdict after 120 s even
+with a TRW-S cut 4e-7 below the optimum."""
 REDUCE_SHARE = 0.4
 """At most this share of the time limit goes to the exact reductions (a partly reduced core is
 still exact; the first plan must come early on large instances)."""
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    """How to solve.
-
-    ``timeout``: seconds (None: until proved). ``reduce``: exact reductions first. ``warm_start``:
-    heuristics, LP bound and Lagrangian search before and alongside z3 (without it z3 works alone,
-    showing every plan it finds). ``prove``: run z3 at all. ``seed``: for the randomised parts.
-    """
-
-    timeout: float | None = None
-    reduce: bool = True
-    warm_start: bool = True
-    prove: bool = True
-    seed: int = 0
-
-
-@dataclass
-class Solution:
-    """The answer: a strategy per original node, its exact cost, and what is proved about it.
-
-    ``status`` is "optimal" (proved: ``proof`` says by what), "feasible" (best found, with
-    ``lower_bound`` and relative ``gap`` when a bound is known) or "infeasible" (no plan;
-    ``choice`` empty, ``cost`` None, ``message`` says why).
-    """
-
-    choice: list[int]
-    cost: int | None
-    lower_bound: int | None
-    status: str
-    gap: float | None
-    elapsed: float
-    iterations: int
-    peak: int | None = None
-    proof: str | None = None
-    message: str = ""
-    core_nodes: int = 0
-    core_edges: int = 0
-    core_rows: int = 0
-    reductions: dict[str, int] = field(default_factory=dict)
-
-
-class InfeasibleError(AutoshardError):
-    """No assignment avoids forbidden costs and fits the memory limit; ``solution`` has details."""
-
-    def __init__(self, message: str, solution: Solution) -> None:
-        super().__init__(message)
-        self.solution = solution
 
 
 def solve(
@@ -147,6 +122,8 @@ class _Run:
         self.greedy_time = 0.0
         self.size = Size(0, 0, 0)
         self.counts: dict[str, int] = {}
+        self.proof_times: dict[str, float] = {}
+        self.cut: DualCut | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -166,6 +143,14 @@ class _Run:
         return self.proof is not None or (
             self.lower is not None and self.best_cost is not None and self.lower >= self.best_cost
         )
+
+    def finished(self) -> bool:
+        """True when proved, or when the relative gap is within ``options.gap``."""
+        if self.proved():
+            return True
+        if self.options.gap <= 0 or self.lower is None or self.best_cost is None:
+            return False
+        return self.best_cost - self.lower <= self.options.gap * max(abs(self.best_cost), 1)
 
     def offer(self, local: np.ndarray | list[int], source: str, bound: int | None) -> bool:
         """Report a core plan if it beats the best (evaluated exactly on the original problem)."""
@@ -193,6 +178,8 @@ class _Run:
         self.lower, self.lower_source = value, source
         now = self.elapsed()
         closes = self.best_cost is not None and value >= self.best_cost
+        if closes:
+            self.proof_times.setdefault(source, now)
         if self._last_lower is None or closes or now - self._last_lower[1] >= 1.0 or (
             value - self._last_lower[0] >= 0.001 * abs(value)
         ):
@@ -258,8 +245,8 @@ class _Run:
             )
 
     def _warm_search(self) -> None:
-        """Exact elimination when the core is narrow; else greedy start, LP bound, then
-        Lagrangian search with z3 alongside."""
+        """Exact elimination when the core is narrow and memory-free; else the greedy start, then
+        the engines the core calls for (module docstring, step 2) with z3 alongside."""
         comp = self.comp
         plan = EliminationPlan(comp, deadline=self._soon(min(5.0, 0.05 * self.left()) if self.deadline else 5.0))
         if plan.feasible and not comp.has_memory:
@@ -270,6 +257,35 @@ class _Run:
             self.proof = "elimination"
             self.bound(int(value), "elimination")
             return
+        self._greedy()
+        if self.options.toulbar and can_take(comp):
+            self._toulbar_search()
+            return
+        engines = []
+        if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS and not self.finished():
+            relaxed = ["relaxed"] if self.options.toulbar and can_take(comp, rows=False) else []
+            engines = self._start_engines(["milp"] + relaxed, "HiGHS's MILP of the core, toulbar2 on it without "
+                                          "memory rows (child processes)")
+        elif not self.finished():
+            engines = self._start_engines(["lagrange"], "a second Lagrangian search (child process, own seed)")
+        try:
+            cut = self._lp_phase()
+            z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
+            if not self.finished():
+                z3_thread = self._lagrangian(z3_thread, plan, engines)
+            if z3_thread is not None:
+                z3_thread.stop()
+                self._drain(z3_thread)
+            if engines and self.deadline is None:
+                self._await(engines)
+        finally:
+            self._stop(engines)
+        if not self.finished() and self.deadline is None and self.options.prove and not any(e.exact for e in engines):
+            self._milp_proof()
+
+    def _greedy(self) -> None:
+        """The first plan: minimum-memory start, repaired to fit, polished by local search."""
+        comp = self.comp
         self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
         began = time.monotonic()
         search = Search(comp, min_memory_start(comp), self.rng)
@@ -279,15 +295,98 @@ class _Run:
             search.descend(self._soon(5.0))
             self.offer(search.x, "greedy", None)
         self.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
-        cut = self._lp_phase()
-        z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.proved() else None
-        if not self.proved():
-            z3_thread = self._lagrangian(z3_thread, plan)
-        if z3_thread is not None:
-            z3_thread.stop()
-            self._drain(z3_thread)
-        if not self.proved() and self.deadline is None and self.options.prove:
+
+    def _toulbar_search(self) -> None:
+        """The LP relaxation first on small cores (on B and G it is integral: plan and proof in a
+        second); then toulbar2 searches the core in two child processes (one per core) from the
+        best plan's cost: hybrid best-first branch and bound, which proves, and variable-
+        neighbourhood search, which often finds the good plans sooner on wide cores. Then z3's
+        CEGIS certifies the optimum (``_z3_certificate``)."""
+        if self.options.prove and lp_columns(self.comp) <= LP_FIRST_COLUMNS:
+            self.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
+        engines = [] if self.finished() else self._start_engines(
+            ["hbfs", "vns"], "toulbar2: branch and bound + neighbourhood search (child processes)")
+        try:
+            self._await(engines)
+        finally:
+            self._stop(engines)
+        if self.options.prove and self.proof is None and self.best is not None and self.proved():
+            self._z3_certificate()
+        if not self.finished() and self.deadline is None and self.options.prove:
             self._milp_proof()
+
+    def _start_engines(self, methods: list[str], what: str) -> list[EngineWorker]:
+        """Fork one child per exact engine (workers.py), each told the best cost so far."""
+        self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
+        plan = None if self.best_local is None else self.best_local.tolist()
+        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan)
+                   for k, m in enumerate(methods)]
+        for engine in engines:
+            engine.start()
+        return engines
+
+    def _poll(self, engines: list[EngineWorker], wait: float) -> None:
+        """Take in what the engines reported (waiting up to ``wait`` s on the first)."""
+        for k, engine in enumerate(engines):
+            for event in engine.poll(wait if k == 0 else 0.0):
+                self._engine_event(event, engine)
+
+    def _await(self, engines: list[EngineWorker]) -> None:
+        """Wait for the exact engines until finished, out of time or all of them ended."""
+        while engines and not self.out_of_time() and not self.finished():
+            if all(e.done for e in engines if e.exact):
+                break
+            left = self.left()
+            self._poll(engines, 0.05 if left is None else max(0.0, min(0.05, left)))
+        self._poll(engines, 0.0)
+
+    def _stop(self, engines: list[EngineWorker]) -> None:
+        for engine in engines:
+            engine.stop()
+        self._poll(engines, 0.0)  # what they said after the last look
+
+    def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
+        """A plan from any engine; bounds and proofs only from the exact ones."""
+        source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
+        if event.kind == "plan":
+            self.offer(event.choice, source, None)
+        elif not engine.bounds:
+            return
+        elif event.kind in ("bound", "optimal"):
+            self.bound(event.cost, source)
+        elif event.kind == "none" and engine.upper is not None:
+            self.bound(engine.upper, source)  # no plan below the cost it was given
+        elif event.kind == "none":
+            self.proof = source  # no plan at all
+
+    def _z3_certificate(self) -> None:
+        """z3 asked for a plan cheaper than the proved optimum, with the best cut we have, for
+        Z3_CONFIRM of the time so far (at least Z3_CONFIRM_MIN s, within the limit): its UNSAT is
+        the certificate the user sees; otherwise the proof stays the other method's."""
+        if _objective_size(self.comp) > Z3_CERTIFY_MAX_TERMS:
+            self.emit(Phase("z3", "core too large for a z3 certificate", self.elapsed()))
+            return
+        cut = self.cut or self._z3_cut()
+        until = self._soon(max(Z3_CONFIRM_MIN, Z3_CONFIRM * self.elapsed()))
+        thread = self._start_z3(cut)
+        if thread is None:
+            return
+        thread.deadline = until
+        thread.join_until(until)
+        thread.stop()
+        self._drain(thread)
+
+    def _z3_cut(self) -> DualCut | None:
+        """The cut z3 gets: the LP's when the core's LP is small enough, else TRW-S's after a
+        few sweeps (both valid lower bounds, see cut.py)."""
+        if lp_columns(self.comp) <= LP_MAX_COLUMNS:
+            return self._lp_phase()
+        lag = LagrangianSearch(self.comp, self.rng)
+        deadline = self._soon(2.0)
+        for _ in range(10):
+            if not lag.mp.sweep(lag.penalties(), deadline):
+                break
+        return lag.cut()
 
     def _milp_proof(self) -> None:
         """Without a time limit the answer must be proved: when z3 could not take the core (too
@@ -313,18 +412,22 @@ class _Run:
         self.bound(relax.bound, "lp")
         return relax.cut
 
-    def _lagrangian(self, z3_thread: Z3Worker | None, plan: EliminationPlan) -> Z3Worker | None:
+    def _lagrangian(
+        self, z3_thread: Z3Worker | None, plan: EliminationPlan, engines: list[EngineWorker]
+    ) -> Z3Worker | None:
         """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
         a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
         comp = self.comp
         memory = comp.has_memory
+        if self.deadline is not None and self.left() < 0.8 * self.greedy_time:
+            return z3_thread  # its set-up and first step would overrun the time limit
         self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
         lag = LagrangianSearch(comp, self.rng, plan=plan)
         stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, self.greedy_time
         lns, since = NeighbourhoodSearch(comp, self.rng), (self.best_cost, time.monotonic(), 0)
         warmup = self._soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
-        while not self.out_of_time() and not self.proved():
+        while not self.out_of_time() and not self.finished():
             if self.deadline is not None and self.left() < 0.8 * last_step:
                 break  # another step would overrun the time limit
             steps += 1
@@ -337,6 +440,7 @@ class _Run:
             if result.plan is not None:
                 self.offer(result.plan, "lagrange", None)
             self.bound(result.bound, "lagrange")
+            self._poll(engines, 0.0)
             if z3_thread is not None:
                 z3_thread.bound = self.best_cost
                 self._drain(z3_thread)
@@ -350,7 +454,7 @@ class _Run:
                 since = (self.best_cost, time.monotonic(), 0)
             if self.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
                 break
-        if z3_thread is not None and self.deadline is None and not self.proved():
+        if z3_thread is not None and self.deadline is None and not self.finished():
             z3_thread.join_until(None)
             self._drain(z3_thread)
         return z3_thread
@@ -401,6 +505,7 @@ class _Run:
         elif result.result == "unsat":
             if bound is None or (self.best_cost is not None and bound >= self.best_cost):
                 self.proof = "z3"
+                self.proof_times.setdefault("z3", self.elapsed())
             if bound is not None:
                 self.bound(bound, "z3")
 
@@ -454,10 +559,13 @@ class _Run:
             core_edges=self.size.edges,
             core_rows=rows,
             reductions=dict(self.counts),
+            proof_times=dict(self.proof_times) if status == "optimal" else {},
         )
 
     def _proof_name(self) -> str:
         """Who proved optimality: z3's UNSAT, the reductions, or the source of a matching bound."""
+        if "z3" in self.proof_times:
+            return "z3"
         return self.proof or self.lower_source or "lower bound"
 
     def _finish(self) -> Solution:

@@ -17,8 +17,12 @@ inequality per row listing every live segment: the same LP, but linear in size â
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -27,6 +31,26 @@ from scipy.sparse import coo_array, csr_array
 from autoshard.problem import ShardingProblem
 from autoshard.solver.core import INF, Compact, Core
 from autoshard.solver.memory import attach_memory
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """File descriptors 1 and 2 on /dev/null for the duration: HiGHS's C++ code prints debug
+    lines of its own (e.g. ``HighsMipSolverData::transformNewIntegerFeasibleSolution``) that
+    ``disp=False`` does not stop, and they must not land in the user's output."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
 
 
 @dataclass
@@ -112,6 +136,7 @@ class MilpResult:
     bound: float | None
     optimal: bool
     elapsed: float
+    infeasible: bool = False
 
 
 def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None) -> MilpResult:
@@ -132,10 +157,13 @@ def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None
     return MilpResult(choice, ev.cost, result.bound, result.optimal, elapsed)
 
 
-def solve_compact_milp(compact: Compact, time_limit: float | None = None, exact: bool = False) -> MilpResult:
+def solve_compact_milp(
+    compact: Compact, time_limit: float | None = None, exact: bool = False, gap: float = 0.0
+) -> MilpResult:
     """HiGHS MILP on a Compact; the choice is in the compact's local strategy indices.
 
-    ``exact`` asks for a zero relative gap (HiGHS stops at 0.01% by default), for proofs.
+    ``exact`` asks for a zero relative gap (HiGHS stops at 0.01% by default), for proofs;
+    ``gap`` > 0 for that relative gap instead.
     """
     start = time.monotonic()
     if compact.capacity is not None and len(compact.capacity) and int(compact.capacity.min()) < 0:
@@ -145,15 +173,17 @@ def solve_compact_milp(compact: Compact, time_limit: float | None = None, exact:
     integrality[: lin.nx] = 1
     constraints = [LinearConstraint(lin.a_eq, lin.b_eq, lin.b_eq)]
     options: dict = {"disp": False}
-    if exact:
-        options["mip_rel_gap"] = 0.0
+    if exact or gap > 0:
+        options["mip_rel_gap"] = float(gap) if gap > 0 else 0.0
     if time_limit is not None:
         options["time_limit"] = max(1.0, float(time_limit) - (time.monotonic() - start))
-    res = milp(lin.c, constraints=constraints, integrality=integrality, bounds=Bounds(0, lin.upper), options=options)
+    with silenced():
+        res = milp(lin.c, constraints=constraints, integrality=integrality, bounds=Bounds(0, lin.upper),
+                   options=options)
     elapsed = time.monotonic() - start
     bound = getattr(res, "mip_dual_bound", None)
     bound = None if bound is None or not np.isfinite(bound) else float(bound) + compact.const
     if res.x is None:
-        return MilpResult(None, None, bound, False, elapsed)
+        return MilpResult(None, None, bound, False, elapsed, infeasible=res.status == 2)
     choice = lin.choice(res.x)
     return MilpResult(choice, compact.cost(choice), bound, res.status == 0, elapsed)

@@ -28,7 +28,7 @@ from scipy.optimize import linprog
 
 from autoshard.solver.core import Compact
 from autoshard.solver.cut import DualCut
-from autoshard.solver.milp import linearise
+from autoshard.solver.milp import linearise, silenced
 from autoshard.solver.trws import safe_bound
 
 MAX_COLUMNS = 200_000
@@ -62,14 +62,8 @@ def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
     left = time_limit - (time.monotonic() - start)
     if left < 0.2:
         return Relaxation(None, None, time.monotonic() - start)
-    res = linprog(
-        lin.c,
-        A_eq=lin.a_eq,
-        b_eq=lin.b_eq,
-        bounds=np.stack([np.zeros(lin.columns), lin.upper], axis=1),
-        method="highs-ds",
-        options={"time_limit": left},
-    )
+    with silenced():
+        res = _linprog(lin, left)
     if res.status == 2:  # the relaxation has no solution, so neither has the problem
         return Relaxation(None, None, time.monotonic() - start, infeasible=True)
     if res.status != 0 or res.x is None:
@@ -89,6 +83,18 @@ def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
     if all(b.max() > 1 - 1e-6 for b in blocks):
         plan = lin.choice(res.x)
     return Relaxation(bound, plan, time.monotonic() - start, _cut(comp, lin, reduced, bound))
+
+
+def _linprog(lin, time_limit: float):
+    """HiGHS dual simplex on the linearised relaxation."""
+    return linprog(
+        lin.c,
+        A_eq=lin.a_eq,
+        b_eq=lin.b_eq,
+        bounds=np.stack([np.zeros(lin.columns), lin.upper], axis=1),
+        method="highs-ds",
+        options={"time_limit": time_limit},
+    )
 
 
 def _cut(comp: Compact, lin, reduced: np.ndarray, bound: int) -> DualCut:

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 
 import numpy as np
 
 from autoshard.problem import FORBIDDEN, ShardingProblem
+
+SHARED = Path(os.environ.get("AUTOSHARD_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
+"""The shared/ folder beside the repository (CI clones the repository with shared/ beside it);
+AUTOSHARD_SHARED points elsewhere, e.g. from a git worktree."""
+EXAMPLE = SHARED / "iopddl" / "example.json"
 
 
 def random_problem(

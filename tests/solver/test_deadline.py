@@ -13,9 +13,8 @@ import numpy as np
 from autoshard.iopddl import load_problem, problem_from_json
 from autoshard.solver import SolveOptions, solve
 
-from helpers import large_problem
+from helpers import EXAMPLE, large_problem
 
-EXAMPLE = Path("/work/shared/iopddl/example.json")
 SYNTHETIC = Path(__file__).parents[2] / "benchmarks" / "synthetic_iopddl.py"
 
 

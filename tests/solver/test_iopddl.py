@@ -12,12 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.errors import AutoshardError
-from autoshard.iopddl import format_solution, load_problem, parse_solution, problem_from_json
+from autoshard.iopddl import format_solution, load_problem, parse_solution, problem_from_json, write_problem
 from autoshard.problem import FORBIDDEN
 
-from helpers import random_problem
+from helpers import EXAMPLE, random_problem
 
-EXAMPLE = Path("/work/shared/iopddl/example.json")
 
 
 def example_json() -> dict:
@@ -152,3 +151,24 @@ def test_evaluator_matches_naive_recomputation(seed):
     )
     assert ev.uses_forbidden == forbidden
     assert ev.within_limit == (p.usage_limit is None or peak <= p.usage_limit)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_write_problem_round_trips(tmp_path, suffix):
+    rng = np.random.default_rng(3)
+    for memory in (True, False):
+        problem = random_problem(rng, 9, memory=memory)
+        path = tmp_path / f"p{memory}{suffix}"
+        write_problem(problem, path)
+        back = load_problem(path)
+        assert back.usage_limit == problem.usage_limit and back.edges == problem.edges
+        assert back.intervals == [tuple(iv) for iv in problem.intervals]
+        for a, b in zip(back.node_costs + back.node_usages + back.edge_costs,
+                        problem.node_costs + problem.node_usages + problem.edge_costs):
+            assert np.array_equal(a, b)
+
+
+def test_write_problem_to_a_missing_folder_is_one_line(tmp_path):
+    with pytest.raises(AutoshardError) as err:
+        write_problem(load_problem(EXAMPLE), tmp_path / "no" / "such.json")
+    assert "cannot write" in str(err.value) and "\n" not in str(err.value)

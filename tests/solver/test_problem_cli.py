@@ -14,7 +14,8 @@ from autoshard.iopddl import load_problem, parse_solution
 from autoshard.problem_cli import Clock, add_solver_arguments, launch_time, main, run, solve_options
 from autoshard.solver import SolveOptions
 
-EXAMPLE = Path("/work/shared/iopddl/example.json")
+from helpers import EXAMPLE
+
 
 
 def console() -> tuple[Console, io.StringIO]:
@@ -103,3 +104,36 @@ def test_run_with_most_of_the_limit_spent_still_prints_a_plan():
     con, out = console()
     run(str(EXAMPLE), 5.0, con, quiet=True, started=time.monotonic() - 4.9)
     assert out.getvalue().strip().startswith("[")
+
+
+def test_log_prints_one_line_per_plan_on_stderr_even_when_quiet(capsys, tmp_path):
+    copy = tmp_path / "copy.json.gz"
+    assert main([str(EXAMPLE), "--quiet", "--log", "--write-problem", str(copy)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 1 and out.startswith("[")
+    lines = err.strip().splitlines()
+    assert any(" plan " in line for line in lines) and lines[-1].split()[1:4] == ["optimal", "445", "proved"]
+    back, original = load_problem(copy), load_problem(EXAMPLE)
+    assert back.num_nodes == original.num_nodes and back.edges == original.edges
+
+
+def test_gap_flag_is_checked_and_passed_on(capsys):
+    parser = argparse.ArgumentParser()
+    add_solver_arguments(parser)
+    assert solve_options(parser.parse_args(["--gap", "0.01"])).gap == 0.01
+    assert main([str(EXAMPLE), "--gap", "2"]) == 2
+    assert "--gap 2 is not a relative gap" in capsys.readouterr().err
+
+
+def test_model_cli_writes_its_problem_for_other_solvers(tmp_path, capsys):
+    from autoshard.solve import main as solve_main
+
+    path = tmp_path / "mlp.json.gz"
+    mlp = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
+    assert solve_main([str(mlp), "--mesh", "8", "--quiet", "--tables", "none", "--log",
+                       "--write-problem", str(path)]) == 0
+    out, err = capsys.readouterr()
+    problem = load_problem(path)
+    proved = err.strip().splitlines()[-1].split()
+    assert proved[1] == "optimal" and "proved optimal" in out
+    assert problem.num_nodes > 0 and problem.evaluate(problem.check_choice([0] * problem.num_nodes)).cost >= int(proved[2])

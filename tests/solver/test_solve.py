@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +13,8 @@ from autoshard.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver import Checked, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
 from autoshard.solver.milp import solve_problem_milp
 
-from helpers import brute_force, random_problem
+from helpers import EXAMPLE, brute_force, random_problem
 
-EXAMPLE = Path("/work/shared/iopddl/example.json")
 
 
 def run(problem: ShardingProblem, **options):
@@ -171,6 +169,24 @@ def test_untimed_solve_proves_by_exact_ilp_when_z3_cannot_take_the_core(seed, mo
     monkeypatch.setattr(api, "Z3_MAX_TERMS", -1)  # z3 refuses the core, as it does cores too large to encode
     problem = larger_problem(seed)
     reference = solve_problem_milp(problem)
-    solution = solve(problem, SolveOptions())
+    solution = solve(problem, SolveOptions(toulbar=False))
     assert solution.status == "optimal" and solution.proof == "milp"
     assert reference.optimal and solution.cost == reference.cost
+
+
+@pytest.mark.parametrize("seed", [204, 226, 7])
+def test_toulbar2_proves_the_optimum_that_highs_finds(seed):
+    problem = larger_problem(seed)
+    reference = solve_problem_milp(problem)
+    solution = solve(problem, SolveOptions())
+    assert reference.optimal and solution.status == "optimal" and solution.cost == reference.cost
+    assert solution.proof in solution.proof_times and problem.evaluate(solution.choice).feasible
+
+
+def test_gap_stops_early_with_a_bound_that_holds():
+    problem = larger_problem(226)
+    reference = solve_problem_milp(problem)
+    solution = solve(problem, SolveOptions(gap=0.5))
+    assert solution.cost is not None and reference.cost <= solution.cost
+    assert solution.lower_bound is not None and solution.lower_bound <= reference.cost
+    assert solution.cost - solution.lower_bound <= 0.5 * solution.cost

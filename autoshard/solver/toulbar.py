@@ -1,0 +1,112 @@
+"""toulbar2 (cost-function-network branch and bound) on the reduced core.
+
+The core is a weighted CSP as it stands: one variable per node (its local strategies), a unary
+cost function per node and a binary one per edge (forbidden entries at toulbar2's top cost), and
+each memory row r a knapsack constraint
+
+    sum_{i live on r} usage_{i,r}[x_i] <= capacity_r        (written as  sum -usage >= -capacity)
+
+so toulbar2's optimum is the core's (``exact``); cores with more row terms than MAX_ROW_TERMS are
+not given to it. Its search (hybrid best-first with soft arc consistency bounds, dead-end
+elimination, variable elimination of small degree) is what our TRW-S / elimination / z3 portfolio
+approximates, and it is much faster on every core that fits (benchmarks/README.md).
+
+It runs in a child process (workers.py), which calls ``solve_cfn``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from autoshard.solver.core import INF, Compact
+
+MAX_ROW_TERMS = 100_000
+"""Cores whose memory rows hold more (row, node, strategy) terms in total are not given to
+toulbar2: IOPDDL V's 99 rows (43k terms) are fine, while on LLaMA-3-8B on 8 devices with 80 GiB
+(578 rows of ~1000 nodes each, 604k terms) it printed no plan in 145 s, where HiGHS proves that
+core in 5 s; S's core has 59 million terms."""
+MAX_EXACT_COST = 2**53
+"""toulbar2 reads costs as doubles: a core with a finite cost at or above this stays ours."""
+
+
+def row_terms(comp: Compact) -> int:
+    """Total (row, node, strategy) terms the knapsack rows of ``comp`` would hold."""
+    if comp.capacity is None:
+        return 0
+    return sum((stop - start) * int(np.count_nonzero(u)) for segs in comp.segments for start, stop, u in segs)
+
+
+def can_take(comp: Compact, rows: bool = True) -> bool:
+    """True when toulbar2 can solve ``comp`` exactly and well (rows small, costs exact in
+    doubles); with ``rows`` False, the core without its memory rows."""
+    if comp.n == 0 or (rows and row_terms(comp) > MAX_ROW_TERMS):
+        return False
+    top = max((int(np.where(c < INF, c, 0).max()) for c in comp.costs), default=0)
+    top = max([top] + [int(np.where(m < INF, m, 0).max()) for _, _, m in comp.edges])
+    return top < MAX_EXACT_COST
+
+
+def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool = False, rows: bool = True) -> None:
+    """Build the network of ``comp`` and let toulbar2 search it (prints as it goes): hybrid
+    best-first branch and bound (exact), or with ``vns`` variable-neighbourhood search from its
+    first depth-first plan (plans only); without ``rows`` the memory rows are left out (a
+    relaxation)."""
+    import pytoulbar2
+
+    ub = None if upper is None else float(upper - comp.const)
+    cfn = pytoulbar2.CFN(ub, verbose=0, seed=seed, vns=-4 if vns else None)
+    option = cfn.Option
+    option.showSolutions = 1
+    if gap > 0:
+        option.relgap = float(gap)
+    wcsp = cfn.CFN.wcsp
+    for i, c in enumerate(comp.costs):
+        wcsp.makeEnumeratedVariable(f"x{i}", 0, len(c) - 1)
+    for i, c in enumerate(comp.costs):
+        if len(c) > 1 or c[0] >= INF:
+            wcsp.postUnaryConstraint(i, _doubles(c), False)
+        else:
+            wcsp.postNullaryConstraint(float(c[0]))
+    for u, v, m in comp.edges:
+        wcsp.postBinaryConstraint(u, v, _doubles(m.ravel()), False)
+    for scope, params in knapsack_rows(comp) if rows else []:
+        wcsp.postKnapsackConstraint(scope, params, kp=True)
+    cfn.Solve(showSolutions=1)
+    os.write(1, b"\n")
+
+
+def _doubles(costs: np.ndarray) -> list[float]:
+    return np.where(costs < INF, costs.astype(np.float64), np.inf).tolist()
+
+
+def knapsack_rows(comp: Compact) -> list[tuple[list[int], str]]:
+    """Every distinct memory row as toulbar2's knapsack parameters: ``-capacity`` then, per node
+    of the scope, the number of strategies with usage and (strategy, -usage) pairs."""
+    if comp.capacity is None or not len(comp.capacity):
+        return []
+    per_row: list[dict[int, np.ndarray]] = [{} for _ in comp.capacity]
+    for i, segs in enumerate(comp.segments):
+        for start, stop, usage in segs:
+            for r in range(start, stop):
+                row = per_row[r]
+                row[i] = row[i] + usage if i in row else usage
+    out, seen = [], set()
+    for r, row in enumerate(per_row):
+        if not row:
+            continue
+        scope = sorted(row)
+        parts = [str(-int(comp.capacity[r]))]
+        for i in scope:
+            nz = np.flatnonzero(row[i])
+            parts.append(str(len(nz)))
+            parts.extend(f"{s} {-int(row[i][s])}" for s in nz)
+        params = " ".join(parts)
+        key = (tuple(scope), params)
+        if key not in seen:
+            seen.add(key)
+            out.append((scope, params))
+    return out
+
+

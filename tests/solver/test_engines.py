@@ -1,0 +1,128 @@
+"""The child-process engines (toulbar2 branch and bound / neighbourhood search, HiGHS's MILP) on
+random reduced cores: optima equal brute force, plans are exact, verdicts hold."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from autoshard.solver.core import Compact, Core
+from autoshard.solver.memory import attach_memory
+from autoshard.solver.reduce import NoAssignment, reduce_core
+from autoshard.solver.toulbar import can_take, knapsack_rows
+from autoshard.solver.workers import EngineWorker
+
+from helpers import random_problem
+
+
+def core_of(seed: int, nodes: int = 7) -> Compact | None:
+    rng = np.random.default_rng(seed)
+    problem = random_problem(rng, nodes, max_k=4, memory=True, forbid_prob=0.1)
+    core = Core(problem)
+    attach_memory(core, problem)
+    try:
+        reduce_core(core)
+    except NoAssignment:
+        return None
+    return core.freeze()
+
+
+def optimum(comp: Compact) -> int | None:
+    costs = [comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs])
+             if comp.is_feasible(list(x))]
+    return min(costs, default=None)
+
+
+def run(comp: Compact, method: str, upper: int | None = None, limit: float = 20.0) -> list:
+    worker = EngineWorker(comp, method, upper)
+    worker.start()
+    events, deadline = [], time.monotonic() + limit
+    try:
+        while not worker.done and time.monotonic() < deadline:
+            events += worker.poll(0.05)
+        events += worker.poll(0.0)
+    finally:
+        worker.stop()
+    assert worker.error is None
+    return events
+
+
+@pytest.mark.parametrize("method", ["hbfs", "milp"])
+def test_exact_engines_prove_the_brute_force_optimum(method):
+    checked = 0
+    for seed in range(40):
+        comp = core_of(seed)
+        if comp is None or comp.n < 2 or not can_take(comp):
+            continue
+        best = optimum(comp)
+        events = run(comp, method)
+        plans = [e for e in events if e.kind == "plan"]
+        for e in plans:
+            assert comp.cost(e.choice) == e.cost and comp.is_feasible(e.choice)
+        for e in events:
+            if e.kind == "bound":
+                assert best is None or e.cost <= best
+        if best is None:
+            assert not plans and any(e.kind == "none" for e in events)
+        else:
+            assert plans[-1].cost == best and any(e.kind == "optimal" and e.cost == best for e in events)
+        checked += 1
+        if checked == 8:
+            break
+    assert checked == 8
+
+
+def test_an_upper_bound_at_the_optimum_gets_no_plan_and_says_so():
+    for seed in range(40):
+        comp = core_of(seed)
+        if comp is not None and comp.n >= 2 and can_take(comp) and (best := optimum(comp)) is not None:
+            events = run(comp, "hbfs", upper=best)
+            assert not [e for e in events if e.kind == "plan"] and any(e.kind == "none" for e in events)
+            return
+    pytest.fail("no feasible core among the seeds")
+
+
+def first_core(nodes: int) -> Compact:
+    """The first random core with memory rows and a feasible plan that toulbar2 takes."""
+    for seed in range(100):
+        comp = core_of(seed, nodes)
+        if comp is not None and comp.n >= 3 and comp.has_memory and can_take(comp):
+            return comp
+    raise AssertionError("no core among the seeds")
+
+
+@pytest.mark.parametrize("method", ["vns", "lagrange"])
+def test_plan_only_engines_give_exact_fitting_plans(method):
+    comp = first_core(12)
+    best = optimum(comp)
+    plans = [e for e in run(comp, method, limit=2.0) if e.kind == "plan"]
+    assert plans and plans[-1].cost >= best
+    for e in plans:
+        assert comp.cost(e.choice) == e.cost and comp.is_feasible(e.choice)
+
+
+def test_knapsack_rows_are_the_memory_rows():
+    """Each row r becomes usage of the scope's strategies <= capacity[r]: the same (capacity,
+    usage) pairs as the core's own profile, for several assignments."""
+    comp = first_core(10)
+    rows = knapsack_rows(comp)
+    live = [r for r in range(len(comp.capacity)) if any(a <= r < b for segs in comp.segments for a, b, _ in segs)]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x = [int(rng.integers(len(c))) for c in comp.costs]
+        profile = comp.profile(x)
+        ours = set()
+        for scope, params in rows:
+            numbers = [int(v) for v in params.split()]
+            pos, used = 1, 0
+            for node in scope:
+                count = numbers[pos]
+                pairs = numbers[pos + 1 : pos + 1 + 2 * count]
+                used -= sum(w for s, w in zip(pairs[::2], pairs[1::2]) if s == x[node])
+                pos += 1 + 2 * count
+            assert pos == len(numbers)
+            ours.add((-numbers[0], used))
+        assert ours == {(int(comp.capacity[r]), int(profile[r])) for r in live}
