@@ -321,7 +321,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             if dst.strategies[0].in_specs[operand] is None:
                 edges.append(ModelEdge(src, node.name, operand, meta, False, None))
                 continue
-            backward = builder.training and graph[src].requires_grad and meta.is_float
+            backward = (builder.training and graph[src].requires_grad and meta.is_float
+                        and operand not in node.no_grad_operands)
             matrix = builder.edge_matrix(candidates[src], dst, operand, meta, backward)
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))

@@ -60,7 +60,13 @@ class NodeKind(str, Enum):
 
 @dataclass
 class OpNode:
-    """One traced node: a model input, a parameter or buffer, an op, or the output."""
+    """One traced node: a model input, a parameter or buffer, an op, or the output.
+
+    ``requires_grad``: a parameter's own flag; for an op, whether its output receives a gradient
+    when the outputs are differentiated. ``no_grad_operands``: operands whose producer requires
+    grad but through which no gradient flows (read for their shape only, or feeding nothing
+    differentiated); their edges have no backward reshard.
+    """
 
     name: str
     kind: NodeKind
@@ -72,6 +78,7 @@ class OpNode:
     module: str = ""
     qualname: str = ""
     requires_grad: bool = False
+    no_grad_operands: frozenset[int] = frozenset()
 
     @property
     def tensor(self) -> TensorMeta | None:
@@ -81,11 +88,16 @@ class OpNode:
 
 @dataclass
 class OpGraph:
-    """Nodes in topological order plus the executable module they were traced from."""
+    """Nodes in topological order plus the executable module they were traced from.
+
+    ``frontend`` is the tracer that produced it (``fx`` or ``export``); ``frontend_note`` says why,
+    when it was not the first choice (``auto`` fell back to export: why torch.fx failed).
+    """
 
     nodes: dict[str, OpNode]
     frontend: str
     module: Any = None
+    frontend_note: str = ""
 
     def __iter__(self) -> Iterator[OpNode]:
         return iter(self.nodes.values())
