@@ -33,8 +33,8 @@ from autoshard.graph import NodeKind, OpGraph, OpNode, TensorMeta
 from autoshard.sharding.mesh import Mesh
 from autoshard.problem import ShardingProblem
 from autoshard.sharding.reshard import reshard_steps
-from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, instantiate, load_rules, replicated_strategy,
-                             strategies, tensor_layouts)
+from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, count_steps, instantiate, load_rules,
+                                      replicated_strategy, strategies, tensor_layouts)
 from autoshard.sharding.spec import TensorSpec
 
 ALIASING_KINDS = frozenset({"view", "permute", "expand", "getitem", "select", "slice", "split"})
@@ -206,10 +206,18 @@ class _Builder:
             traffic = sum(_local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands))
             out_bytes = sum(_local_bytes(s.out_spec, m, self.mesh) for m in metas)
             seconds = 0.0 if aliasing else self.cost_model.compute_cost(flops / s.degree, traffic + out_bytes)
-            costs.append(self.cost_model.ticks(seconds * (3 if self.training and node.requires_grad else 1)))
+            costs.append(self.cost_model.ticks(seconds * (3 if self.training and node.requires_grad else 1))
+                         + self.count_ticks(s, metas))
             values = sum(_local_bytes(s.in_specs[k], operands[k], self.mesh) for k in owned if k < len(s.in_specs))
             usages.append((0 if aliasing else out_bytes) + values)
         return Candidate(node, options, costs, usages, instance)
+
+    def count_ticks(self, strategy: OpStrategy, metas: list[TensorMeta]) -> int:
+        """Price of a mean loss's valid-target count all-reduce (forward only: the count has no gradient)."""
+        if not strategy.count_axes or not metas:
+            return 0
+        steps = count_steps(strategy, metas[0].itemsize, self.mesh.shape)
+        return self.cost_model.ticks(sum(self.cost_model.step_cost(step, ()) for step in steps))
 
     def output_candidate(self, node: OpNode) -> Candidate:
         """Outputs are gathered (replicated) in inference; in training the first output may stay in
@@ -291,10 +299,14 @@ def _intervals(graph: OpGraph, names: list[str], training: bool) -> list[tuple[i
     return result
 
 
+def graph_signature(graph: OpGraph) -> list[str]:
+    """One ``name:op:shape`` line per node: what a plan is valid for (hashed by :func:`fingerprint`)."""
+    return [f"{n.name}:{n.op}:{getattr(n.tensor, 'shape', None)}" for n in graph]
+
+
 def fingerprint(graph: OpGraph) -> str:
     """A short hash of the graph's node names, ops and shapes: plans are only valid for one model."""
-    text = ";".join(f"{n.name}:{n.op}:{getattr(n.tensor, 'shape', None)}" for n in graph)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(";".join(graph_signature(graph)).encode()).hexdigest()[:16]
 
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: BuildOptions = BuildOptions()) -> ModelProblem:
