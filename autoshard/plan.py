@@ -95,6 +95,12 @@ class Plan:
     frontend: str = ""
     signature: list[str] = field(default_factory=list)
 
+    def shards_nothing(self) -> bool:
+        """True when every tensor the model reads is replicated: each device runs the whole model."""
+        read = {edge.src for edge in self.edges}
+        return all(spec is None or spec.is_replicated for node in self.nodes.values()
+                   if node.name in read or node.op is not None for spec in (node.out_spec, *node.in_specs))
+
     def edge(self, dst: str, operand: int) -> EdgeReshard:
         """The edge into operand ``operand`` of node ``dst``."""
         for e in self.edges:

@@ -84,19 +84,6 @@ def iteration_table(mp: ModelProblem, choice: list[int], title: str | None = Non
     return table
 
 
-def shards_nothing(mp: ModelProblem, choice: list[int]) -> bool:
-    """True when every tensor the model reads is replicated (each device runs the whole model)."""
-    read = {e.src for e in mp.edges}
-    for name, k in zip(mp.names, choice):
-        if name not in read and mp.candidates[name].node.kind != NodeKind.OP:
-            continue  # an unused buffer's layout is arbitrary
-        strategy = mp.candidates[name].strategies[k]
-        specs = [strategy.out_spec, *strategy.in_specs]
-        if any(spec is not None and not spec.is_replicated for spec in specs):
-            return False
-    return True
-
-
 def layout_summary(mp: ModelProblem, choice: list[int]) -> Table:
     """Parameter layouts of the plan: what every device stores."""
     nd = mp.mesh.ndim

@@ -188,16 +188,9 @@ def _check_numerics(prep: Prepared, outputs: list[torch.Tensor], grads: dict[str
     return ok
 
 
-def shards_nothing(plan: Plan) -> bool:
-    """True when every tensor the plan reads is replicated: each rank runs the whole model."""
-    read = {edge.src for edge in plan.edges}
-    return all(spec is None or spec.is_replicated for node in plan.nodes.values()
-               if node.name in read or node.op is not None for spec in (node.out_spec, *node.in_specs))
-
-
 def _check_ranks(plan: Plan, summaries: list[dict[str, Any]], list_all: bool) -> bool:
     """Rank 0: print every rank's memory and traffic; True if all ran the plan's collectives and agree."""
-    nothing = "nothing (replicated plan)" if shards_nothing(plan) else "nothing"
+    nothing = "nothing (replicated plan)" if plan.shards_nothing() else "nothing"
     for rank, s in enumerate(summaries):
         traffic = ", ".join(f"{kind} {s['calls'][kind]}x {format_bytes(s['sent'][kind])}" for kind in sorted(s["sent"]))
         print(f"  rank {rank}: parameters {format_bytes(s['param_bytes'])} of {format_bytes(s['full_bytes'])} "
@@ -231,7 +224,7 @@ def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
         plan = prep.plan
         print(f"autoshard.run: {plan.model or args.model} on mesh {plan.mesh.label} ({plan.mode} plan, "
               f"{plan.mesh.size} ranks, {args.backend}, traced with torch.{prep.graph.frontend})")
-        if shards_nothing(plan):
+        if plan.shards_nothing():
             print("  the plan is all replicated (the model was too small to be worth sharding at its costs): "
                   "every rank runs the whole model, so this checks replicas, not sharding")
         numerics_ok = _check_numerics(prep, outputs, grads, args.tolerance)

@@ -32,6 +32,10 @@ GRAPH_TABLE_MAX_NODES = 40
 SMALL_PLAN_ROWS = 40
 """``--tables auto`` prints every improving plan's table up to this many rows; above, one line each and the
 final plan's communication."""
+PIPED_WIDTH = 10_000
+"""Console width when stdout is not a terminal: tables keep their natural width instead of rich's 80."""
+ALL_REPLICATED = "all replicated: the model is too small to be worth sharding at these costs"
+"""Said instead of anything that would read as a sharded plan's merit when the plan shards nothing."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", action="store_true",
                    help=f"print the traced graph's table (printed unasked for graphs of up to {GRAPH_TABLE_MAX_NODES} "
                         "nodes)")
-    p.add_argument("--quiet", action="store_true", help="no graph table, no live display")
+    p.add_argument("--quiet", action="store_true", help="no graph table (unless --graph), no live display")
     problem_cli.add_solver_arguments(p)
     return p
 
@@ -153,7 +157,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.trace import trace
     from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
-    from autoshard.report import iteration_table, layout_summary, shards_nothing
+    from autoshard.report import iteration_table, layout_summary
 
     mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node)
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
@@ -195,7 +199,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
         why = "time limit" if args.timeout is not None else "not proved (--no-prove)" if args.no_prove else "no proof"
         console.print(f"[yellow]{why}[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
-    replicated = mesh.size > 1 and shards_nothing(mp, list(solution.choice))
+    replicated = mesh.size > 1 and plan.shards_nothing()
     if replicated:
         console.print(f"[yellow]{ALL_REPLICATED}[/] (every device runs all of it; a slower device, --peak-flops / "
                       "--memory-bandwidth, or a larger batch makes sharding pay)", highlight=False)
@@ -236,9 +240,6 @@ def _print_baseline(mp: Any, ours: int, console: Console, replicated: bool) -> N
                   f"{ours / cost:.3f}x Megatron", highlight=False)
 
 
-ALL_REPLICATED = "all replicated: the model is too small to be worth sharding at these costs"
-
-
 def _frontend_line(graph: Any) -> str:
     """``traced with torch.fx``, or ``traced with torch.export (torch.fx failed: ...)``."""
     note = f" ({graph.frontend_note})" if graph.frontend_note else ""
@@ -252,9 +253,6 @@ def make_console() -> Console:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(soft_wrap=True, width=PIPED_WIDTH)
     return console
-
-
-PIPED_WIDTH = 10_000
 
 
 class _NoLive:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autoshard.planning import make_plan
-from autoshard.run import _check_ranks, shards_nothing
+from autoshard.run import _check_ranks
 from autoshard.solve import main
 from tests.runtime.plans import problem, traced
 
@@ -80,7 +80,7 @@ def test_the_run_check_says_a_replicated_plan_sent_nothing_because_it_shards_not
                        if all(spec is None or spec.is_replicated for spec in (s.out_spec, *s.in_specs)))
                   for n in mp.names]
     plan = make_plan(mp, replicated, model="mlp")
-    assert shards_nothing(plan)
+    assert plan.shards_nothing()
     summary = {"param_bytes": 10, "full_bytes": 10, "calls": {}, "sent": {}, "matches_plan": True, "count": 0,
                "collectives": [], "digests": {}}
     assert _check_ranks(plan, [summary, summary], False)
@@ -88,7 +88,7 @@ def test_the_run_check_says_a_replicated_plan_sent_nothing_because_it_shards_not
     assert "sent nothing (replicated plan)" in out
     sharded = make_plan(mp, [next((k for k, s in enumerate(mp.candidates[n].strategies) if not s.out_spec.is_replicated),
                                   0) for n in mp.names], model="mlp")
-    assert not shards_nothing(sharded)
+    assert not sharded.shards_nothing()
 
 
 def test_a_refusal_is_one_line_and_torchruns_error_file_repeats_it(tmp_path: Path, capsys: pytest.CaptureFixture,

@@ -184,7 +184,7 @@ def relative_errors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Te
     largest gradient, not against its own noise, while an error in any tensor of real magnitude is
     still measured against that tensor. NaN where the reference has NaN (a mean over no targets) is equal.
     """
-    largest = max((float(_finite_max(w)) for w in want.values() if w.numel()), default=0.0)
+    largest = max((_finite_max(w) for w in want.values() if w.numel()), default=0.0)
     errors = {}
     for name, w in want.items():
         if name not in got or tuple(got[name].shape) != tuple(w.shape):
@@ -198,7 +198,7 @@ def relative_errors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Te
         diff = torch.where(torch.isnan(g) & torch.isnan(w64), 0.0, diff)
         diff = torch.where((g == w64), 0.0, diff)  # equal infinities
         diff = torch.nan_to_num(diff, nan=float("inf"))
-        scale = max(float(_finite_max(w64)), NOISE_FLOOR * largest)
+        scale = max(_finite_max(w64), NOISE_FLOOR * largest)
         denominator = torch.nan_to_num(w64.abs(), nan=0.0, posinf=0.0) + scale
         relative = diff / denominator if scale > 0 else diff
         errors[name] = (float(diff.max()), float(relative.max()))
