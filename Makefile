@@ -1,10 +1,15 @@
 # Two commands: `make demo` and `make test`. Both create .venv and install into it first.
+# `make fuzz SEED=3 PLANS=12` runs the long differential test (every model, more random plans).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench
+SEED ?= 0
+PLANS ?= 8
+SHARED ?= $(abspath ../shared)
+
+.PHONY: install demo test fuzz bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +26,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
-SHARED ?= $(abspath ../shared)
+fuzz: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m tests.differential.fuzz --seed $(SEED) --plans $(PLANS)
 
 bench: $(STAMP)
 	AUTOSHARD_SHARED=$(SHARED) $(PY) benchmarks/iopddl.py $(SHARED)/iopddl/asplos-2025-iopddl-*.json.gz

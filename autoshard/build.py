@@ -134,10 +134,14 @@ class ModelProblem:
         return totals
 
 
+def graph_signature(graph: OpGraph) -> list[str]:
+    """One ``name:op:shape`` line per node: what a plan is valid for (hashed by :func:`fingerprint`)."""
+    return [f"{n.name}:{n.op}:{getattr(n.tensor, 'shape', None)}" for n in graph]
+
+
 def fingerprint(graph: OpGraph) -> str:
     """A short hash of the graph's node names, ops and shapes: plans are only valid for one model."""
-    text = ";".join(f"{n.name}:{n.op}:{getattr(n.tensor, 'shape', None)}" for n in graph)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(";".join(graph_signature(graph)).encode()).hexdigest()[:16]
 
 
 class _EdgePrices:
@@ -279,7 +283,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             if dst.strategies[0].in_specs[operand] is None:
                 edges.append(ModelEdge(src, node.name, operand, meta, False, None))
                 continue
-            backward = training and graph[src].requires_grad and meta.is_float
+            backward = training and graph[src].requires_grad and meta.is_float and operand not in node.no_grad_operands
             owner = candidates[src].storage is not None and life.first_reader.get(src) == node.name \
                 and node.inputs.index(src) == operand and candidates[src].storage[0].use is not None
             matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner)

@@ -31,7 +31,7 @@ LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
 (``frontend.profile.LocalFlops``: torch's counter); without it the global flops are split evenly."""
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, reshard_steps
-from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, instantiate, load_rules,
+from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, count_steps, instantiate, load_rules,
                                       replicated_strategy, strategies, tensor_layouts)
 from autoshard.sharding.spec import TensorSpec
 
@@ -107,7 +107,7 @@ class CandidateBuilder:
         life_key = (self.life.value.get(node.name), self.life.gradient.get(node.name)) if node.kind != NodeKind.OP \
             else (self.life.base[node.name] == node.name,)
         key = (node.kind, node.op, node.out, operands, grads, repr(sorted(node.attrs.items())), node.requires_grad,
-               node.work, life_key)
+               node.no_grad_operands, node.work, life_key)
         if node.kind == NodeKind.OP and node.op is None:
             key = node.name  # unknown ops are not shared (their warnings name them)
         if key not in self.cache:
@@ -191,7 +191,7 @@ class CandidateBuilder:
         if not options:
             options = [replicated_strategy(operands, len(out_shape))]
         needs = [self.training and node.requires_grad and self.graph[src].requires_grad and m is not None and m.is_float
-                 for src, m in zip(node.inputs, operands)]
+                 and k not in node.no_grad_operands for k, (src, m) in enumerate(zip(node.inputs, operands))]
         dtype = metas[0].dtype if metas else "float32"
         costs, flops = [], []
         for s in options:
@@ -204,8 +204,15 @@ class CandidateBuilder:
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
             times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device)
-            costs.append(self.cost_model.ticks(times.forward + times.backward))
+            costs.append(self.cost_model.ticks(times.forward + times.backward) + self._count_ticks(s, metas))
         return Candidate(node, options, costs, [], instance, flops=flops)
+
+    def _count_ticks(self, strategy: OpStrategy, metas: list[TensorMeta]) -> int:
+        """Price of a mean loss's valid-target count all-reduce (forward only: the count has no gradient)."""
+        if not strategy.count_axes or not metas:
+            return 0
+        steps = count_steps(strategy, metas[0].itemsize, self.mesh.shape)
+        return self.cost_model.ticks(sum(self.cost_model.step_cost(step, ()) for step in steps))
 
     def _local_work(self, node: OpNode, operands: tuple[TensorMeta | None, ...], s: OpStrategy) -> OpWork | None:
         """The op's work with the flops of one device's pieces (``local_flops``), as ``op_times``

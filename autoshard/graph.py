@@ -86,7 +86,13 @@ class OpWork:
 
 @dataclass
 class OpNode:
-    """One traced node: a model input, a parameter or buffer, an op, or the output."""
+    """One traced node: a model input, a parameter or buffer, an op, or the output.
+
+    ``requires_grad``: a parameter's own flag; for an op, whether its output receives a gradient
+    when the outputs are differentiated. ``no_grad_operands``: operands whose producer requires
+    grad but through which no gradient flows (read for their shape only, or feeding nothing
+    differentiated); their edges have no backward reshard.
+    """
 
     name: str
     kind: NodeKind
@@ -99,6 +105,7 @@ class OpNode:
     qualname: str = ""
     requires_grad: bool = False
     work: OpWork | None = None
+    no_grad_operands: frozenset[int] = frozenset()
 
     @property
     def tensor(self) -> TensorMeta | None:
@@ -108,11 +115,16 @@ class OpNode:
 
 @dataclass
 class OpGraph:
-    """Nodes in topological order plus the executable module they were traced from."""
+    """Nodes in topological order plus the executable module they were traced from.
+
+    ``frontend`` is the tracer that produced it (``fx`` or ``export``); ``frontend_note`` says why,
+    when it was not the first choice (``auto`` fell back to export: why torch.fx failed).
+    """
 
     nodes: dict[str, OpNode]
     frontend: str
     module: Any = None
+    frontend_note: str = ""
 
     def __iter__(self) -> Iterator[OpNode]:
         return iter(self.nodes.values())

@@ -13,7 +13,15 @@ computes the local piece of the global result:
 - ``scale``: multiply the local output by this (a mean over a sharded dim is a partial sum of
   local means divided by the shard count);
 - ``masked_operands``: operands added into a partial-sum output (a bias) are kept only on the
-  devices at coordinate 0 of the partial axes, so the sum counts them once.
+  devices at coordinate 0 of the partial axes, so the sum counts them once;
+- ``count_steps``: a mean loss whose targets are sharded runs as a local sum divided by the
+  count of valid targets (not ``ignore_index``) all-reduced by these steps (``rules.count_steps``).
+
+It also records the tracer that produced the graph (``frontend``: ``fx`` or ``export``), so the
+runtime re-traces the model the same way, and the graph's ``signature`` (one ``name:op:shape``
+line per node, hashed into ``fingerprint``), so a plan run on another model says which node
+differs. Plan files written before these fields existed still load (frontend ``""``: re-traced
+with ``auto``; no signature: only the fingerprint is compared).
 
 Per edge it records the forward steps (producer spec -> required spec) and, in training mode,
 the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient);
@@ -50,6 +58,7 @@ class NodePlacement:
     local_attrs: dict[str, Any] = field(default_factory=dict)
     scale: Fraction = Fraction(1)
     masked_operands: tuple[int, ...] = ()
+    count_steps: tuple[Step, ...] = ()
 
 
 @dataclass
@@ -86,6 +95,14 @@ class Plan:
     lower_bound: int | None = None
     proved_optimal: bool = False
     param_specs: dict[str, TensorSpec] = field(default_factory=dict)
+    frontend: str = ""
+    signature: list[str] = field(default_factory=list)
+
+    def shards_nothing(self) -> bool:
+        """True when every tensor the model reads is replicated: each device runs the whole model."""
+        read = {edge.src for edge in self.edges}
+        return all(spec is None or spec.is_replicated for node in self.nodes.values()
+                   if node.name in read or node.op is not None for spec in (node.out_spec, *node.in_specs))
 
     def edge(self, dst: str, operand: int) -> EdgeReshard:
         """The edge into operand ``operand`` of node ``dst``."""
@@ -110,6 +127,8 @@ class Plan:
             "lower_bound": self.lower_bound,
             "proved_optimal": self.proved_optimal,
             "param_specs": {k: _spec_json(v, nd) for k, v in self.param_specs.items()},
+            "frontend": self.frontend,
+            "signature": self.signature,
             "nodes": [_node_json(n, nd) for n in self.nodes.values()],
             "edges": [_edge_json(e, nd) for e in self.edges],
         }
@@ -141,6 +160,8 @@ class Plan:
                 lower_bound=data.get("lower_bound"),
                 proved_optimal=data.get("proved_optimal", False),
                 param_specs={k: _spec_from(v) for k, v in data.get("param_specs", {}).items()},
+                frontend=data.get("frontend", ""),
+                signature=list(data.get("signature", [])),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AutoshardError(f"plan file is malformed ({exc!r}): write it with autoshard.solve --out") from None
@@ -198,6 +219,7 @@ def _node_json(node: NodePlacement, mesh_ndim: int) -> dict:
         "local_attrs": node.local_attrs,
         "scale": [node.scale.numerator, node.scale.denominator],
         "masked_operands": list(node.masked_operands),
+        "count_steps": [_step_json(s, mesh_ndim) for s in node.count_steps],
     }
 
 
@@ -212,6 +234,7 @@ def _node_from(data: dict) -> NodePlacement:
         local_attrs=data["local_attrs"],
         scale=Fraction(*data["scale"]),
         masked_operands=tuple(data["masked_operands"]),
+        count_steps=tuple(_step_from(s) for s in data.get("count_steps", [])),
     )
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from autoshard.build import ModelProblem
+from autoshard.build import ModelProblem, graph_signature
 from autoshard.graph import NodeKind
 from autoshard.plan import EdgeReshard, NodePlacement, Plan
 from autoshard.sharding.reshard import reshard_steps
-from autoshard.sharding.rules import load_rules
+from autoshard.sharding.rules import count_steps, load_rules
 from autoshard.sharding.spec import TensorSpec
 
 
@@ -58,6 +58,7 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
             local_attrs=_local_attrs(mp, name, strategy.out_spec),
             scale=strategy.scale,
             masked_operands=strategy.masked,
+            count_steps=count_steps(strategy, cand.node.tensor.itemsize, mp.mesh.shape) if strategy.count_axes else (),
         )
         if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
             param_specs[cand.node.qualname] = strategy.out_spec
@@ -95,4 +96,6 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
         lower_bound=lower_bound,
         proved_optimal=proved_optimal,
         param_specs=param_specs,
+        frontend=mp.graph.frontend,
+        signature=graph_signature(mp.graph),
     )

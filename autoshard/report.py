@@ -50,19 +50,37 @@ def cost_rows(mp: ModelProblem, choice: list[int]) -> list[tuple[str, str, str, 
     return rows
 
 
-def iteration_table(mp: ModelProblem, choice: list[int], title: str | None = None, full: bool | None = None) -> Table:
-    """The cost breakdown of one plan; large graphs show only the rows that cost or shard something."""
+def communication_rows(rows: list[tuple[str, str, str, int, bool]]) -> list[tuple[str, str, str, int, bool]]:
+    """The reshard rows that cost something, each under the op it feeds: where a plan communicates."""
+    shown: list[tuple[str, str, str, int, bool]] = []
+    for k, row in enumerate(rows):
+        if row[0].startswith("|-") and row[3]:
+            owner = next(r for r in reversed(rows[:k]) if not r[0].startswith("|-"))
+            if owner not in shown:
+                shown.append(owner)
+            shown.append(row)
+    return shown
+
+
+def iteration_table(mp: ModelProblem, choice: list[int], title: str | None = None, full: bool | None = None,
+                    compact: bool = False) -> Table:
+    """The cost breakdown of one plan; large graphs show only the rows that cost or shard something,
+    ``compact`` only the reshards that cost something and the ops they feed."""
     rows = cost_rows(mp, choice)
     if full is None:
         full = len(rows) <= MAX_FULL_ROWS
     table = Table(title=title, title_justify="left")
     for col, justify in (("Name", "left"), ("InSpec", "left"), ("OutSpec", "left"), ("Cost", "right")):
         table.add_column(col, justify=justify)
-    shown = rows if full else [r for r in rows if r[4]]
+    shown = communication_rows(rows) if compact else rows if full else [r for r in rows if r[4]]
     for name, ins, out, cost, _ in shown:
         table.add_row(name, ins, out, mp.cost_model.format(cost))
     hidden = len(rows) - len(shown)
-    if hidden:
+    if hidden and compact:
+        local = sum(r[3] for r in rows if r not in shown)
+        table.add_row(f"({hidden} rows of local work hidden: {mp.cost_model.format(local)}; --tables last shows "
+                      "them)", "", "", "")
+    elif hidden:
         table.add_row(f"({hidden} replicated zero-cost rows hidden)", "", "", "")
     total = mp.problem.cost(choice)
     table.add_row("Total", "", "", mp.cost_model.format(total), style="bold")

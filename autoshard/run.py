@@ -12,15 +12,23 @@ every planned collective, and for a training plan one backward of ``loss = sum(o
 the outputs and parameter gradients, compares them with the unsharded model in float64 and
 prints the largest absolute and relative errors, then every rank's parameter bytes and the
 bytes each kind of collective moved. Exit status 1 when a relative error exceeds the tolerance,
-the executed collectives differ from the plan's list, or ranks gathered different values.
+the executed collectives differ from the plan's list, or ranks gathered different values. A
+plan that shards nothing says so: its check only shows that every replica runs the model.
+
+The model is re-traced with the frontend the plan records. A refusal is our only output on
+stderr (no traceback); torchrun then prints its own ChildFailedError report for the non-zero
+exit, which a worker cannot suppress, and shows our line as that report's ``traceback :``
+(written to the error file torchrun names in ``TORCHELASTIC_ERROR_FILE``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -56,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=sorted(BACKEND_COLLECTIVES), default="gloo",
                    help="torch.distributed backend: gloo (CPU, default), nccl (one GPU per rank), mpi")
     p.add_argument("--tolerance", type=float, default=1e-5,
-                   help="largest relative error (max |got - want| / max |want|) accepted; default 1e-5. "
-                        "A reference that is zero up to rounding is measured against 1e-5 of the largest one")
+                   help="largest relative error accepted, per tensor max |got - want| / (|want| + s), s the larger "
+                        "of the tensor's largest entry and 1e-3 of the largest output (or gradient): "
+                        "torch.testing.assert_close with rtol = tolerance, atol = tolerance * s; default 1e-5")
     p.add_argument("--collectives", action="store_true", help="also list every collective rank 0 executed")
     return p
 
@@ -94,7 +103,7 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
         loaded = loaded.for_training()
     model = loaded.model.to(device).eval()
     inputs = tuple(t.to(device) for t in loaded.example_inputs)
-    graph = trace(model, inputs)
+    graph = trace(model, inputs, plan.frontend or "auto")
     check_model(plan, graph)
     return Prepared(plan, model, inputs, graph, device)
 
@@ -174,10 +183,11 @@ def _check_numerics(prep: Prepared, outputs: list[torch.Tensor], grads: dict[str
 
 def _check_ranks(plan: Plan, summaries: list[dict[str, Any]], list_all: bool) -> bool:
     """Rank 0: print every rank's memory and traffic; True if all ran the plan's collectives and agree."""
+    nothing = "nothing (replicated plan)" if plan.shards_nothing() else "nothing"
     for rank, s in enumerate(summaries):
         traffic = ", ".join(f"{kind} {s['calls'][kind]}x {format_bytes(s['sent'][kind])}" for kind in sorted(s["sent"]))
         print(f"  rank {rank}: parameters {format_bytes(s['param_bytes'])} of {format_bytes(s['full_bytes'])} "
-              f"unsharded; sent {traffic or 'nothing'}")
+              f"unsharded; sent {traffic or nothing}")
     first = summaries[0]["digests"]
     differing = sorted({label for s in summaries for label, d in s["digests"].items() if d != first[label]})
     if differing:
@@ -205,11 +215,26 @@ def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
     if rank == 0:
         plan = prep.plan
         print(f"autoshard.run: {plan.model or args.model} on mesh {plan.mesh.label} ({plan.mode} plan, "
-              f"{plan.mesh.size} ranks, {args.backend})")
+              f"{plan.mesh.size} ranks, {args.backend}, traced with torch.{prep.graph.frontend})")
+        if plan.shards_nothing():
+            print("  the plan is all replicated (the model was too small to be worth sharding at its costs): "
+                  "every rank runs the whole model, so this checks replicas, not sharding")
         numerics_ok = _check_numerics(prep, outputs, grads, args.tolerance)
         verdict[0] = _check_ranks(plan, summaries, args.collectives) and numerics_ok
     dist.broadcast_object_list(verdict, src=0)
     return bool(verdict[0])
+
+
+def _refuse(error: AutoshardError, rank: int) -> int:
+    """One line on stderr from rank 0, also as torchrun's error-file message; exit status 2."""
+    line = f"autoshard.run: error: {error}"
+    if rank == 0:
+        print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with open(error_file, "w") as f:
+            json.dump({"message": line, "timestamp": int(time.time())}, f)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None,
@@ -221,18 +246,14 @@ def main(argv: Sequence[str] | None = None,
         rank, world_size, local_rank = launch_env(os.environ)
         prep = prepare(args, world_size, local_rank, collectives)
     except AutoshardError as error:
-        if rank == 0:
-            print(f"autoshard.run: error: {error}", file=sys.stderr)
-        return 2
+        return _refuse(error, rank)
     if prep.device.type == "cuda":
         torch.cuda.set_device(prep.device)
     dist.init_process_group(args.backend)
     try:
         return 0 if _execute(prep, args, rank) else 1
     except AutoshardError as error:
-        if rank == 0:
-            print(f"autoshard.run: error: {error}", file=sys.stderr)
-        return 2
+        return _refuse(error, rank)
     finally:
         dist.destroy_process_group()
 

@@ -1,14 +1,17 @@
 """``python -m autoshard.solve``: find, prove and print the cheapest sharding of a model (or IOPDDL problem).
 
-For a model file: trace it and print the graph, build the sharding problem, run the z3
-counterexample-guided loop (one cost table per improving plan, a live line with bound, best
-cost and time), then print the proved plan as Slapo schedule lines and write it as JSON.
+For a model file: trace it (one line names the tracer, and why torch.fx fell back to
+torch.export), print the graph when it is small or ``--graph`` asks, build the sharding
+problem, run the z3 counterexample-guided loop (cost tables of the improving plans, a live
+line with bound, best cost and time), then print the proved plan as Slapo schedule lines and
+write it as JSON. Piped output is as wide as the tables need, so no column is cut.
 For an IOPDDL problem file (.json / .json.gz): solve it and print the contest's solution list.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -25,6 +28,16 @@ from autoshard.errors import AutoshardError
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
 from autoshard.units import format_bytes, parse_bytes
+
+GRAPH_TABLE_MAX_NODES = 40
+"""Graphs of at most this many nodes print their table unasked; larger ones with --graph."""
+SMALL_PLAN_ROWS = 40
+"""``--tables auto`` prints every improving plan's table up to this many rows; above, one line each and the
+final plan's communication."""
+PIPED_WIDTH = 10_000
+"""Console width when stdout is not a terminal: tables keep their natural width instead of rich's 80."""
+ALL_REPLICATED = "all replicated: the model is too small to be worth sharding at these costs"
+"""Said instead of anything that would read as a sharded plan's merit when the plan shards nothing."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,9 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds for the whole process (tracing included); at the limit it returns the best plan, "
                         "its lower bound and gap")
-    p.add_argument("--tables", choices=("all", "last", "none"), default="all",
-                   help="cost tables to print: one per improving plan (all), the final plan's (last), or none")
-    p.add_argument("--quiet", action="store_true", help="no graph table, no live display")
+    p.add_argument("--tables", choices=("auto", "all", "last", "none"), default="auto",
+                   help="cost tables to print: one per improving plan (all), the final plan's (last), none, or "
+                        f"auto (default): all for plans of up to {SMALL_PLAN_ROWS} rows, else one line per improving "
+                        "plan and the final plan's reshards")
+    p.add_argument("--graph", action="store_true",
+                   help=f"print the traced graph's table (printed unasked for graphs of up to {GRAPH_TABLE_MAX_NODES} "
+                        "nodes)")
+    p.add_argument("--quiet", action="store_true", help="no graph table (unless --graph), no live display")
     problem_cli.add_solver_arguments(p)
     return p
 
@@ -103,6 +121,10 @@ class _Progress:
 
     def __init__(self, mp: Any, console: Console, tables: str, live: Live | None) -> None:
         self.mp, self.console, self.tables, self.live = mp, console, tables, live
+        if tables == "auto":
+            from autoshard.report import cost_rows
+            small = len(cost_rows(mp, [0] * mp.problem.num_nodes)) <= SMALL_PLAN_ROWS
+            self.tables = "all" if small else "lines"
         self.start = time.perf_counter()
         self.best: int | None = None
         self.lower: int | None = None
@@ -120,7 +142,10 @@ class _Progress:
         if kind == "Improved":
             self.iterations += 1
             self.best = event.cost
-            if self.tables == "all":
+            if self.tables == "lines":
+                self.console.print(f"[bold]Iteration {self.iterations}[/] ({event.source}): total "
+                                   f"{_cost_text(self.mp, event.cost)}", highlight=False)
+            elif self.tables == "all":
                 from autoshard.report import iteration_table
                 bound = "" if event.bound is None else f", asked for < {self.mp.cost_model.format(event.bound)}"
                 self.console.print(f"[bold]Iteration {self.iterations}[/] ({event.source}{bound}): "
@@ -156,7 +181,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         loaded = loaded.for_training()
     with console.status(f"tracing {args.path}") if not args.quiet else _NoLive():
         graph = trace(loaded.model, loaded.example_inputs, args.frontend)
-    if not args.quiet:
+    console.print(_frontend_line(graph), highlight=False, markup=False)
+    if args.graph or not args.quiet and len(graph) <= GRAPH_TABLE_MAX_NODES:
         console.print(graph_table(graph))
     mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
                              pins=pins, device=device, peak_flops=args.peak_flops,
@@ -185,9 +211,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         result = solve_model_problem(mp, options, listener, loaded.name)
     solution, plan = result.solution, result.plan
     fmt = mp.cost_model.format
-    if args.tables == "last":
+    if args.tables == "last" or progress.tables == "lines":
         console.print(f"[bold]Best plan[/]: total {_cost_text(mp, solution.cost)}", highlight=False)
-        console.print(iteration_table(mp, list(solution.choice), None))
+        console.print(iteration_table(mp, list(solution.choice), None, compact=progress.tables == "lines"))
     if solution.status == "optimal":
         console.print(f"[green]proved optimal[/]: no plan costs less than {_cost_text(mp, solution.cost)} "
                       f"({solution.proof or 'z3 UNSAT'}; {solution.iterations} z3 checks, {solution.elapsed:.2f}s)",
@@ -197,8 +223,12 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
         why = "time limit" if args.timeout is not None else "not proved (--no-prove)" if args.no_prove else "no proof"
         console.print(f"[yellow]{why}[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
+    replicated = mesh.size > 1 and plan.shards_nothing()
+    if replicated:
+        console.print(f"[yellow]{ALL_REPLICATED}[/] (every device runs all of it; a slower device, --peak-flops / "
+                      "--memory-bandwidth, or a larger batch makes sharding pay)", highlight=False)
     if args.baseline == "megatron":
-        _print_baseline(mp, solution.cost, console)
+        _print_baseline(mp, solution.cost, console, replicated)
     console.print(layout_summary(mp, list(solution.choice)))
     console.print(memory_line(mp, list(solution.choice)), highlight=False)
     console.print("Schedule (Slapo):")
@@ -217,15 +247,35 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _print_baseline(mp: Any, ours: int, console: Console) -> None:
-    """Megatron's plan costed in the same model, beside ours (ours can never be higher once proved)."""
+def _print_baseline(mp: Any, ours: int, console: Console, replicated: bool) -> None:
+    """Megatron's plan costed in the same model, beside ours (ours can never be higher once proved); when ours
+    shards nothing, a ratio would read as a win of sharding, so the line says so instead."""
     from autoshard.baselines import megatron_choice
 
     choice = megatron_choice(mp)
     cost = mp.problem.cost(choice)
     fits = "" if mp.problem.is_feasible(choice) else " (does not fit the memory budget)"
+    if replicated:
+        console.print(f"Megatron baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)}, {ALL_REPLICATED}",
+                      highlight=False)
+        return
     console.print(f"Megatron baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)} = "
                   f"{ours / cost:.3f}x Megatron", highlight=False)
+
+
+def _frontend_line(graph: Any) -> str:
+    """``traced with torch.fx``, or ``traced with torch.export (torch.fx failed: ...)``."""
+    note = f" ({graph.frontend_note})" if graph.frontend_note else ""
+    return f"traced with torch.{graph.frontend}{note}"
+
+
+def make_console() -> Console:
+    """stdout's console: a terminal's width, or (piped, COLUMNS unset) as wide as the tables need, so no
+    column is cut to rich's default 80."""
+    console = Console(soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=True, width=PIPED_WIDTH)
+    return console
 
 
 class _NoLive:
@@ -239,7 +289,7 @@ class _NoLive:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; user errors print one line and exit 2."""
     args = build_parser().parse_args(argv)
-    console = Console(soft_wrap=True)
+    console = make_console()
     try:
         if args.path.endswith((".json", ".json.gz")):
             return problem_cli.run(args.path, args.timeout, console, quiet=args.quiet, options=problem_cli.solve_options(args),

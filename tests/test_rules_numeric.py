@@ -42,8 +42,14 @@ def _meta(t: torch.Tensor | None) -> TensorMeta | None:
     return TensorMeta(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.element_size())
 
 
-def check_op(op: str, fn: Callable, operands: list, attrs: dict, mesh_shape, size_attr_fn=None, min_strategies=2):
-    """Run every strategy of ``op``'s rule and compare forward and backward with the global op."""
+def check_op(op: str, fn: Callable, operands: list, attrs: dict, mesh_shape, size_attr_fn=None, min_strategies=2,
+             summed_fn: Callable | None = None, count_fn: Callable | None = None):
+    """Run every strategy of ``op``'s rule and compare forward and backward with the global op.
+
+    A strategy with ``count_axes`` (a mean loss whose targets are sharded) runs ``summed_fn`` (the
+    op with reduction="sum") divided by ``count_fn`` of the local operands summed over the devices
+    of those axes, as the executor does with its all-reduced count of valid targets.
+    """
     torch.manual_seed(0)
     rule = load_rules()[op]
     leaves = [x.clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in operands]
@@ -74,7 +80,12 @@ def check_op(op: str, fn: Callable, operands: list, attrs: dict, mesh_shape, siz
                 masked = k in st.masked and any(c[a] for a in st.out_spec.partial)
                 inputs.append(leaf - leaf.detach() if masked else leaf)
             local_shape = st.out_spec.local_shape(tuple(outs[0].shape), mesh_shape)
-            y = fn(*inputs, local=local_shape)
+            if st.count_axes:
+                count = sum(count_fn(*[_piece(x, st.in_specs[k], g, mesh_shape) if isinstance(x, torch.Tensor) else x
+                                       for k, x in enumerate(operands)]) for g in _partial_group(c, st.count_axes, mesh_shape))
+                y = summed_fn(*inputs, local=local_shape) / count
+            else:
+                y = fn(*inputs, local=local_shape)
             ys = y if isinstance(y, (tuple, list)) else (y,)
             ys = [v * float(st.scale) for v in ys]
             local_outs[c] = [v.detach() for v in ys]
@@ -167,13 +178,32 @@ def test_pointwise_normalisations_and_reductions(case, mesh_shape):
     check_op(op, fn, operands, attrs, mesh_shape, min_strategies=1)
 
 
+@pytest.mark.parametrize("mesh_shape", MESHES)
 @pytest.mark.parametrize("reduction", [0, 1, 2])
-def test_cross_entropy_shards_the_batch_with_mean_rescaling(reduction):
+@pytest.mark.parametrize("op", ["cross_entropy_loss", "nll_loss_nd"])
+def test_token_losses_with_ignored_targets_shard_tokens_exactly(op, reduction, mesh_shape):
+    """Ignored targets (-100) sit unevenly across shards, as a causal LM's shifted labels do; label smoothing on."""
     names = {0: "none", 1: "mean", 2: "sum"}
-    target = torch.randint(0, 8, (8,))
-    fn = lambda x, t, local: F.cross_entropy(x, t, reduction=names[reduction])
-    found = check_op("cross_entropy_loss", fn, [R(8, 8), target], {"reduction": reduction}, (2,))
+    target = torch.randint(0, 8, (4, 4))
+    target[0, 1:], target[3, 3] = -100, -100
+    if op == "cross_entropy_loss":
+        loss = lambda x, t, reduction: F.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1)
+    else:
+        loss = lambda x, t, reduction: F.nll_loss(x.log_softmax(1), t, reduction=reduction)
+    fn = lambda x, t, local: loss(x, t, names[reduction])
+    found = check_op(op, fn, [R(4, 8, 4), target], {"reduction": reduction}, mesh_shape,
+                     summed_fn=lambda x, t, local: loss(x, t, "sum"), count_fn=lambda x, t: (t != -100).sum())
     assert any(s.in_specs[0].dims[0] for s in found)
+    assert all(s.in_specs[0].dims[1] == () for s in found)  # the class dim stays whole
+    assert any(s.count_axes for s in found) == (reduction == 1)
+    assert all(s.scale == 1 for s in found)
+
+
+def test_weighted_mean_cross_entropy_keeps_its_targets_whole():
+    """A class-weighted mean divides by the targets' summed weights: only the replicated strategy is exact."""
+    found = strategies(instantiate(load_rules()["cross_entropy_loss"], [_meta(R(8, 8)), _meta(torch.zeros(8, dtype=torch.long)),
+                                                                        _meta(R(8))], (), {"reduction": 1}), (2,))
+    assert [s.in_specs[0] for s in found] == [TensorSpec.replicated(2)]
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES)

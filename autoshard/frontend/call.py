@@ -36,7 +36,9 @@ class NodeCall:
 
     A slot is a positional index into ``args`` or a keyword of ``kwargs``; ``method`` calls
     ``getattr(args[0], target)(*args[1:], **kwargs)``; ``grad_enabled=False`` replays a call that
-    was traced under ``torch.no_grad`` the same way.
+    was traced under ``torch.no_grad`` the same way; ``copy_first`` replays an in-place call
+    (``h.masked_fill_(...)``, ``x += y``) on a copy of its first operand, so it computes a new tensor
+    and leaves its operand, which other nodes may read, untouched (see ``frontend.functionalize``).
     """
 
     target: Callable[..., Any] | str
@@ -45,6 +47,7 @@ class NodeCall:
     slots: dict[str, Slot] = field(default_factory=dict)
     method: bool = False
     grad_enabled: bool = True
+    copy_first: bool = False
 
     def __call__(self, operands: Sequence[Any], overrides: Mapping[str, Any]) -> Any:
         """Call the target with ``operands`` filled in and ``overrides`` put in their slots."""
@@ -53,15 +56,18 @@ class NodeCall:
 
         args = list(pytree.tree_map(fill, self.args, is_leaf=_is_operand))
         kwargs = pytree.tree_map(fill, self.kwargs, is_leaf=_is_operand)
+        if self.copy_first and isinstance(args[0], torch.Tensor):
+            args[0] = args[0].clone()
+        python = not isinstance(self.target, torch._ops.OpOverload)
         for name, value in overrides.items():
             slot = self.slots.get(name)
             if slot is None:
                 passable = sorted(attr for attr, where in self.slots.items() if where is not None)
                 raise KeyError(f"{self.target}: attribute {name!r} cannot be passed (passable: {passable})")
             if isinstance(slot, int):
-                args[slot] = _python_form(name, args[slot], value)
+                args[slot] = _python_form(name, args[slot], value, python)
             else:
-                kwargs[slot] = _python_form(name, kwargs.get(slot), value)
+                kwargs[slot] = _python_form(name, kwargs.get(slot), value, python)
         with torch.set_grad_enabled(self.grad_enabled and torch.is_grad_enabled()):
             if self.method:
                 return getattr(args[0], self.target)(*args[1:], **kwargs)
@@ -72,9 +78,10 @@ def _is_operand(value: Any) -> bool:
     return isinstance(value, Operand)
 
 
-def _python_form(name: str, original: Any, value: Any) -> Any:
-    """ATen enum values go back to the string form when the original call used strings."""
-    if isinstance(original, str) and name in PYTHON_ENUMS:
+def _python_form(name: str, original: Any, value: Any, python: bool) -> Any:
+    """ATen enum values go back to the string form when the original call used strings, or left the
+    argument to its default in a Python-level call (``F.cross_entropy(x, t)`` takes ``reduction="sum"``)."""
+    if name in PYTHON_ENUMS and (isinstance(original, str) or original is None and python):
         by_number = {number: text for text, number in PYTHON_ENUMS[name].items()}
         return by_number.get(value, value)
     return value

@@ -17,6 +17,7 @@ from torch.fx.node import _get_qualified_name
 from torch.utils import _pytree as pytree
 
 from autoshard.frontend.call import NodeCall, Operand
+from autoshard.frontend.functionalize import OUT_OF_PLACE
 from autoshard.frontend.schema import bind_call
 from autoshard.graph import NodeKind, OpNode, TensorMeta
 
@@ -116,7 +117,7 @@ class GraphConverter:
         requires_grad = grad_enabled and _any_float(out) and any(self.nodes[i].requires_grad for i in inputs)
         self._add(node, OpNode(name, NodeKind.OP, _target_name(node), op=op, inputs=tuple(inputs), attrs=attrs,
                                out=out, module=module, requires_grad=requires_grad))
-        self.calls[name] = call if grad_enabled else replace(call, grad_enabled=False)
+        self.calls[name] = replace(call, grad_enabled=grad_enabled, copy_first=bool(node.meta.get(OUT_OF_PLACE)))
 
     def add_output(self, results: Iterable[Any]) -> None:
         """The graph output: every tensor it returns, flattened."""

@@ -52,7 +52,8 @@ def profile_graph(graph: OpGraph) -> None:
         if not all(isinstance(m, TensorMeta) for m in operands):
             node.work = UNMEASURED
             continue
-        grads = tuple(graph[src].requires_grad and m.is_float for src, m in zip(node.inputs, operands))
+        grads = tuple(graph[src].requires_grad and m.is_float and k not in node.no_grad_operands
+                      for k, (src, m) in enumerate(zip(node.inputs, operands)))
         call = calls[node.name]
         key = (repr(call.target), repr(call.args), repr(sorted(call.kwargs.items())), tuple(operands), grads,
                call.grad_enabled)
@@ -79,7 +80,8 @@ class LocalFlops:
         """(forward, backward) flops of ``node`` on operands of the given local shapes."""
         operands = [self.graph[src].out for src in node.inputs]
         metas = [TensorMeta(tuple(shape), m.dtype, m.itemsize) for shape, m in zip(shapes, operands)]
-        grads = tuple(self.graph[src].requires_grad and m.is_float for src, m in zip(node.inputs, operands))
+        grads = tuple(self.graph[src].requires_grad and m.is_float and k not in node.no_grad_operands
+                      for k, (src, m) in enumerate(zip(node.inputs, operands)))
         call = self.calls[node.name]
         key = (repr(call.target), repr(call.args), repr(sorted(call.kwargs.items())), tuple(metas), grads)
         if key not in self.cache:

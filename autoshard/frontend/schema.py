@@ -55,12 +55,27 @@ _OPERATOR_PACKETS: dict[Callable[..., Any], str] = {
     operator.le: "le",
     operator.gt: "gt",
     operator.ge: "ge",
+    # in-place operators (``x += y``, replayed out of place, see frontend.functionalize) compute the same
+    operator.iadd: "add",
+    operator.isub: "sub",
+    operator.imul: "mul",
+    operator.itruediv: "div",
+    operator.ifloordiv: "floor_divide",
+    operator.imod: "remainder",
+    operator.ipow: "pow",
+    operator.imatmul: "matmul",
+    operator.iand: "__and__",
+    operator.ior: "__or__",
+    operator.ixor: "__xor__",
 }
 _COMMUTATIVE = {"add", "mul", "__and__", "__or__", "__xor__", "eq", "ne"}
 
 # Kernel-selection flags: they never change the result, Python wrappers do not pass them (so they
 # would be required and unbound), and torch.export records whatever the backend said. Not attributes.
 _BACKEND_FLAGS = {"cudnn_enable", "cudnn_enabled"}
+
+# Deprecated loss arguments that override ``reduction`` in Python but have no ATen counterpart.
+_LEGACY_REDUCTION = ("size_average", "reduce")
 
 # Python string forms of ATen enum arguments (F.cross_entropy(reduction="mean") -> reduction=1).
 PYTHON_ENUMS: dict[str, dict[str, int]] = {"reduction": {"none": 0, "mean": 1, "sum": 2}}
@@ -205,10 +220,17 @@ def _bind_python_function(
     function: Callable[..., Any], packet: str, renames: dict[str, str],
     args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool],
 ) -> BoundCall | None:
-    """Python-level functions (``F.softmax``): bind by their signature, then rename to ATen."""
+    """Python-level functions (``F.softmax``): bind by their signature, then rename to ATen.
+
+    A loss given the deprecated ``size_average``/``reduce`` is not named: they override ``reduction``,
+    which the graph would otherwise record as its default "mean".
+    """
     try:
         signature = inspect.signature(function)
+        passed = signature.bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
+        return None
+    if any(passed.get(name) is not None for name in _LEGACY_REDUCTION):
         return None
     for schema in _overload_schemas(packet):
         named = _signature_slots(signature, schema, renames, args, kwargs)

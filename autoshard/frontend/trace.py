@@ -34,6 +34,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
 from autoshard.frontend.convert import GraphConverter
+from autoshard.frontend.gradients import mark_gradients
+from autoshard.frontend.functionalize import InPlaceProxy, MutationError, functionalize_fx, has_mutations
 from autoshard.frontend.load import describe_error
 from autoshard.frontend.profile import profile_graph
 from autoshard.graph import OpGraph
@@ -54,6 +56,8 @@ def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], fron
         if frontend == "fx":
             try:
                 return trace_fx(model, example_inputs)
+            except MutationError as error:
+                raise AutoshardError(f"torch.fx cannot trace {name}: {error}") from error
             except Exception as error:
                 raise AutoshardError(f"torch.fx cannot trace {name}: {describe_error(error)}; "
                                      "try --frontend export") from error
@@ -67,13 +71,15 @@ def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], fron
             return trace_fx(model, example_inputs)
         except Exception as fx_error:
             try:
-                return trace_export(model, example_inputs)
+                graph = trace_export(model, example_inputs)
             except Exception as export_error:
                 raise AutoshardError(
                     f"cannot trace {name}: torch.fx failed ({describe_error(fx_error)}) and torch.export failed "
                     f"({describe_error(export_error)}); make forward traceable (tensor-only inputs and outputs, "
                     "no data-dependent Python control flow) or pass inputs that match forward's signature"
                 ) from export_error
+            graph.frontend_note = f"torch.fx failed: {describe_error(fx_error)}"
+            return graph
 
 
 @contextlib.contextmanager
@@ -88,11 +94,36 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
             module.training = training
 
 
+@contextlib.contextmanager
+def _state_unchanged(model: torch.nn.Module) -> Iterator[None]:
+    """Refuse a forward that mutates a parameter or buffer while fx traces it (fx runs such calls eagerly
+    on the real tensor and records nothing); buffers get their values back first."""
+    state = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    versions = {name: tensor._version for name, tensor in state.items()}
+    saved = {name: tensor.detach().clone() for name, tensor in model.named_buffers()}
+    try:
+        yield
+    finally:
+        changed = [name for name, tensor in state.items() if tensor._version != versions[name]]
+        with torch.no_grad():
+            for name in changed:
+                if name in saved:
+                    state[name].copy_(saved[name])
+    if changed:
+        raise MutationError(f"forward modifies parameter or buffer {changed[0]} in place: autoshard plans a pure "
+                            "function of inputs and parameters; compute a new tensor instead (or update it outside "
+                            "forward)")
+
+
 class _ThroughAllModules(torch.fx.Tracer):
-    """Symbolic tracer that records the ops inside every module instead of calling it a leaf."""
+    """Symbolic tracer that records the ops inside every module instead of calling it a leaf,
+    and in-place operators (``x += y``) as the mutations they are."""
 
     def is_leaf_module(self, module: torch.nn.Module, qualname: str) -> bool:
         return False
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return InPlaceProxy(node, self)
 
 
 class _FakePropagation(torch.fx.Interpreter):
@@ -105,12 +136,16 @@ class _FakePropagation(torch.fx.Interpreter):
 
 
 def trace_fx(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> OpGraph:
-    """torch.fx symbolic trace through all modules plus fake-tensor shape propagation."""
+    """torch.fx symbolic trace through all modules, fake-tensor shape propagation, in-place calls
+    made out of place (``functionalize.functionalize_fx``)."""
     tracer = _ThroughAllModules()
-    graph = tracer.trace(model)
+    with _state_unchanged(model):
+        graph = tracer.trace(model)
     module = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
         _FakePropagation(module).run(*(fake_mode.from_tensor(t) for t in example_inputs))
+    functionalize_fx(module)
+    module.recompile()
     parameters = {name for name, _ in module.named_parameters()}
     converter = GraphConverter()
     for node in module.graph.nodes:
@@ -129,10 +164,13 @@ def trace_fx(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -
 
 
 def trace_export(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> OpGraph:
-    """torch.export (non-strict) with context-only higher-order ops inlined."""
+    """torch.export (non-strict) with context-only higher-order ops inlined; a program that still
+    mutates tensors in place is functionalised by ``run_decompositions({})`` first."""
     # On failure torch.export prints the partial graph to stderr; the caller reports one line instead.
     with contextlib.redirect_stderr(io.StringIO()):
         program = torch.export.export(model, tuple(example_inputs), strict=False)
+        if has_mutations(program.graph_module):
+            program = program.run_decompositions({})
     signature = program.graph_signature
     input_specs = {spec.arg.name: spec for spec in signature.input_specs}
     converter = GraphConverter()
@@ -236,5 +274,6 @@ def _graph(converter: GraphConverter, frontend: str, module: torch.fx.GraphModul
     """The OpGraph of a converted trace, every op's work measured by torch (frontend/profile.py)."""
     module.meta[NODE_CALLS_KEY] = converter.calls
     graph = OpGraph(nodes=converter.nodes, frontend=frontend, module=module)
+    mark_gradients(graph)  # before profiling: which operands get a gradient decides the backward measured
     profile_graph(graph)
     return graph

@@ -12,11 +12,14 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
   the partial axes, so the sum counts them once, while their gradient passes unmasked (the
   output's gradient arrives replicated over those axes, so each device has the whole gradient);
 - the op runs through ``frontend.call.node_caller`` with the plan's ``local_attrs`` and its
-  output is multiplied by ``scale``;
+  output is multiplied by ``scale``; a mean loss with ``count_steps`` (targets sharded, see
+  ``rules.count_steps``) runs as the local sum divided by the number of valid targets
+  all-reduced over the ranks that share the loss, so shards holding different numbers of
+  ``ignore_index`` targets still give the unsharded mean;
 - the outputs are returned in their planned layout (replicated in inference; in training where
   the loss reads them, so the caller computes the loss on local pieces).
 
-Every collective is logged on the edge it belongs to, in both passes, so
+Every collective is logged on the edge (or loss node) it belongs to, in both passes, so
 :meth:`ParallelModule.collectives` can be compared with :func:`expected_collectives`, the list
 the plan (and the cost model) charged. An inference plan has no gradient steps, so its
 forward runs without autograd rather than produce gradients nobody planned.
@@ -32,13 +35,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from autoshard.build import fingerprint
+from autoshard.build import fingerprint, graph_signature
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
-from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, reshard_steps
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, Step, reshard_steps
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
@@ -51,8 +54,8 @@ BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
     "mpi": frozenset({ALL_GATHER, ALL_REDUCE, ALL_TO_ALL}),  # ProcessGroupMPI raises on reduce_scatter
 }
 """Collectives each torch.distributed backend can run; a plan needing another one is refused."""
-ZERO_FLOOR = 1e-5
-"""Below this fraction of the largest reference tensor, a reference is zero up to rounding."""
+NOISE_FLOOR = 1e-3
+"""Fraction of the largest reference compared together below which a tensor's own scale is not trusted."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,11 @@ def edge_label(edge: EdgeReshard) -> str:
     return f"{edge.src}->{edge.dst}[{edge.operand}]"
 
 
+def count_label(node: str) -> str:
+    """``loss[valid count]``: how collectives name a mean loss's all-reduce of its valid-target count."""
+    return f"{node}[valid count]"
+
+
 def expected_collectives(plan: Plan) -> list[Collective]:
     """The collectives one forward (and, for a training plan, one backward) must run, by plan edge.
 
@@ -86,13 +94,18 @@ def expected_collectives(plan: Plan) -> list[Collective]:
                 if step.kind != SLICE:
                     sent = step.sent_bytes(plan.mesh.shape[step.axis])
                     result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
+    for node in plan.nodes.values():
+        for step in node.count_steps:
+            sent = step.sent_bytes(plan.mesh.shape[step.axis])
+            result.append(Collective(count_label(node.name), step.kind, step.axis, sent, FORWARD))
     return result
 
 
 def required_collectives(plan: Plan) -> set[str]:
     """Kinds of collective the plan runs on mesh axes with more than one device."""
-    return {step.kind for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)
-            if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
+    steps = [step for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)]
+    steps += [step for node in plan.nodes.values() for step in node.count_steps]
+    return {step.kind for step in steps if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
 
 
 def check_backend(plan: Plan, backend: str, table: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> None:
@@ -115,11 +128,32 @@ def check_world(plan: Plan, world_size: int) -> None:
 
 
 def check_model(plan: Plan, graph: OpGraph) -> None:
-    """Refuse a plan made for another model (its fingerprint is not the traced graph's)."""
+    """Refuse a plan made for another model (its fingerprint is not the traced graph's), saying what differs."""
     if plan.fingerprint != fingerprint(graph):
         which = f" ({plan.model})" if plan.model else ""
-        raise AutoshardError(f"plan was made for another model{which}: its fingerprint {plan.fingerprint} is not "
-                             f"this model's {fingerprint(graph)}; re-plan this model with autoshard.solve")
+        raise AutoshardError(f"plan was made for another model{which}: {graph_difference(plan, graph)}; "
+                             "re-plan this model with autoshard.solve")
+
+
+def graph_difference(plan: Plan, graph: OpGraph) -> str:
+    """What tells the plan's graph from ``graph``: the tracer, the first differing node, or the fingerprints."""
+    frontend = ""
+    if plan.frontend and plan.frontend != graph.frontend:
+        frontend = f"it was traced with {plan.frontend}, this model with {graph.frontend}; "
+    ours = graph_signature(graph)
+    if not plan.signature:
+        return f"{frontend}its fingerprint {plan.fingerprint} is not this model's {fingerprint(graph)}"
+    for k, (planned, traced) in enumerate(zip(plan.signature, ours)):
+        if planned != traced:
+            return f"{frontend}node {k} differs: the plan has {_node_text(planned)}, this model {_node_text(traced)}"
+    return f"{frontend}the plan has {len(plan.signature)} nodes, this model {len(ours)}, the first ones equal"
+
+
+def _node_text(line: str) -> str:
+    """``linear_1 (linear, shape (8, 32))`` from a signature line ``linear_1:linear:(8, 32)`` (inputs have no op)."""
+    name, op, shape = line.split(":", 2)
+    details = [part for part in (op if op != "None" else "", f"shape {shape}" if shape != "None" else "") if part]
+    return f"{name} ({', '.join(details)})" if details else name
 
 
 def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
@@ -134,7 +168,9 @@ def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torc
 
 
 def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
-    """The whole tensor on every rank from the local pieces of layout ``spec`` (collective, no autograd)."""
+    """The whole tensor on every rank from the local pieces of layout ``spec`` (collective, no autograd;
+    a DTensor contributes its local piece)."""
+    local = local_of(local)
     mesh = groups.mesh.shape
     shape = tuple(n * spec.shard_factor(d, mesh) for d, n in enumerate(local.shape))
     steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
@@ -143,23 +179,41 @@ def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> to
 
 
 def relative_errors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
-    """Per name of ``want``, (max |got - want|, that over max |want|), in float64; missing names get inf.
+    """Per name of ``want``: (max |got - want|, max |got - want| / (|want| + s)), in float64; missing names get inf.
 
-    A reference whose largest entry is below ``ZERO_FLOOR`` times the largest of all ``want``
-    tensors is zero up to float rounding (an attention key bias's gradient: softmax ignores it),
-    so its error is taken relative to that floor rather than to its own rounding noise.
+    The check is ``torch.testing.assert_close``'s, |got - want| <= atol + rtol |want| elementwise,
+    written as one relative error against ``rtol`` with ``atol = rtol * s``; ``s`` scales it to the
+    tensor and to everything compared with it: ``s = max(max |want|, NOISE_FLOOR * M)``, where M is
+    the largest entry of all ``want`` tensors. A reference that is zero up to float32 rounding
+    (an attention key bias's gradient: softmax ignores it) is then judged against 1e-3 of the
+    largest gradient, not against its own noise, while an error in any tensor of real magnitude is
+    still measured against that tensor. NaN where the reference has NaN (a mean over no targets) is equal.
     """
-    floor = ZERO_FLOOR * max((float(w.detach().abs().max()) for w in want.values() if w.numel()), default=0.0)
+    largest = max((_finite_max(w) for w in want.values() if w.numel()), default=0.0)
     errors = {}
     for name, w in want.items():
         if name not in got or tuple(got[name].shape) != tuple(w.shape):
             errors[name] = (float("inf"), float("inf"))
             continue
+        if not w.numel():
+            errors[name] = (0.0, 0.0)
+            continue
         g, w64 = got[name].detach().double().cpu(), w.detach().double().cpu()
-        abs_err = float((g - w64).abs().max()) if w64.numel() else 0.0
-        scale = max(float(w64.abs().max()) if w64.numel() else 0.0, floor)
-        errors[name] = (abs_err, abs_err / scale if scale > 0 else abs_err)
+        diff = (g - w64).abs()
+        diff = torch.where(torch.isnan(g) & torch.isnan(w64), 0.0, diff)
+        diff = torch.where((g == w64), 0.0, diff)  # equal infinities
+        diff = torch.nan_to_num(diff, nan=float("inf"))
+        scale = max(_finite_max(w64), NOISE_FLOOR * largest)
+        denominator = torch.nan_to_num(w64.abs(), nan=0.0, posinf=0.0) + scale
+        relative = diff / denominator if scale > 0 else diff
+        errors[name] = (float(diff.max()), float(relative.max()))
     return errors
+
+
+def _finite_max(t: torch.Tensor) -> float:
+    """Largest finite |entry| (0 when none)."""
+    finite = t.detach().abs()[torch.isfinite(t.detach())]
+    return float(finite.max()) if finite.numel() else 0.0
 
 
 def local_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -198,6 +252,7 @@ class ParallelModule(nn.Module):
         self._graph = graph
         self._edges = {(e.dst, e.operand): e for e in plan.edges}
         self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
+        self._logs |= {count_label(n.name): CommLog() for n in plan.nodes.values() if n.count_steps}
         self._state_names: dict[str, str] = {}
         self._parameter_names = {n.qualname for n in graph if n.kind == NodeKind.PARAM}
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
@@ -267,12 +322,28 @@ class ParallelModule(nn.Module):
                 if place is not None:
                     for k in place.masked_operands:
                         operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
-                out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
+                if place is not None and place.count_steps:
+                    out = self._mean_over_global_count(node, operands, place.count_steps)
+                else:
+                    out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
                 del operands
                 values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
             for src in self._dying.get(node.name, ()):
                 del values[src]
         raise AutoshardError("the traced graph has no output node: re-trace the model")
+
+    def _mean_over_global_count(self, node: OpNode, operands: list[Any], steps: tuple[Step, ...]) -> torch.Tensor:
+        """A mean loss (cross-entropy, NLL) on this rank's targets: local sum / global count of valid targets.
+
+        Dividing each shard's own mean would weigh shards by 1 / their count of targets that are
+        not ``ignore_index`` (a causal LM's shifted labels end each row with -100). The count is
+        data, not a parameter: it has no gradient.
+        """
+        total = node_caller(self._graph, node.name)(operands, {**self._attrs[node.name], "reduction": 2})
+        valid = operands[1] != node.attrs.get("ignore_index", -100)
+        with torch.no_grad():
+            count = run_steps(valid.sum().to(total.dtype), steps, self.groups, self._logs[count_label(node.name)])
+        return total / count
 
     def _checked_input(self, node: OpNode, value: torch.Tensor) -> torch.Tensor:
         want = node.tensor.shape if node.tensor is not None else None
@@ -348,7 +419,7 @@ def parallelize(
 ) -> ParallelModule:
     """This rank's part of ``model`` running ``plan``; call on every rank with the same arguments.
 
-    The model is re-traced on ``example_inputs`` unless its ``graph`` is given, and checked
+    The model is re-traced on ``example_inputs`` with the plan's frontend unless its ``graph`` is given, and checked
     against the plan (fingerprint, world size, collectives of the backend) before anything runs.
     ``mesh_groups`` defaults to the plan mesh's groups over the initialized default process group.
     The mesh's first rank broadcasts its parameters and buffers to the others (collective);
@@ -357,7 +428,7 @@ def parallelize(
     if graph is None:
         if example_inputs is None:
             raise AutoshardError("parallelize needs example_inputs (to re-trace the model) or the traced graph")
-        graph = trace(model, tuple(example_inputs))
+        graph = trace(model, tuple(example_inputs), plan.frontend or "auto")
     distributed = dist.is_available() and dist.is_initialized()
     world = mesh_groups.mesh.size if mesh_groups is not None else dist.get_world_size() if distributed else 1
     check_model(plan, graph)

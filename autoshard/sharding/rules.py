@@ -15,7 +15,13 @@ axes, in ascending order); from the assignment everything follows mechanically:
   data-parallel gradient all-reduce falls out of this), except the output's partial axes for an
   operand added into a partial output (a row-parallel bias): the output's gradient arrives
   replicated over those axes, so every device computes the bias's whole gradient itself;
-- the local computation is the global one divided by the product of all assigned axis sizes.
+- the local computation is the global one divided by the product of all assigned axis sizes;
+- a mean over assigned indices is a partial sum of local means times ``scale`` (1 / shards),
+  unless its denominator depends on the data (``counted_indices``: cross-entropy and NLL with
+  ``reduction="mean"`` divide by the number of targets not equal to ``ignore_index``, which
+  differs from shard to shard). Then the strategy's ``count_axes`` are those assigned to such
+  indices and the runtime computes the local *sum* divided by the global count, one scalar
+  all-reduce per axis (:func:`count_steps`, charged by the builder and listed in the plan).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Callable, Sequence
 from autoshard.graph import TensorMeta
 from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
                                   elementwise_instance)
+from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.sharding.spec import TensorSpec
 
@@ -50,6 +57,16 @@ class OpStrategy:
     scale: Fraction = Fraction(1)
     masked: tuple[int, ...] = ()
     label: str = field(default="", compare=False)
+    count_axes: tuple[int, ...] = ()
+
+
+def count_steps(strategy: OpStrategy, itemsize: int, mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+    """The all-reduces that sum a mean loss's count of valid targets over the axes sharding them (a scalar
+    of ``itemsize`` bytes, partial over ``count_axes``, made whole); none when the targets are not sharded."""
+    if not strategy.count_axes:
+        return ()
+    partial = TensorSpec((), frozenset(strategy.count_axes))
+    return reshard_steps(partial, TensorSpec(()), (), itemsize, mesh_shape)
 
 
 @functools.lru_cache(maxsize=None)
@@ -212,6 +229,13 @@ def _layer_norm(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
 
 
 def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    """cross_entropy / nll_loss: logits [N, C, d1...] (or [C]), class-index targets [N, d1...].
+
+    The class dim is never sharded. A mean (reduction 1) divides by the number of targets not
+    equal to ``ignore_index`` (label smoothing divides by the same count), so the target dims are
+    ``counted_indices``; with class weights it divides by the targets' summed weights, and the
+    target dims are kept whole instead.
+    """
     logits, target = shapes[0], shapes[1]
     class_dim = 1 if len(logits) >= 2 else 0
     labels = tuple(f"d{d}" for d in range(len(logits)))
@@ -225,9 +249,9 @@ def _loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     if weighted and reduction == 1:  # a weighted mean divides by a global sum of weights
         fixed.update(target_labels)
     operands = [labels, target_labels] + [(labels[class_dim],) if s is not None else None for s in shapes[2:]]
-    mean = frozenset(target_labels) if reduction == 1 else frozenset()
+    counted = frozenset(target_labels) if reduction == 1 else frozenset()
     return OpInstance(tuple(operands), out, {l: (n,) for l, n in zip(labels, logits)}, frozenset(fixed),
-                      (), mean)
+                      (), frozenset(), counted)
 
 
 def _pointwise_loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -410,9 +434,10 @@ def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
                                                           - (partial if k in masked else frozenset()))
                       for k, labels in enumerate(instance.operands))
         mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
+        counted = tuple(sorted(a for i in instance.counted_indices for a in axes_of.get(i, ())))
         result.append(OpStrategy(
             tuple(sorted(axes_of.items())), in_specs, _spec(instance.output, axes_of, partial), grads,
-            math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked,
+            math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked, count_axes=counted,
         ))
     return result
 

@@ -26,7 +26,13 @@ class Rule:
 
 @dataclass(frozen=True)
 class OpInstance:
-    """A rule resolved against one node's shapes: index labels per dim and what they mean."""
+    """A rule resolved against one node's shapes: index labels per dim and what they mean.
+
+    ``mean_indices`` are reduced by a mean whose denominator is their size (sharding them scales
+    the local result); ``counted_indices`` by a mean whose denominator depends on the data (a loss
+    divided by its count of targets not equal to ``ignore_index``): sharding them divides the
+    local sum by the count all-reduced over the axes that shard them.
+    """
 
     operands: tuple[Labels | None, ...]
     output: Labels
@@ -34,6 +40,7 @@ class OpInstance:
     fixed: frozenset[str] = frozenset()
     additive: tuple[int, ...] = ()
     mean_indices: frozenset[str] = frozenset()
+    counted_indices: frozenset[str] = frozenset()
 
     @property
     def contracted(self) -> frozenset[str]:

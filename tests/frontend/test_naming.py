@@ -59,3 +59,16 @@ def test_export_records_the_aten_ops_the_same_spellings_run() -> None:
     assert {"einsum", "upsample_nearest2d", "slice", "select", "unsqueeze", "max", "getitem", "mT",
             "numpy_T"} <= ops
     assert None not in ops
+
+
+def test_losses_with_deprecated_reduction_arguments_are_not_named() -> None:
+    """``size_average=False`` makes F.cross_entropy sum: named by its schema it would read as a mean."""
+    class Losses(nn.Module):
+        def forward(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return F.cross_entropy(x, t, size_average=False), F.cross_entropy(x, t, reduction="sum")
+
+    inputs = (torch.randn(4, 3), torch.tensor([0, 1, 2, 1]))
+    graph = trace(Losses(), inputs, "fx")
+    assert [node.op for node in graph if node.kind is NodeKind.OP] == [None, "cross_entropy_loss"]
+    legacy, summed = run_graph(graph, inputs)
+    torch.testing.assert_close(legacy, summed)

@@ -52,7 +52,7 @@ def test_readme_torchrun_command(tmp_path: Path) -> None:
     done = _torchrun(2, "examples/mlp.py", "--plan", str(plan))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "mlp on mesh 2 (training plan, 2 ranks, gloo)" in out
+    assert "mlp on mesh 2 (training plan, 2 ranks, gloo, traced with torch.fx)" in out
     assert "grad fc2.bias [1024]" in out and "largest relative error" in out and ": ok" in out
     assert "rank 1: parameters 16 MiB of 32 MiB unsharded; sent all_reduce 1x 32 MiB" in out
     assert "collectives: 1 executed per rank, 1 planned, equal to the plan's list" in out
