@@ -90,5 +90,5 @@ def megatron_choice(mp: ModelProblem) -> list[int]:
                 choice[i] = min(matches, key=lambda j: cand.usages[j])
                 continue
         choice[i] = 0
-    return mp.complete([int(c) for c in choice])
+    return mp.with_storage_of_users([int(c) for c in choice])
 

@@ -30,9 +30,11 @@ from autoshard.candidates import Candidate, CandidateBuilder, LocalFlops, operan
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
 from autoshard.cost.memory import PRECISIONS, MemoryItem, out_metas
+from autoshard.cost.recompute import NO_BLOCKS, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
 from autoshard.graph import NodeKind, OpGraph, TensorMeta
 from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import reshard_steps
 from autoshard.sharding.rules import OpStrategy
@@ -48,6 +50,8 @@ class BuildOptions:
     ``slapo_space`` reproduces Slapo autoshard's search space: only the last two dims of a
     tensor are sharded, and every matmul-like op (one with a contracted index) is split.
     ``precision`` sets the bytes of parameters, gradients and optimizer state (cost/memory.py).
+    ``recompute``: in training under a memory budget, each repeated layer may be recomputed
+    (cost/recompute.py); without a budget recomputing only costs, so it is not offered.
     """
 
     mode: str = "inference"
@@ -56,6 +60,7 @@ class BuildOptions:
     slapo_space: bool = False
     optimizer_slots: int = 2
     precision: str = "as-is"
+    recompute: bool = True
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class ModelProblem:
     life: Lifetimes
     items: list[MemoryItem]
     aux_owner: list[int] = field(default_factory=list)
+    blocks: Blocks = NO_BLOCKS
     distinct_candidates: int = 0
     distinct_matrices: int = 0
 
@@ -105,24 +111,47 @@ class ModelProblem:
         return head + [head[owner] for owner in self.aux_owner]
 
     def with_storage_of_users(self, choice: list[int]) -> list[int]:
-        """``choice`` with every parameter's storage made to match its owner's strategy: the same
-        stored layout used as the owner reads it if possible, else stored as the owner reads it
-        (for choices not made by the solver: baselines, random plans)."""
+        """``choice`` made consistent (for choices not made by the solver: baselines, random plans):
+        every block recomputes as its first node says, and every parameter's storage matches its
+        owner's strategy (the same stored layout used as the owner reads it if possible, else
+        stored as the owner reads it)."""
         fixed = list(choice[: len(self.names)])
         index = {n: i for i, n in enumerate(self.names)}
+        first_of: dict[int, bool] = {}
+        for name, block in self.blocks.block_of.items():  # one recompute choice per block: its first node's
+            cand = self.candidates.get(name)
+            if cand is None or cand.recompute is None:
+                continue
+            half = len(cand.strategies) // 2
+            flag = first_of.setdefault(block, cand.recompute[fixed[index[name]]])
+            fixed[index[name]] = fixed[index[name]] % half + (half if flag else 0)
         for name, cand in self.candidates.items():
             owner = self.life.first_reader.get(name)
             if cand.storage is None or owner not in index or cand.storage[0].use is None:
                 continue
             operand = self.graph[owner].inputs.index(name)
-            use = self.candidates[owner].strategies[fixed[index[owner]]].in_specs[operand]
+            owned = self.candidates[owner]
+            use = owned.strategies[fixed[index[owner]]].in_specs[operand]
+            again = owned.recompute[fixed[index[owner]]] if owned.recompute is not None else None
             stored = cand.strategies[fixed[index[name]]].out_spec
-            fits = [i for i, s in enumerate(cand.storage) if s.use == use and not s.regather]
+            fits = [i for i, s in enumerate(cand.storage) if s.use == use and not s.regather
+                    and (cand.recompute is None or cand.recompute[i] == again)]
             same = [i for i in fits if cand.strategies[i].out_spec == stored]
             exact = [i for i in fits if cand.strategies[i].out_spec == use]
             if same or exact or fits:
                 fixed[index[name]] = (same or exact or fits)[0]
         return self.complete(fixed)
+
+    def recomputed_blocks(self, choice: list[int]) -> list[list[str]]:
+        """The op nodes of every block ``choice`` recomputes, block by block in graph order."""
+        chosen: dict[int, list[str]] = {}
+        index = {n: i for i, n in enumerate(self.names)}
+        for name, block in self.blocks.block_of.items():
+            cand = self.candidates.get(name)
+            if cand is not None and cand.recompute is not None and cand.recompute[choice[index[name]]]:
+                chosen.setdefault(block, []).append(name)
+        order = self.life.order
+        return [sorted(names, key=order.__getitem__) for _, names in sorted(chosen.items())]
 
     def memory_at(self, choice: list[int], time: int) -> dict[str, int]:
         """Bytes in use at ``time`` under ``choice``, by what they are (parameter, activation ...)."""
@@ -161,12 +190,21 @@ class _EdgePrices:
         return self.reshards[key]
 
     def matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
-               owner: bool) -> np.ndarray:
-        """Cost of every (producer strategy, consumer strategy) pair on one edge."""
-        key = (id(src.strategies), id(dst.strategies), operand, meta, backward, owner)
+               owner: bool, same_block: bool) -> np.ndarray:
+        """Cost of every (producer strategy, consumer strategy) pair on one edge. A consumer that
+        recomputes its block pays the forward reshard again; inside one block, or from a
+        parameter to its owner, both ends must make the same recompute choice."""
+        key = (id(src.strategies), id(dst.strategies), operand, meta, backward, owner, same_block)
         if key not in self.matrices:
             matrix = self._storage(src, dst, operand, meta, backward) if owner else \
                 self._plain(src, dst, operand, meta, backward)
+            if dst.recompute is not None:
+                again = self._storage(src, dst, operand, meta, False, once=True) if owner else \
+                    self._plain(src, dst, operand, meta, False)
+                matrix = np.where(np.asarray(dst.recompute)[None, :], np.minimum(matrix + again, FORBIDDEN), matrix)
+                if (same_block or owner) and src.recompute is not None:
+                    differ = np.asarray(src.recompute)[:, None] != np.asarray(dst.recompute)[None, :]
+                    matrix = np.where(differ, FORBIDDEN, matrix)
             matrix.flags.writeable = False  # shared by every identical edge: nobody may edit it in place
             self.matrices[key] = matrix
         return self.matrices[key]
@@ -185,12 +223,13 @@ class _EdgePrices:
                                          [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
         return matrix
 
-    def _storage(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
+    def _storage(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
+                 once: bool = False) -> np.ndarray:
         """Parameter -> owner: only the owner strategies reading the use layout; gathers (again for
-        backward when re-gathered) and the gradient's reshard back to the stored layout."""
+        backward when re-gathered, unless ``once``) and the gradient's reshard back to the stored layout."""
         matrix = np.full((len(src.strategies), len(dst.strategies)), FORBIDDEN, dtype=np.int64)
         for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
-            gather = self.reshard(stored.out_spec, storage.use, meta) * (2 if storage.regather else 1)
+            gather = self.reshard(stored.out_spec, storage.use, meta) * (2 if storage.regather and not once else 1)
             for j, s in enumerate(dst.strategies):
                 if s.in_specs[operand] != storage.use:
                     continue
@@ -258,8 +297,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--precision {options.precision!r} is unknown: use one of {', '.join(PRECISIONS)}")
     training = options.mode == "training"
     life = lifetimes(graph, training)
+    blocks = layer_blocks(graph, find_repeated_layers(graph)) \
+        if training and options.recompute and options.memory_budget is not None else NO_BLOCKS
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
-                               options.slapo_space, local_flops)
+                               options.slapo_space, local_flops, blocks)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
     for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):
@@ -286,7 +327,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             backward = training and graph[src].requires_grad and meta.is_float and operand not in node.no_grad_operands
             owner = candidates[src].storage is not None and life.first_reader.get(src) == node.name \
                 and node.inputs.index(src) == operand and candidates[src].storage[0].use is not None
-            matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner)
+            matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner, blocks.same(src, node.name))
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)
@@ -315,7 +356,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     items = [item for n in names for item in candidates[n].items]
     return ModelProblem(graph, mesh, cost_model, options, names, candidates, edges, problem,
                         _warnings(builder.unsupported, candidates, mesh), fingerprint(graph), life, items,
-                        aux_owner, len(builder.cache), len(prices.matrices))
+                        aux_owner, blocks, len(builder.cache), len(prices.matrices))
 
 
 def _warnings(unsupported, candidates: dict[str, Candidate], mesh: Mesh) -> list[str]:

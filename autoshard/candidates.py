@@ -23,7 +23,9 @@ from typing import Callable, Sequence
 from autoshard.cost.communication import CostModel
 from autoshard.cost.compute import op_times
 from autoshard.cost.lifetimes import Lifetimes
-from autoshard.cost.memory import MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items, state_items
+from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
+                                   recompute_variants, state_items)
+from autoshard.cost.recompute import NO_BLOCKS, Blocks
 from autoshard.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
@@ -39,7 +41,8 @@ from autoshard.sharding.spec import TensorSpec
 @dataclass
 class Candidate:
     """A graph tensor as a decision node: its strategies, their own cost, and its memory items;
-    for ops the (forward, backward) flops each strategy runs per device."""
+    for ops the (forward, backward) flops each strategy runs per device and the cost of its
+    forward alone; ``recompute[s]``: strategy s recomputes the node's block (cost/recompute.py)."""
 
     node: OpNode
     strategies: list[OpStrategy]
@@ -48,6 +51,8 @@ class Candidate:
     instance: OpInstance | None = None
     storage: list[ParamStorage] | None = None
     flops: list[tuple[int, int]] | None = None
+    forward_costs: list[int] | None = None
+    recompute: list[bool] | None = None
 
     @property
     def usages(self) -> list[int]:
@@ -61,8 +66,9 @@ class Candidate:
         self.items = [MemoryItem(m.owner, m.what, m.interval, tuple(m.usage[i] for i in indices)) for m in self.items]
         if self.storage is not None:
             self.storage = [self.storage[i] for i in indices]
-        if self.flops is not None:
-            self.flops = [self.flops[i] for i in indices]
+        for attr in ("flops", "forward_costs", "recompute"):
+            if getattr(self, attr) is not None:
+                setattr(self, attr, [getattr(self, attr)[i] for i in indices])
 
 
 def operand_meta(graph: OpGraph, node: OpNode, src: str) -> TensorMeta | None:
@@ -84,9 +90,11 @@ class CandidateBuilder:
     """Computes candidates node by node; identical nodes (repeated layers) share theirs."""
 
     def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
-                 precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None) -> None:
+                 precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None,
+                 blocks: Blocks = NO_BLOCKS) -> None:
         self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
-        self.local_flops = local_flops
+        self.local_flops, self.blocks = local_flops, blocks
+        self.doubled: dict[int, tuple[list[OpStrategy], list[int], list[tuple[int, int]], list[bool]]] = {}
         self.training, self.precision, self.optimizer_slots = training, precision, optimizer_slots
         self.slapo_space = slapo_space
         self.allowed = (lambda d, r: d >= r - 2) if slapo_space else None
@@ -118,14 +126,29 @@ class CandidateBuilder:
         return self._for(node, found)
 
     def _for(self, node: OpNode, found: Candidate) -> Candidate:
-        """A shared candidate re-labelled for ``node`` (its memory items carry node-specific times)."""
-        items = self._op_items(node, found.strategies) if node.kind == NodeKind.OP else \
-            [MemoryItem(node.name, m.what, m.interval, m.usage) for m in found.items]
-        return Candidate(node, found.strategies, found.costs, items, found.instance, found.storage, found.flops)
+        """A shared candidate re-labelled for ``node`` (its memory items carry node-specific times);
+        in a recomputable block, with every strategy twice: keep, then recompute."""
+        if node.kind != NodeKind.OP:
+            items = [MemoryItem(node.name, m.what, m.interval, m.usage) for m in found.items]
+            return Candidate(node, found.strategies, found.costs, items, found.instance, found.storage, found.flops)
+        if node.name not in self.blocks.block_of:
+            return Candidate(node, found.strategies, found.costs, self._op_items(node, found.strategies),
+                             found.instance, flops=found.flops, forward_costs=found.forward_costs)
+        key = id(found.strategies)
+        if key not in self.doubled:  # shared by identical nodes, so their edge matrices are shared too
+            k = len(found.strategies)
+            self.doubled[key] = (found.strategies * 2, found.costs + [c + f for c, f in zip(found.costs, found.forward_costs)],
+                                 found.flops * 2, [False] * k + [True] * k)
+        strategies, costs, flops, recompute = self.doubled[key]
+        k = len(found.strategies)
+        items = recompute_variants(self._op_items(node, found.strategies),
+                                   self._op_items(node, found.strategies, self.blocks), k, k)
+        return Candidate(node, strategies, costs, items, found.instance, flops=flops,
+                         forward_costs=found.forward_costs * 2, recompute=recompute)
 
-    def _op_items(self, node: OpNode, options: list[OpStrategy]) -> list[MemoryItem]:
+    def _op_items(self, node: OpNode, options: list[OpStrategy], recomputed: Blocks | None = None) -> list[MemoryItem]:
         return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
-                        self.training)
+                        self.training, recomputed)
 
     def _state(self, node: OpNode) -> Candidate:
         """A buffer (one strategy per layout) or a model input (replicated in inference)."""
@@ -143,26 +166,36 @@ class CandidateBuilder:
         owner_name = self.life.first_reader.get(node.name)
         owner = built.get(owner_name) if owner_name is not None else None
         operand = owner.node.inputs.index(node.name) if owner is not None else -1
+        saved = owner is not None and owner.node.work is not None and operand in owner.node.work.saved_operands \
+            and owner.node.requires_grad
         if owner is None or owner.node.kind != NodeKind.OP or owner.strategies[0].in_specs[operand] is None:
             options = [(l, ParamStorage(None)) for l in layouts]
             owner = None
         else:
-            key = (meta, id(owner.strategies), operand)
+            key = (meta, id(owner.strategies), operand, saved)
             if key not in self.storage_cache:
-                self.storage_cache[key] = self._storage_options(meta, layouts, owner.strategies, operand)
+                self.storage_cache[key] = self._storage_options(meta, layouts, owner.strategies, operand, saved)
             options = self.storage_cache[key]
-        stored_layouts = [l for l, _ in options]
-        storage = [s for _, s in options]
-        saved = owner is not None and owner.node.work is not None and operand in owner.node.work.saved_operands \
-            and owner.node.requires_grad
-        items = param_items(node, stored_layouts, storage, owner.node if owner else None, saved, self.life,
-                            self.mesh, self.precision, self.training, self.optimizer_slots)
-        return Candidate(node, [OpStrategy((), (), l, ()) for l in stored_layouts], [0] * len(options), items,
-                         storage=storage)
+
+        def items_of(chosen: list[tuple[TensorSpec, ParamStorage]], recomputed: Blocks | None) -> list[MemoryItem]:
+            return param_items(node, [l for l, _ in chosen], [s for _, s in chosen], owner.node if owner else None,
+                               saved, self.life, self.mesh, self.precision, self.training, self.optimizer_slots,
+                               recomputed)
+
+        recompute = None
+        items = items_of(options, None)
+        if owner is not None and owner.recompute is not None:  # mirrors its owner's block choice
+            again = [(l, s) for l, s in options if not s.regather]  # recomputing re-gathers anyway
+            items = recompute_variants(items, items_of(again, self.blocks), len(options), len(again))
+            recompute = [False] * len(options) + [True] * len(again)
+            options = options + again
+        return Candidate(node, [OpStrategy((), (), l, ()) for l, _ in options], [0] * len(options), items,
+                         storage=[s for _, s in options], recompute=recompute)
 
     def _storage_options(self, meta: TensorMeta, layouts: list[TensorSpec], owner: list[OpStrategy],
-                         operand: int) -> list[tuple[TensorSpec, ParamStorage]]:
-        """Every (stored layout, use) pair with ``use`` one of the owner's operand layouts."""
+                         operand: int, saved: bool) -> list[tuple[TensorSpec, ParamStorage]]:
+        """Every (stored layout, use) pair with ``use`` one of the owner's operand layouts; gathered
+        again for backward as well only where the owner saves it (else its copy dies in forward)."""
         options = []
         for use in sorted({s.in_specs[operand] for s in owner}):
             for stored in layouts:
@@ -170,7 +203,7 @@ class CandidateBuilder:
                     options.append((stored, ParamStorage(use)))
                 elif gathers_only(stored, use, meta, self.mesh):
                     options.append((stored, ParamStorage(use)))
-                    if self.training:
+                    if self.training and saved:
                         options.append((stored, ParamStorage(use, regather=True)))
         return options
 
@@ -193,19 +226,21 @@ class CandidateBuilder:
         needs = [self.training and node.requires_grad and self.graph[src].requires_grad and m is not None and m.is_float
                  and k not in node.no_grad_operands for k, (src, m) in enumerate(zip(node.inputs, operands))]
         dtype = metas[0].dtype if metas else "float32"
-        costs, flops = [], []
+        costs, flops, forward = [], [], []
         for s in options:
             work = self._local_work(node, operands, s)
             flops.append((0, 0) if work is None else (work.flops // s.degree, work.backward_flops // s.degree))
             if not self.cost_model.charges_compute:
                 costs.append(0)
+                forward.append(0)
                 continue
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
             times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device)
             costs.append(self.cost_model.ticks(times.forward + times.backward) + self._count_ticks(s, metas))
-        return Candidate(node, options, costs, [], instance, flops=flops)
+            forward.append(self.cost_model.ticks(times.forward))
+        return Candidate(node, options, costs, [], instance, flops=flops, forward_costs=forward)
 
     def _count_ticks(self, strategy: OpStrategy, metas: list[TensorMeta]) -> int:
         """Price of a mean loss's valid-target count all-reduce (forward only: the count has no gradient)."""

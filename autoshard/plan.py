@@ -26,7 +26,8 @@ with ``auto``; no signature: only the fingerprint is compared).
 Per edge it records the forward steps (producer spec -> required spec) and, in training mode,
 the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient);
 ``regather`` marks a parameter gathered again for backward instead of kept from forward (its
-forward steps run once more in backward).
+forward steps run once more in backward). ``Plan.recompute`` lists the recomputed segments (runs
+of consecutive graph nodes, each a repeated layer): their forward runs again in backward.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Plan:
     param_specs: dict[str, TensorSpec] = field(default_factory=dict)
     frontend: str = ""
     signature: list[str] = field(default_factory=list)
+    recompute: list[list[str]] = field(default_factory=list)
 
     def shards_nothing(self) -> bool:
         """True when every tensor the model reads is replicated: each device runs the whole model."""
@@ -129,6 +131,7 @@ class Plan:
             "param_specs": {k: _spec_json(v, nd) for k, v in self.param_specs.items()},
             "frontend": self.frontend,
             "signature": self.signature,
+            "recompute": self.recompute,
             "nodes": [_node_json(n, nd) for n in self.nodes.values()],
             "edges": [_edge_json(e, nd) for e in self.edges],
         }
@@ -162,6 +165,7 @@ class Plan:
                 param_specs={k: _spec_from(v) for k, v in data.get("param_specs", {}).items()},
                 frontend=data.get("frontend", ""),
                 signature=list(data.get("signature", [])),
+                recompute=[list(names) for names in data.get("recompute", [])],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AutoshardError(f"plan file is malformed ({exc!r}): write it with autoshard.solve --out") from None

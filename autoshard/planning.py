@@ -39,6 +39,14 @@ def edge_cost(mp: ModelProblem, index: int | None, choice: list[int]) -> int:
     return int(mp.problem.edge_costs[index][choice[u], choice[v]])
 
 
+def _segments(mp: ModelProblem, choice: list[int]) -> list[list[str]]:
+    """The runs of consecutive graph nodes that ``choice`` recomputes: from the first to the last
+    node of each recomputed block (a run is closed: every input from outside comes before it)."""
+    names = list(mp.graph.nodes)
+    order = mp.life.order
+    return [names[order[block[0]]: order[block[-1]] + 1] for block in mp.recomputed_blocks(choice)]
+
+
 def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound: int | None = None,
               proved_optimal: bool = False) -> Plan:
     """The plan that ``choice`` (one strategy per graph node, or per problem node) describes."""
@@ -96,6 +104,7 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
         lower_bound=lower_bound,
         proved_optimal=proved_optimal,
         param_specs=param_specs,
+        recompute=_segments(mp, choice),
         frontend=mp.graph.frontend,
         signature=graph_signature(mp.graph),
     )

@@ -38,6 +38,7 @@ class Lifetimes:
     gradient: dict[str, tuple[int, int]]
     first_reader: dict[str, str]
     last_reader: dict[str, str]
+    savers: dict[str, tuple[str, ...]]
 
     @property
     def end(self) -> int:
@@ -86,6 +87,7 @@ def lifetimes(graph: OpGraph, training: bool) -> Lifetimes:
     first_reader: dict[str, str] = {}
     last_reader: dict[str, str] = {}
     kept_until: dict[str, int] = {}
+    savers: dict[str, list[str]] = {}
     for node in graph:
         t = order[node.name]
         for k, src in enumerate(node.inputs):
@@ -97,9 +99,11 @@ def lifetimes(graph: OpGraph, training: bool) -> Lifetimes:
             last_reader[src] = node.name
             if training and _runs_backward(node) and node.work is not None and k in node.work.saved_operands:
                 kept_until[root] = max(kept_until.get(root, 0), 2 * horizon - t)
+                savers.setdefault(root, []).append(node.name)
         if training and _runs_backward(node) and node.work is not None and node.work.saves_output:
             root = base[node.name]
             kept_until[root] = max(kept_until.get(root, 0), 2 * horizon - t)
+            savers.setdefault(root, []).append(node.name)
     value: dict[str, tuple[int, int]] = {}
     read: dict[str, tuple[int, int]] = {}
     gradient: dict[str, tuple[int, int]] = {}
@@ -110,4 +114,5 @@ def lifetimes(graph: OpGraph, training: bool) -> Lifetimes:
         read[name] = (start, last_use[name] + 1)
         if training and node.requires_grad and base[name] == name and last_use[name] > order[name]:
             gradient[name] = (2 * horizon - 1 - last_use[name], 2 * horizon - order[name])
-    return Lifetimes(order, horizon, base, value, read, gradient, first_reader, last_reader)
+    return Lifetimes(order, horizon, base, value, read, gradient, first_reader, last_reader,
+                     {root: tuple(names) for root, names in savers.items()})

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from autoshard.cost.lifetimes import Lifetimes
+from autoshard.cost.recompute import Blocks, recomputed_forward, saved_window, value_windows
 from autoshard.graph import NodeKind, OpNode, TensorMeta
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
@@ -101,8 +102,9 @@ def out_metas(node: OpNode) -> list[TensorMeta]:
 
 def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[ParamStorage], owner: OpNode | None,
                 saved_by_owner: bool, life: Lifetimes, mesh: Mesh, precision: str, training: bool,
-                optimizer_slots: int) -> list[MemoryItem]:
-    """A parameter's stored value, optimizer state, gradient and use copies, per strategy."""
+                optimizer_slots: int, recomputed: Blocks | None = None) -> list[MemoryItem]:
+    """A parameter's stored value, optimizer state, gradient and use copies, per strategy
+    (``recomputed``: the owner's block is recomputed, so the use copy is made again then)."""
     meta = node.tensor
     bytes_of = param_precision(precision, meta.itemsize) if training else ParamPrecision(meta.itemsize, None, 0, 0)
     stored = [local_bytes(l, meta, mesh, bytes_of.value) + optimizer_slots * training * local_bytes(l, meta, mesh, bytes_of.optimizer)
@@ -120,7 +122,11 @@ def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[P
     copy_size = bytes_of.compute or bytes_of.value
     copies = [local_bytes(s.use, meta, mesh, copy_size) if s.use is not None and (s.use != l or bytes_of.compute)
               else 0 for l, s in zip(layouts, storage)]
-    if training and saved_by_owner:
+    if training and saved_by_owner and recomputed is not None:
+        items += [MemoryItem(node.name, "use copy (forward)", life.forward_window(owner.name), tuple(copies)),
+                  MemoryItem(node.name, "use copy (recomputed)", saved_window(owner.name, life, recomputed),
+                             tuple(copies))]
+    elif training and saved_by_owner:
         kept = tuple(0 if s.regather else c for c, s in zip(copies, storage))
         again = tuple(c if s.regather else 0 for c, s in zip(copies, storage))
         items += [MemoryItem(node.name, "use copy", life.saved_window(owner.name), kept),
@@ -132,8 +138,9 @@ def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[P
 
 
 def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[int], life: Lifetimes, mesh: Mesh,
-             training: bool) -> list[MemoryItem]:
-    """An op's output, saved internals, temporaries and output gradient, per strategy."""
+             training: bool, recomputed: Blocks | None = None) -> list[MemoryItem]:
+    """An op's output, saved internals, temporaries and output gradient, per strategy
+    (``recomputed``: its block is recomputed, see cost/recompute.py)."""
     metas = out_metas(node)
     work = node.work
     is_view = life.base[node.name] != node.name
@@ -141,19 +148,23 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
                  else local_bytes(s, metas[0] if metas else None, mesh) for s in out_specs)
     whole = tuple(0 if s.partial else b for s, b in zip(out_specs, outs))
     partial = tuple(b if s.partial else 0 for s, b in zip(out_specs, outs))
-    items = [MemoryItem(node.name, "activation", life.value[node.name], whole),
-             MemoryItem(node.name, "activation", life.read[node.name], partial)]
+    windows = [life.value[node.name]] if recomputed is None else value_windows(node.name, life, recomputed)
+    items = [MemoryItem(node.name, "activation", window, whole) for window in windows]
+    items.append(MemoryItem(node.name, "activation", life.read[node.name], partial))
     if work is None:
         return items
     backward = training and node.requires_grad
     saved = work.saved_other_bytes if backward else 0
     if saved:
-        items.append(MemoryItem(node.name, "saved for backward", life.saved_window(node.name),
-                                tuple(-(-saved // d) for d in degrees)))
+        window = life.saved_window(node.name) if recomputed is None else saved_window(node.name, life, recomputed)
+        items.append(MemoryItem(node.name, "saved for backward", window, tuple(-(-saved // d) for d in degrees)))
     temporary = max(0, work.temporary_bytes - saved)
     if temporary:
-        items.append(MemoryItem(node.name, "temporary", life.forward_window(node.name),
-                                tuple(-(-temporary // d) for d in degrees)))
+        runs = [life.forward_window(node.name)]
+        if recomputed is not None:
+            runs.append(recomputed_forward(node.name, life, recomputed))
+        items += [MemoryItem(node.name, "temporary", window, tuple(-(-temporary // d) for d in degrees))
+                  for window in runs]
     if backward and work.backward_temporary_bytes:
         items.append(MemoryItem(node.name, "backward temporary", life.backward_window(node.name),
                                 tuple(-(-work.backward_temporary_bytes // d) for d in degrees)))
@@ -161,6 +172,14 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
         grads = tuple(local_bytes(s.without_partial(), metas[0], mesh) if len(metas) == 1 else 0 for s in out_specs)
         items.append(MemoryItem(node.name, "gradient", life.gradient[node.name], grads))
     return items
+
+
+def recompute_variants(keep: list[MemoryItem], recompute: list[MemoryItem], kept: int,
+                       recomputed: int) -> list[MemoryItem]:
+    """Items of a node whose strategies come twice: ``kept`` keeping its block's activations, then
+    ``recomputed`` recomputing them."""
+    return ([MemoryItem(m.owner, m.what, m.interval, m.usage + (0,) * recomputed) for m in keep]
+            + [MemoryItem(m.owner, m.what, m.interval, (0,) * kept + m.usage) for m in recompute])
 
 
 def state_items(node: OpNode, layouts: Sequence[TensorSpec], life: Lifetimes, mesh: Mesh) -> list[MemoryItem]:

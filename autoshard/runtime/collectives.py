@@ -31,6 +31,8 @@ warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated"
 
 FORWARD = "forward"
 BACKWARD = "backward"
+RECOMPUTE = "recompute"
+"""The pass that runs a recomputed block's forward again, inside the backward."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,14 @@ def run_steps(
     return x
 
 
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied when it is a slice of a larger storage (a sliced gradient would keep the whole
+    one alive, as long as the gradient is kept: until the optimizer step for a parameter)."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
 def _owned(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``out``, copied if it aliases ``x``: a custom Function's view output cannot be modified in place.
 
@@ -153,17 +163,17 @@ class _Reshard(torch.autograd.Function):
     """Forward: the plan's reshard steps; backward: the plan's gradient steps."""
 
     @staticmethod
-    def forward(ctx, x, fwd_steps, bwd_steps, groups, log):  # type: ignore[override]
+    def forward(ctx, x, fwd_steps, bwd_steps, groups, log, phase):  # type: ignore[override]
         ctx.bwd_steps, ctx.groups, ctx.log = bwd_steps, groups, log
         if not fwd_steps:  # only the gradient is resharded: pass the value on without a copy
             return x.view_as(x)
-        return _owned(run_steps(x, fwd_steps, groups, log, FORWARD), x)
+        return _owned(run_steps(x, fwd_steps, groups, log, phase), x)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        return run_steps(grad, ctx.bwd_steps, ctx.groups, ctx.log, BACKWARD), None, None, None, None
+            return None, None, None, None, None, None
+        return _compact(run_steps(grad, ctx.bwd_steps, ctx.groups, ctx.log, BACKWARD)), None, None, None, None, None
 
 
 def reshard(
@@ -172,13 +182,15 @@ def reshard(
     bwd_steps: tuple[Step, ...] | list[Step],
     groups: MeshGroups,
     log: CommLog | None = None,
+    phase: str = FORWARD,
 ) -> torch.Tensor:
     """Reshard ``x`` by ``fwd_steps``; in backward, turn the incoming gradient by ``bwd_steps``.
 
     ``bwd_steps`` go from the gradient's layout at the consumer to the layout the producer
     expects (``EdgeReshard.grad_steps``). Every rank must call this with the same steps.
+    ``phase`` names the pass the forward steps are logged in (a recomputation's are not the forward's).
     """
-    return _Reshard.apply(x, tuple(fwd_steps), tuple(bwd_steps), groups, log)
+    return _Reshard.apply(x, tuple(fwd_steps), tuple(bwd_steps), groups, log, phase)
 
 
 class _Zeros(torch.autograd.Function):

@@ -27,6 +27,7 @@ forward runs without autograd rather than produce gradients nobody planned.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -42,9 +43,10 @@ from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, Step, reshard_steps
-from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, mask_to_first, reshard, run_steps
+from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
+from autoshard.runtime.recompute import Regathering, run_recomputed
 from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
 from autoshard.sharding.spec import TensorSpec
 
@@ -80,14 +82,21 @@ def count_label(node: str) -> str:
 
 
 def expected_collectives(plan: Plan) -> list[Collective]:
-    """The collectives one forward (and, for a training plan, one backward) must run, by plan edge.
+    """The collectives one forward (and, for a training plan, one backward) must run, by plan edge:
+    forward, then the recomputation's (an edge into a recomputed segment), the re-gather's (a
+    parameter gathered again for backward), then the gradient's.
 
     Bytes are ``Step.sent_bytes``, the quantity the cost model prices; slices are local and omitted.
     """
     result = []
+    recomputed = {name for segment in plan.recompute for name in segment}
     for edge in plan.edges:
         passes = [(FORWARD, edge.steps)]
         if plan.mode == "training":
+            if edge.dst in recomputed:
+                passes.append((RECOMPUTE, edge.steps))
+            if edge.regather:
+                passes.append((BACKWARD, edge.steps))
             passes.append((BACKWARD, edge.grad_steps))
         for phase, steps in passes:
             for step in steps:
@@ -95,9 +104,11 @@ def expected_collectives(plan: Plan) -> list[Collective]:
                     sent = step.sent_bytes(plan.mesh.shape[step.axis])
                     result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
     for node in plan.nodes.values():
-        for step in node.count_steps:
-            sent = step.sent_bytes(plan.mesh.shape[step.axis])
-            result.append(Collective(count_label(node.name), step.kind, step.axis, sent, FORWARD))
+        phases = [FORWARD, RECOMPUTE] if node.name in recomputed and plan.mode == "training" else [FORWARD]
+        for phase in phases:
+            for step in node.count_steps:
+                sent = step.sent_bytes(plan.mesh.shape[step.axis])
+                result.append(Collective(count_label(node.name), step.kind, step.axis, sent, phase))
     return result
 
 
@@ -257,6 +268,11 @@ class ParallelModule(nn.Module):
         self._parameter_names = {n.qualname for n in graph if n.kind == NodeKind.PARAM}
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
         self._dying = _last_readers(graph)
+        self._segments = {segment[0]: segment for segment in plan.recompute} if plan.mode == "training" else {}
+        self._read_outside: dict[str, set[str]] = {}
+        for node in graph:
+            for src in node.inputs:
+                self._read_outside.setdefault(src, set()).add(node.name)
         for node in graph:
             if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
                 spec = plan.nodes[node.name].out_spec
@@ -300,39 +316,86 @@ class ParallelModule(nn.Module):
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _interpret(self, inputs: Sequence[torch.Tensor]) -> list[Any]:
-        """Walk the graph once: every node's local value, then the output node's operands."""
+        """Walk the graph once: every node's local value, then the output node's operands
+        (recomputed segments run whole, under checkpointing, at their first node)."""
         placeholders = [n for n in self._graph if n.kind == NodeKind.INPUT]
         if len(inputs) != len(placeholders):
             raise AutoshardError(f"the model takes {len(placeholders)} inputs ({', '.join(n.name for n in placeholders)}) "
                                  f"but got {len(inputs)}: pass them positionally as to the original model")
         fed = dict(zip((n.name for n in placeholders), inputs))
         values: dict[str, Any] = {}
+        done: set[str] = set()
         for node in self._graph:
-            place = self.plan.nodes.get(node.name)
-            if node.kind == NodeKind.INPUT:
-                values[node.name] = distribute(self._checked_input(node, fed[node.name]), place.out_spec, self.groups)
-            elif node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
-                values[node.name] = self.local_value(self._state_names[node.name])
-            elif node.kind == NodeKind.OUTPUT:
+            if node.name in done:
+                continue
+            if node.kind == NodeKind.OUTPUT:
                 return [self._operand(node, k, values) for k in range(len(node.inputs))]
-            elif node.op == "getitem" and isinstance(values[node.inputs[0]], (tuple, list)):
-                values[node.name] = self._operand(node, 0, values)
-            else:
-                operands = [self._operand(node, k, values) for k in range(len(node.inputs))]
-                if place is not None:
-                    for k in place.masked_operands:
-                        operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
-                if place is not None and place.count_steps:
-                    out = self._mean_over_global_count(node, operands, place.count_steps)
-                else:
-                    out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
-                del operands
-                values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
-            for src in self._dying.get(node.name, ()):
-                del values[src]
+            segment = self._segments.get(node.name)
+            if segment is not None and torch.is_grad_enabled():
+                self._run_segment(segment, values, fed)
+                done.update(segment)
+                continue
+            self._step(node, values, fed, FORWARD)
         raise AutoshardError("the traced graph has no output node: re-trace the model")
 
-    def _mean_over_global_count(self, node: OpNode, operands: list[Any], steps: tuple[Step, ...]) -> torch.Tensor:
+    def _run_segment(self, segment: list[str], values: dict[str, Any], fed: Mapping[str, torch.Tensor]) -> None:
+        """A recomputed segment: its outside inputs in, its values read outside out (runtime/recompute.py)."""
+        inside = set(segment)
+        external = list(dict.fromkeys(src for name in segment for src in self._graph[name].inputs
+                                      if src not in inside))
+        outputs = [name for name in segment if self._read_outside.get(name, inside) - inside]
+
+        def run(phase: str, args: Sequence[Any]) -> list[Any]:
+            local = dict(zip(external, args))
+            for name in segment:
+                self._step(self._graph[name], local, fed, phase, keep=set(external) | set(outputs))
+            return [local[name] for name in outputs]
+
+        values.update(zip(outputs, run_recomputed(run, [values[src] for src in external])))
+        for name in segment:
+            for src in self._dying.get(name, ()):
+                values.pop(src, None)
+
+    def _step(self, node: OpNode, values: dict[str, Any], fed: Mapping[str, torch.Tensor], phase: str,
+              keep: set[str] = frozenset()) -> None:
+        """Compute ``node``'s local value into ``values``; drop the values it was the last to read
+        (but those in ``keep``)."""
+        place = self.plan.nodes.get(node.name)
+        if node.kind == NodeKind.INPUT:
+            values[node.name] = distribute(self._checked_input(node, fed[node.name]), place.out_spec, self.groups)
+        elif node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+            values[node.name] = self.local_value(self._state_names[node.name])
+        elif node.op == "getitem" and isinstance(values[node.inputs[0]], (tuple, list)):
+            values[node.name] = self._operand(node, 0, values, phase)
+        else:
+            operands = [self._operand(node, k, values, phase) for k in range(len(node.inputs))]
+            if place is not None:
+                for k in place.masked_operands:
+                    operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
+            with self._regathering(node, operands, values):
+                if place is not None and place.count_steps:
+                    out = self._mean_over_global_count(node, operands, place.count_steps, phase)
+                else:
+                    out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
+            del operands
+            values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
+        for src in self._dying.get(node.name, ()):
+            if src not in keep:
+                values.pop(src, None)
+
+    def _regathering(self, node: OpNode, operands: list[Any], values: Mapping[str, Any]) -> AbstractContextManager:
+        """Hooks saving this op's re-gathered parameters as their pieces (none: a null context)."""
+        edges = [(k, e) for k, e in ((k, self._edges.get((node.name, k))) for k in range(len(node.inputs)))
+                 if e is not None and e.regather and torch.is_grad_enabled()]
+        if not edges:
+            return nullcontext()
+        hooks = Regathering(self.groups)
+        for k, edge in edges:
+            hooks.add(operands[k], values[node.inputs[k]], edge.steps, self._logs[edge_label(edge)])
+        return hooks
+
+    def _mean_over_global_count(self, node: OpNode, operands: list[Any], steps: tuple[Step, ...],
+                                phase: str = FORWARD) -> torch.Tensor:
         """A mean loss (cross-entropy, NLL) on this rank's targets: local sum / global count of valid targets.
 
         Dividing each shard's own mean would weigh shards by 1 / their count of targets that are
@@ -342,7 +405,8 @@ class ParallelModule(nn.Module):
         total = node_caller(self._graph, node.name)(operands, {**self._attrs[node.name], "reduction": 2})
         valid = operands[1] != node.attrs.get("ignore_index", -100)
         with torch.no_grad():
-            count = run_steps(valid.sum().to(total.dtype), steps, self.groups, self._logs[count_label(node.name)])
+            count = run_steps(valid.sum().to(total.dtype), steps, self.groups, self._logs[count_label(node.name)],
+                              phase)
         return total / count
 
     def _checked_input(self, node: OpNode, value: torch.Tensor) -> torch.Tensor:
@@ -353,15 +417,16 @@ class ParallelModule(nn.Module):
                                  "pass inputs of the traced shapes (or re-plan for the new ones)")
         return value
 
-    def _operand(self, node: OpNode, index: int, values: Mapping[str, Any]) -> Any:
-        """Operand ``index`` of ``node`` in the layout the node's strategy requires."""
+    def _operand(self, node: OpNode, index: int, values: Mapping[str, Any], phase: str = FORWARD) -> Any:
+        """Operand ``index`` of ``node`` in the layout the node's strategy requires (its reshard's
+        collectives logged in ``phase``)."""
         value = values[node.inputs[index]]
         if node.op == "getitem" and isinstance(value, (tuple, list)):
             value = value[node.attrs.get("index", 0)]
         edge = self._edges.get((node.name, index))
         if edge is None or not (edge.steps or edge.grad_steps):
             return value
-        return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[edge_label(edge)])
+        return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[edge_label(edge)], phase)
 
     def collectives(self) -> list[Collective]:
         """Every collective run since the last :meth:`reset_log`, by plan edge (then execution order)."""

@@ -1,0 +1,89 @@
+"""Activation recomputation (checkpointing) of whole blocks: which tensors it frees, and when.
+
+A block is a run of op nodes (a repeated layer) that may be *recomputed*: its forward runs as
+usual, but the tensors autograd would save inside it are dropped at once and recomputed, by a
+second forward of the block, when the backward reaches it (``torch.utils.checkpoint``). So for
+a tensor ``x`` produced in a recomputed block ``β`` (on the timeline of ``cost/lifetimes.py``):
+
+- it lives from its producer to its last forward reader, or to the backward of the last saver
+  outside ``β`` (the checkpoint keeps what leaves the block: its outputs);
+- if savers inside ``β`` need it, it lives again from the recomputation, at the backward of the
+  block's last node ``B(last(β))``, to the backward of the earliest-in-forward of them;
+- what an op saves besides operands and output lives from ``B(last(β))`` to its own backward;
+- the block's forward runs twice: its nodes' forward compute, and the forward reshards of the
+  edges into them, are charged again (``candidates.py``, ``build.py``).
+
+The decision is one per block; every node of the block carries it (its strategies are doubled,
+keep then recompute) and the edges inside a block forbid disagreeing pairs, so the problem
+stays in the IOPDDL form. Pure functions of the graph and the lifetimes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoshard.cost.lifetimes import Lifetimes
+from autoshard.graph import NodeKind, OpGraph
+from autoshard.sharding.layers import RepeatedLayers
+
+Interval = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The recomputable blocks: the block of every op node in one, and each block's last node."""
+
+    block_of: dict[str, int]
+    last: tuple[str, ...]
+
+    def same(self, a: str, b: str) -> bool:
+        """True when nodes ``a`` and ``b`` are in one block (their recompute choices must agree)."""
+        return a in self.block_of and self.block_of.get(a) == self.block_of.get(b)
+
+    def recompute_start(self, life: Lifetimes, name: str) -> int:
+        """The slot where the block of ``name`` is recomputed: its last node's backward."""
+        return life.backward(self.last[self.block_of[name]])
+
+
+NO_BLOCKS = Blocks({}, ())
+
+
+def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None) -> Blocks:
+    """One block per repeated layer (its op nodes that require grad)."""
+    if layers is None:
+        return NO_BLOCKS
+    block_of: dict[str, int] = {}
+    last: list[str] = []
+    order = {name: t for t, name in enumerate(graph.nodes)}
+    for names in layers.layers:
+        ops = [n for n in names if graph[n].kind == NodeKind.OP and graph[n].requires_grad]
+        if not ops:
+            continue
+        for n in ops:
+            block_of[n] = len(last)
+        last.append(max(ops, key=order.__getitem__))
+    return Blocks(block_of, tuple(last))
+
+
+def value_windows(name: str, life: Lifetimes, blocks: Blocks) -> list[Interval]:
+    """Where the value of op node ``name`` lives when its block is recomputed."""
+    start, read_end = life.read[name]
+    outside = [life.backward(s) + 1 for s in life.savers.get(name, ()) if not blocks.same(s, name)]
+    inside = [life.backward(s) + 1 for s in life.savers.get(name, ()) if blocks.same(s, name)]
+    forward_end = max([read_end, *outside])
+    windows = [(start, forward_end)]
+    again = blocks.recompute_start(life, name)
+    if inside and max(inside) > max(forward_end, again):
+        windows.append((max(forward_end, again), max(inside)))
+    return windows
+
+
+def saved_window(name: str, life: Lifetimes, blocks: Blocks) -> Interval:
+    """What op ``name`` saves for backward, besides operands and output, once recomputed."""
+    return blocks.recompute_start(life, name), life.backward(name) + 1
+
+
+def recomputed_forward(name: str, life: Lifetimes, blocks: Blocks) -> Interval:
+    """The slot in which op ``name`` runs its forward again (its temporaries live then too)."""
+    again = blocks.recompute_start(life, name)
+    return again, again + 1
