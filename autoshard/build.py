@@ -48,6 +48,8 @@ class BuildOptions:
     ``slapo_space`` reproduces Slapo autoshard's search space: only the last two dims of a
     tensor are sharded, and every matmul-like op (one with a contracted index) is split.
     ``precision`` sets the bytes of parameters, gradients and optimizer state (cost/memory.py).
+    ``capacity_factor`` scales what expert-sharded ops are charged over balanced routing
+    (sharding/exchange.py).
     """
 
     mode: str = "inference"
@@ -56,6 +58,7 @@ class BuildOptions:
     slapo_space: bool = False
     optimizer_slots: int = 2
     precision: str = "as-is"
+    capacity_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -252,10 +255,13 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--mode {options.mode!r} is unknown: use one of {', '.join(MODES)}")
     if options.precision not in PRECISIONS:
         raise AutoshardError(f"--precision {options.precision!r} is unknown: use one of {', '.join(PRECISIONS)}")
+    if not options.capacity_factor >= 1.0:
+        raise AutoshardError(f"--capacity-factor {options.capacity_factor} is below 1: routing sends at least the "
+                             f"balanced share of tokens (every routed token is computed), so use 1.0 or more")
     training = options.mode == "training"
     life = lifetimes(graph, training)
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
-                               options.slapo_space, local_flops)
+                               options.slapo_space, local_flops, options.capacity_factor)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
     for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):

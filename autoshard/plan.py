@@ -13,7 +13,11 @@ computes the local piece of the global result:
 - ``scale``: multiply the local output by this (a mean over a sharded dim is a partial sum of
   local means divided by the shard count);
 - ``masked_operands``: operands added into a partial-sum output (a bias) are kept only on the
-  devices at coordinate 0 of the partial axes, so the sum counts them once.
+  devices at coordinate 0 of the partial axes, so the sum counts them once;
+- ``exchange_axis`` and ``exchanges``: an expert-parallel op (mixture of experts) sends tokens to
+  their experts' devices along that mesh axis and back; ``exchanges`` lists those all-to-alls
+  with the bytes the cost model charged (balanced routing times the plan's ``capacity_factor``,
+  see ``sharding/exchange.py``).
 
 Per edge it records the forward steps (producer spec -> required spec) and, in training mode,
 the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient);
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.errors import AutoshardError
+from autoshard.sharding.exchange import Exchange
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import Step
 from autoshard.sharding.spec import TensorSpec
@@ -50,6 +55,8 @@ class NodePlacement:
     local_attrs: dict[str, Any] = field(default_factory=dict)
     scale: Fraction = Fraction(1)
     masked_operands: tuple[int, ...] = ()
+    exchange_axis: int | None = None
+    exchanges: tuple[Exchange, ...] = ()
 
 
 @dataclass
@@ -86,6 +93,11 @@ class Plan:
     lower_bound: int | None = None
     proved_optimal: bool = False
     param_specs: dict[str, TensorSpec] = field(default_factory=dict)
+    capacity_factor: float = 1.0
+
+    def expert_parallel(self) -> dict[str, int]:
+        """Module path (else node name) of every expert-parallel op -> the mesh axis it exchanges tokens over."""
+        return {n.module or n.name: n.exchange_axis for n in self.nodes.values() if n.exchange_axis is not None}
 
     def edge(self, dst: str, operand: int) -> EdgeReshard:
         """The edge into operand ``operand`` of node ``dst``."""
@@ -110,6 +122,8 @@ class Plan:
             "lower_bound": self.lower_bound,
             "proved_optimal": self.proved_optimal,
             "param_specs": {k: _spec_json(v, nd) for k, v in self.param_specs.items()},
+            "capacity_factor": self.capacity_factor,
+            "expert_parallel": self.expert_parallel(),
             "nodes": [_node_json(n, nd) for n in self.nodes.values()],
             "edges": [_edge_json(e, nd) for e in self.edges],
         }
@@ -141,6 +155,7 @@ class Plan:
                 lower_bound=data.get("lower_bound"),
                 proved_optimal=data.get("proved_optimal", False),
                 param_specs={k: _spec_from(v) for k, v in data.get("param_specs", {}).items()},
+                capacity_factor=data.get("capacity_factor", 1.0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AutoshardError(f"plan file is malformed ({exc!r}): write it with autoshard.solve --out") from None
@@ -198,6 +213,9 @@ def _node_json(node: NodePlacement, mesh_ndim: int) -> dict:
         "local_attrs": node.local_attrs,
         "scale": [node.scale.numerator, node.scale.denominator],
         "masked_operands": list(node.masked_operands),
+        "exchange_axis": node.exchange_axis,
+        "exchanges": [{"what": x.what, "phase": x.phase, "axis": x.axis, "in_bytes": x.in_bytes, "routed": x.routed}
+                      for x in node.exchanges],
     }
 
 
@@ -212,6 +230,9 @@ def _node_from(data: dict) -> NodePlacement:
         local_attrs=data["local_attrs"],
         scale=Fraction(*data["scale"]),
         masked_operands=tuple(data["masked_operands"]),
+        exchange_axis=data.get("exchange_axis"),
+        exchanges=tuple(Exchange(x["what"], x["phase"], x["axis"], x["in_bytes"], x["routed"])
+                        for x in data.get("exchanges", [])),
     )
 
 

@@ -16,15 +16,19 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
 - the outputs are returned in their planned layout (replicated in inference; in training where
   the loss reads them, so the caller computes the loss on local pieces).
 
-Every collective is logged on the edge it belongs to, in both passes, so
-:meth:`ParallelModule.collectives` can be compared with :func:`expected_collectives`, the list
-the plan (and the cost model) charged. An inference plan has no gradient steps, so its
+A mixture-of-experts node runs through ``runtime/experts.py``: its local experts, and for an
+expert-parallel placement the token exchanges over its ``exchange_axis``.
+
+Every collective is logged on the edge (or expert-parallel node) it belongs to, in both passes,
+so :meth:`ParallelModule.collectives` can be compared with :func:`expected_collectives`, the
+list the plan (and the cost model) charged (:func:`same_collectives`: an exchange's bytes are
+the routing's, the plan's an estimate). An inference plan has no gradient steps, so its
 forward runs without autograd rather than produce gradients nobody planned.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -35,11 +39,13 @@ from torch.distributed.tensor import DTensor
 from autoshard.build import fingerprint
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
+from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, reshard_steps
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, mask_to_first, reshard, run_steps
+from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
 from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
@@ -64,6 +70,7 @@ class Collective:
     axis: int
     sent_bytes: int
     phase: str
+    routed: bool = False
 
 
 def edge_label(edge: EdgeReshard) -> str:
@@ -86,13 +93,26 @@ def expected_collectives(plan: Plan) -> list[Collective]:
                 if step.kind != SLICE:
                     sent = step.sent_bytes(plan.mesh.shape[step.axis])
                     result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
+    for node in plan.nodes.values():
+        for x in node.exchanges:
+            result.append(Collective(exchange_label(node.name), ALL_TO_ALL, x.axis,
+                                     x.sent_bytes(plan.mesh.shape[x.axis]), x.phase, x.routed))
     return result
+
+
+def same_collectives(executed: Sequence[Collective], planned: Sequence[Collective]) -> bool:
+    """The executed collectives are the plan's: equal lists, except that a routed exchange sent
+    what the routing asked for (the plan holds the balanced-routing estimate)."""
+    return len(executed) == len(planned) and all(
+        e == p or (p.routed and e.routed and replace(e, sent_bytes=p.sent_bytes) == p)
+        for e, p in zip(executed, planned))
 
 
 def required_collectives(plan: Plan) -> set[str]:
     """Kinds of collective the plan runs on mesh axes with more than one device."""
-    return {step.kind for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)
-            if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
+    kinds = {step.kind for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)
+             if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
+    return kinds | ({ALL_TO_ALL} if any(n.exchanges for n in plan.nodes.values()) else set())
 
 
 def check_backend(plan: Plan, backend: str, table: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> None:
@@ -198,6 +218,7 @@ class ParallelModule(nn.Module):
         self._graph = graph
         self._edges = {(e.dst, e.operand): e for e in plan.edges}
         self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
+        self._logs.update({exchange_label(n.name): CommLog() for n in plan.nodes.values() if n.exchanges})
         self._state_names: dict[str, str] = {}
         self._parameter_names = {n.qualname for n in graph if n.kind == NodeKind.PARAM}
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
@@ -267,7 +288,10 @@ class ParallelModule(nn.Module):
                 if place is not None:
                     for k in place.masked_operands:
                         operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
-                out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
+                if node.op == EXPERTS_OP and place is not None:
+                    out = run_experts(operands, node, place, self.groups, self._logs.get(exchange_label(node.name)))
+                else:
+                    out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
                 del operands
                 values[node.name] = out if place is None or place.scale == 1 else _scaled(out, float(place.scale))
             for src in self._dying.get(node.name, ()):
@@ -294,7 +318,7 @@ class ParallelModule(nn.Module):
 
     def collectives(self) -> list[Collective]:
         """Every collective run since the last :meth:`reset_log`, by plan edge (then execution order)."""
-        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase)
+        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase, r.routed)
                 for label, log in self._logs.items() for r in log.records]
 
     def reset_log(self) -> None:
