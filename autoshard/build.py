@@ -49,7 +49,8 @@ class BuildOptions:
     tensor are sharded, and every matmul-like op (one with a contracted index) is split.
     ``precision`` sets the bytes of parameters, gradients and optimizer state (cost/memory.py).
     ``capacity_factor`` scales what expert-sharded ops are charged over balanced routing
-    (sharding/exchange.py).
+    (sharding/exchange.py); ``expert_parallel`` pins every mixture-of-experts op to the layouts
+    that exchange tokens over that mesh axis.
     """
 
     mode: str = "inference"
@@ -59,6 +60,7 @@ class BuildOptions:
     optimizer_slots: int = 2
     precision: str = "as-is"
     capacity_factor: float = 1.0
+    expert_parallel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,24 @@ def _apply_pins(candidates: dict[str, Candidate], pins: Mapping[str, str], mesh:
         cand.keep(keep)
 
 
+def _pin_expert_parallel(candidates: dict[str, Candidate], axis: int, mesh: Mesh) -> None:
+    """Keep, for every op that routes tokens to experts, only the strategies exchanging them over ``axis``."""
+    if not 0 <= axis < mesh.ndim or mesh.shape[axis] == 1:
+        raise AutoshardError(f"--expert-parallel {axis}: mesh {mesh.label} has no axis {axis} of more than one device; "
+                             f"name one of {', '.join(str(a) for a, n in enumerate(mesh.shape) if n > 1)}")
+    routed = [c for c in candidates.values() if c.instance is not None and c.instance.exchange is not None]
+    if not routed:
+        raise AutoshardError(f"--expert-parallel {axis}: the model has no mixture-of-experts layer autoshard recognises "
+                             f"(Hugging Face experts modules are fused into moe_experts nodes); drop the flag")
+    for cand in routed:
+        keep = [i for i, s in enumerate(cand.strategies) if s.exchange_axis == axis]
+        if not keep:
+            raise AutoshardError(f"--expert-parallel {axis}: {cand.node.module or cand.node.name} has no expert-parallel "
+                                 f"layout on mesh axis {axis} (its experts or tokens do not divide by "
+                                 f"{mesh.shape[axis]}); pick another axis or mesh")
+        cand.keep(keep)
+
+
 def _node_memory(names: list[str], candidates: dict[str, Candidate]) -> tuple[list, list, list, list[int]]:
     """Usage and interval of every node, plus auxiliary nodes for its further memory items:
     (usages, intervals, auxiliary items, their owners' indices)."""
@@ -268,6 +288,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         candidates[node.name] = builder.build(node, candidates)
     candidates = {n.name: candidates[n.name] for n in wanted}
     _apply_pins(candidates, options.pins, mesh)
+    if options.expert_parallel is not None:
+        _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
     prices = _EdgePrices(mesh, cost_model)
