@@ -8,8 +8,9 @@ other (parameters stored sharded, gathered before use and again for backward:
 - on a 1-D mesh: data parallelism for every op (the batch split), experts parallel on the same
   axis, every other parameter FSDP-sharded on it;
 - on a 2-D mesh: the last (intra-node) axis is tensor-parallel for attention, the shared
-  experts and the LM head (Megatron's column/row split, as ``--baseline megatron``) and
-  expert-parallel for the experts, the router runs on tokens split over both axes; the first
+  experts and the LM head (by module role, as torchtitan's plan names them: the output
+  projections ``o_proj``/``down_proj``/... row-parallel, every other linear column-parallel) and
+  expert-parallel for the experts; the router runs on tokens split over both axes; the first
   axis splits the batch and FSDP-shards every parameter.
 
 Every other op takes the strategy that is cheapest given its producers. The plan is one point
@@ -18,13 +19,17 @@ of our search space, so a proved optimum never costs more.
 
 from __future__ import annotations
 
-from autoshard.baselines import _incoming_cost, _megatron_assignment
+from autoshard.baselines import _incoming_cost
 from autoshard.build import ModelProblem
 from autoshard.graph import NodeKind
 from autoshard.sharding.spec import TensorSpec
 
 
-def _wanted(mp: ModelProblem, name: str, choice: list[int | None]) -> tuple[dict[str, tuple[int, ...]], int | None] | None:
+ROW_PARALLEL = ("o_proj", "out_proj", "down_proj", "wo", "w2", "c_proj")
+"""Linear modules torchtitan runs row-parallel (the second of a pair); every other one is column-parallel."""
+
+
+def _wanted(mp: ModelProblem, name: str) -> tuple[dict[str, tuple[int, ...]], int | None] | None:
     """(index assignment, exchange axis) torchtitan gives op ``name``, or None to leave it to the greedy pass."""
     cand = mp.candidates[name]
     inst, last = cand.instance, mp.mesh.ndim - 1
@@ -34,14 +39,17 @@ def _wanted(mp: ModelProblem, name: str, choice: list[int | None]) -> tuple[dict
     if inst.exchange is not None:
         tokens, experts = inst.exchange
         return {tokens: every, experts: (last,)}, last
-    weights = [src for src in cand.node.inputs if mp.graph[src].kind == NodeKind.PARAM]
+    weights = [k for k, src in enumerate(cand.node.inputs)
+               if mp.graph[src].kind == NodeKind.PARAM and inst.operands[k] is not None and len(inst.operands[k]) == 2]
     if not weights or not inst.contracted:
         return None
     batch = next((l for l in inst.output if l and l.startswith("b")), None)
     if mp.mesh.ndim == 1 or cand.node.module.endswith(".gate"):  # data parallel; the router on all tokens
         return ({batch: every} if batch else {}), None
-    assignment = _megatron_assignment(mp, name, choice)
-    return (assignment, None) if assignment is not None else None
+    out_index, in_index = inst.operands[weights[0]]
+    row = cand.node.module.rpartition(".")[2] in ROW_PARALLEL
+    assignment = {in_index if row else out_index: (last,)}
+    return ({**assignment, batch: every[:-1]} if batch else assignment), None
 
 
 def _fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
@@ -83,7 +91,7 @@ def torchtitan_moe_choice(mp: ModelProblem) -> list[int]:
         if cand.node.kind not in (NodeKind.OP, NodeKind.OUTPUT):
             continue
         options = list(range(len(cand.strategies)))
-        wanted = _wanted(mp, name, choice) if cand.node.kind == NodeKind.OP else None
+        wanted = _wanted(mp, name) if cand.node.kind == NodeKind.OP else None
         if wanted is not None:
             assignment, exchange = wanted
             matching = [j for j in options if dict(cand.strategies[j].assignment) == assignment

@@ -164,7 +164,7 @@ def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out
             fixed.update(names, (f"{n}{k}" for n in names for k in range(group_len.get(n, 0))))
     exchange = tuple(rule.options["exchange"]) if "exchange" in rule.options else None
     return OpInstance(tuple(operands), out_labels, {k: tuple(sorted(v)) for k, v in sizes.items()},
-                      frozenset(fixed), tuple(additive), frozenset(), exchange)
+                      frozenset(fixed), tuple(additive), frozenset(), exchange=exchange)
 
 
 def _einsum(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
