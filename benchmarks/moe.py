@@ -56,7 +56,7 @@ def markdown(rows: list[dict]) -> str:
              "|" + "|".join(["---"] * 12) + "|"]
     for r in rows:
         proved = (r["proof"] or "proved") if r["status"] == "optimal" else (
-            "gap ?" if r["gap"] is None else f"gap {100 * r['gap']:.2f}%")
+            "gap ?" if r["gap"] is None else f"gap {100 * r['gap']:.2g}%")
         lines.append(f"| {r['mesh']} | {r['graph']} | {r['nodes']} | {r['trace_s']:.1f} | {r['build_s']:.1f} | "
                      f"{r['solve_s']:.1f} | {proved} | {r['format'](r['ours'])} | {r['format'](r['baseline'])} | "
                      f"{r['ours'] / r['baseline']:.3f} | {r['ep_layers']}/{r['moe_layers']}: {r['ep']} | "
