@@ -64,12 +64,16 @@ def build_model_problem(
     peak_flops: float | None = None,
     memory_bandwidth: float | None = None,
     precision: str = "as-is",
+    capacity_factor: float = 1.0,
+    expert_parallel: int | None = None,
 ) -> ModelProblem:
     """The sharding problem of a traced model.
 
     ``device`` is a preset name (``h100``) or a Device; ``peak_flops`` (every dtype) and
     ``memory_bandwidth`` override its roofline. A memory budget of None means the device's
-    capacity (none for the generic device).
+    capacity (none for the generic device). ``capacity_factor`` scales what expert-sharded
+    mixture-of-experts layers are charged over balanced routing; ``expert_parallel`` (a mesh
+    axis) pins them to expert parallelism over that axis.
     """
     chosen = device if isinstance(device, Device) else get_device(device)
     chosen = chosen.with_roofline(peak_flops, memory_bandwidth)
@@ -77,7 +81,8 @@ def build_model_problem(
     model = make_cost_model(cost_model, mesh, chosen)
     budget = memory_budget if memory_budget is not None else chosen.memory
     options = BuildOptions(mode=mode, memory_budget=budget, pins=dict(pins or {}),
-                           slapo_space=cost_model == "slapo", precision=precision)
+                           slapo_space=cost_model == "slapo", precision=precision, capacity_factor=capacity_factor,
+                           expert_parallel=expert_parallel)
     from autoshard.frontend.profile import LocalFlops
 
     return build_problem(graph, mesh, model, options, LocalFlops(graph) if graph.module is not None else None)
@@ -125,7 +130,7 @@ def plan_model(
     """Trace ``model`` on ``example_inputs`` and return its optimal plan on ``mesh``.
 
     ``build_options`` are those of :func:`build_model_problem` (cost_model, mode, memory_budget,
-    pins, device, peak_flops, memory_bandwidth, precision).
+    pins, device, peak_flops, memory_bandwidth, precision, capacity_factor, expert_parallel).
     """
     from autoshard.frontend.trace import trace
 

@@ -32,7 +32,7 @@ from autoshard.cost.lifetimes import Lifetimes, lifetimes
 from autoshard.cost.memory import PRECISIONS, MemoryItem, out_metas
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
-from autoshard.graph import NodeKind, OpGraph, TensorMeta
+from autoshard.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta
 from autoshard.problem import FORBIDDEN, ShardingProblem
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
@@ -52,6 +52,9 @@ class BuildOptions:
     ``precision`` sets the bytes of parameters, gradients and optimizer state (cost/memory.py).
     ``recompute``: in training under a memory budget, each repeated layer may be recomputed
     (cost/recompute.py); without a budget recomputing only costs, so it is not offered.
+    ``capacity_factor`` scales what expert-sharded ops are charged over balanced routing
+    (sharding/exchange.py); ``expert_parallel`` pins every mixture-of-experts op to the layouts
+    that exchange tokens over that mesh axis.
     """
 
     mode: str = "inference"
@@ -61,6 +64,8 @@ class BuildOptions:
     optimizer_slots: int = 2
     precision: str = "as-is"
     recompute: bool = True
+    capacity_factor: float = 1.0
+    expert_parallel: int | None = None
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,24 @@ def _apply_pins(candidates: dict[str, Candidate], pins: Mapping[str, str], mesh:
         cand.keep(keep)
 
 
+def _pin_expert_parallel(candidates: dict[str, Candidate], axis: int, mesh: Mesh) -> None:
+    """Keep, for every op that routes tokens to experts, only the strategies exchanging them over ``axis``."""
+    if not 0 <= axis < mesh.ndim or mesh.shape[axis] == 1:
+        raise AutoshardError(f"--expert-parallel {axis}: mesh {mesh.label} has no axis {axis} of more than one device; "
+                             f"name one of {', '.join(str(a) for a, n in enumerate(mesh.shape) if n > 1)}")
+    routed = [c for c in candidates.values() if c.instance is not None and c.instance.exchange is not None]
+    if not routed:
+        raise AutoshardError(f"--expert-parallel {axis}: the model has no mixture-of-experts layer autoshard recognises "
+                             f"(Hugging Face experts modules are fused into moe_experts nodes); drop the flag")
+    for cand in routed:
+        keep = [i for i, s in enumerate(cand.strategies) if s.exchange_axis == axis]
+        if not keep:
+            raise AutoshardError(f"--expert-parallel {axis}: {cand.node.module or cand.node.name} has no expert-parallel "
+                                 f"layout on mesh axis {axis} (its experts or tokens do not divide by "
+                                 f"{mesh.shape[axis]}); pick another axis or mesh")
+        cand.keep(keep)
+
+
 def _node_memory(names: list[str], candidates: dict[str, Candidate]) -> tuple[list, list, list, list[int]]:
     """Usage and interval of every node, plus auxiliary nodes for its further memory items:
     (usages, intervals, auxiliary items, their owners' indices)."""
@@ -295,18 +318,23 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--mode {options.mode!r} is unknown: use one of {', '.join(MODES)}")
     if options.precision not in PRECISIONS:
         raise AutoshardError(f"--precision {options.precision!r} is unknown: use one of {', '.join(PRECISIONS)}")
+    if not options.capacity_factor >= 1.0:
+        raise AutoshardError(f"--capacity-factor {options.capacity_factor} is below 1: routing sends at least the "
+                             f"balanced share of tokens (every routed token is computed), so use 1.0 or more")
     training = options.mode == "training"
     life = lifetimes(graph, training)
-    blocks = layer_blocks(graph, find_repeated_layers(graph)) \
+    blocks = layer_blocks(graph, find_repeated_layers(graph), frozenset({EXPERTS_OP})) \
         if training and options.recompute and options.memory_budget is not None else NO_BLOCKS
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
-                               options.slapo_space, local_flops, blocks)
+                               options.slapo_space, local_flops, blocks, options.capacity_factor)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
     for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):
         candidates[node.name] = builder.build(node, candidates)
     candidates = {n.name: candidates[n.name] for n in wanted}
     _apply_pins(candidates, options.pins, mesh)
+    if options.expert_parallel is not None:
+        _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
     prices = _EdgePrices(mesh, cost_model)

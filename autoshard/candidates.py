@@ -12,6 +12,11 @@
   the **output**: gathered in inference, any layout in training (the loss reads it where it is).
 
 An op without a rule keeps one replicated strategy (and is named in a warning).
+
+Ops that route tokens to experts (a rule with an ``exchange`` pair, ``moe_experts``) split their
+flops evenly (a device's share depends on the routing, not on its local shapes); a strategy
+that splits the experts is charged ``capacity_factor`` times its share (the busiest device sets
+the pace), and an expert-parallel one its all-to-alls too (``sharding/exchange.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, reshard_steps
 from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, count_steps, instantiate, load_rules,
                                       replicated_strategy, strategies, tensor_layouts)
+from autoshard.sharding.exchange import Exchange, expert_exchanges
 from autoshard.sharding.spec import TensorSpec
 
 
@@ -91,9 +97,10 @@ class CandidateBuilder:
 
     def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
                  precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None,
-                 blocks: Blocks = NO_BLOCKS) -> None:
+                 blocks: Blocks = NO_BLOCKS, capacity_factor: float = 1.0) -> None:
         self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
         self.local_flops, self.blocks = local_flops, blocks
+        self.capacity_factor = capacity_factor
         self.doubled: dict[int, tuple[list[OpStrategy], list[int], list[tuple[int, int]], list[bool]]] = {}
         self.training, self.precision, self.optimizer_slots = training, precision, optimizer_slots
         self.slapo_space = slapo_space
@@ -227,19 +234,24 @@ class CandidateBuilder:
                  and k not in node.no_grad_operands for k, (src, m) in enumerate(zip(node.inputs, operands))]
         dtype = metas[0].dtype if metas else "float32"
         costs, flops, forward = [], [], []
+        routed = instance is not None and instance.exchange is not None
         for s in options:
-            work = self._local_work(node, operands, s)
+            work = node.work if routed else self._local_work(node, operands, s)
             flops.append((0, 0) if work is None else (work.flops // s.degree, work.backward_flops // s.degree))
+            exchange = self._exchange_ticks(node, operands, s, instance, self.training) if routed else 0
+            exchange_forward = self._exchange_ticks(node, operands, s, instance, False) if routed else 0
             if not self.cost_model.charges_compute:
-                costs.append(0)
-                forward.append(0)
+                costs.append(exchange)
+                forward.append(exchange_forward)
                 continue
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
             times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device)
-            costs.append(self.cost_model.ticks(times.forward + times.backward) + self._count_ticks(s, metas))
-            forward.append(self.cost_model.ticks(times.forward))
+            load = self.capacity_factor if routed and dict(s.assignment).get(instance.exchange[1]) else 1.0
+            costs.append(self.cost_model.ticks((times.forward + times.backward) * load) + exchange
+                         + self._count_ticks(s, metas))
+            forward.append(self.cost_model.ticks(times.forward * load) + exchange_forward)
         return Candidate(node, options, costs, [], instance, flops=flops, forward_costs=forward)
 
     def _count_ticks(self, strategy: OpStrategy, metas: list[TensorMeta]) -> int:
@@ -248,6 +260,14 @@ class CandidateBuilder:
             return 0
         steps = count_steps(strategy, metas[0].itemsize, self.mesh.shape)
         return self.cost_model.ticks(sum(self.cost_model.step_cost(step, ()) for step in steps))
+
+    def _exchange_ticks(self, node: OpNode, operands: tuple[TensorMeta | None, ...], s: OpStrategy,
+                        instance: OpInstance, backward: bool) -> int:
+        """The all-to-alls of an expert-parallel strategy (forward, and backward if asked), priced
+        as single-axis steps (0 without one)."""
+        exchanges = expert_exchanges_of(node, operands, s, self.mesh.shape, self.capacity_factor,
+                                        backward and node.requires_grad)
+        return sum(self.cost_model.ticks(self.cost_model.step_cost(x.step(), (1, x.in_bytes))) for x in exchanges)
 
     def _local_work(self, node: OpNode, operands: tuple[TensorMeta | None, ...], s: OpStrategy) -> OpWork | None:
         """The op's work with the flops of one device's pieces (``local_flops``), as ``op_times``
@@ -271,3 +291,16 @@ class CandidateBuilder:
             tensor_layouts(metas[0].shape, self.mesh.shape, self.allowed)
         options = [OpStrategy((), (spec,) + base[1:], TensorSpec(()), (spec,) + base[1:]) for spec in layouts]
         return Candidate(node, options, [0] * len(options))
+
+
+def expert_exchanges_of(node: OpNode, operands: Sequence[TensorMeta | None], s: OpStrategy, mesh_shape: tuple[int, ...],
+                        capacity_factor: float, backward: bool) -> tuple[Exchange, ...]:
+    """The exchanges strategy ``s`` of an experts node (operands hidden, top-k index, weights,
+    gate_up, ...) runs: none unless it has an ``exchange_axis``."""
+    if s.exchange_axis is None:
+        return ()
+    hidden, index, experts = operands[0], operands[1], operands[3]
+    local_hidden = s.in_specs[0].local_shape(hidden.shape, mesh_shape)
+    local_experts = s.in_specs[3].local_shape(experts.shape, mesh_shape)[0]
+    return expert_exchanges(local_hidden, hidden.itemsize, index.shape[1], experts.shape[0], local_experts,
+                            s.exchange_axis, mesh_shape[s.exchange_axis], capacity_factor, backward)

@@ -23,6 +23,10 @@ from typing import Any, Iterator
 
 import networkx as nx
 
+EXPERTS_OP = "moe_experts"
+"""The op name of a fused mixture-of-experts node (frontend/experts.py; its rule is ``[moe_experts]``
+in specs/ops.toml)."""
+
 
 @dataclass(frozen=True)
 class TensorMeta:

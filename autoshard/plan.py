@@ -16,6 +16,10 @@ computes the local piece of the global result:
   devices at coordinate 0 of the partial axes, so the sum counts them once;
 - ``count_steps``: a mean loss whose targets are sharded runs as a local sum divided by the
   count of valid targets (not ``ignore_index``) all-reduced by these steps (``rules.count_steps``).
+- ``exchange_axis`` and ``exchanges``: an expert-parallel op (mixture of experts) sends tokens to
+  their experts' devices along that mesh axis and back; ``exchanges`` lists those all-to-alls
+  with the bytes the cost model charged (balanced routing times the plan's ``capacity_factor``,
+  see ``sharding/exchange.py``).
 
 It also records the tracer that produced the graph (``frontend``: ``fx`` or ``export``), so the
 runtime re-traces the model the same way, and the graph's ``signature`` (one ``name:op:shape``
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.errors import AutoshardError
+from autoshard.sharding.exchange import Exchange
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import Step
 from autoshard.sharding.spec import TensorSpec
@@ -60,6 +65,8 @@ class NodePlacement:
     scale: Fraction = Fraction(1)
     masked_operands: tuple[int, ...] = ()
     count_steps: tuple[Step, ...] = ()
+    exchange_axis: int | None = None
+    exchanges: tuple[Exchange, ...] = ()
 
 
 @dataclass
@@ -105,6 +112,11 @@ class Plan:
         read = {edge.src for edge in self.edges}
         return all(spec is None or spec.is_replicated for node in self.nodes.values()
                    if node.name in read or node.op is not None for spec in (node.out_spec, *node.in_specs))
+    capacity_factor: float = 1.0
+
+    def expert_parallel(self) -> dict[str, int]:
+        """Module path (else node name) of every expert-parallel op -> the mesh axis it exchanges tokens over."""
+        return {n.module or n.name: n.exchange_axis for n in self.nodes.values() if n.exchange_axis is not None}
 
     def edge(self, dst: str, operand: int) -> EdgeReshard:
         """The edge into operand ``operand`` of node ``dst``."""
@@ -132,6 +144,8 @@ class Plan:
             "frontend": self.frontend,
             "signature": self.signature,
             "recompute": self.recompute,
+            "capacity_factor": self.capacity_factor,
+            "expert_parallel": self.expert_parallel(),
             "nodes": [_node_json(n, nd) for n in self.nodes.values()],
             "edges": [_edge_json(e, nd) for e in self.edges],
         }
@@ -166,6 +180,7 @@ class Plan:
                 frontend=data.get("frontend", ""),
                 signature=list(data.get("signature", [])),
                 recompute=[list(names) for names in data.get("recompute", [])],
+                capacity_factor=data.get("capacity_factor", 1.0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AutoshardError(f"plan file is malformed ({exc!r}): write it with autoshard.solve --out") from None
@@ -224,6 +239,9 @@ def _node_json(node: NodePlacement, mesh_ndim: int) -> dict:
         "scale": [node.scale.numerator, node.scale.denominator],
         "masked_operands": list(node.masked_operands),
         "count_steps": [_step_json(s, mesh_ndim) for s in node.count_steps],
+        "exchange_axis": node.exchange_axis,
+        "exchanges": [{"what": x.what, "phase": x.phase, "axis": x.axis, "in_bytes": x.in_bytes, "routed": x.routed}
+                      for x in node.exchanges],
     }
 
 
@@ -239,6 +257,9 @@ def _node_from(data: dict) -> NodePlacement:
         scale=Fraction(*data["scale"]),
         masked_operands=tuple(data["masked_operands"]),
         count_steps=tuple(_step_from(s) for s in data.get("count_steps", [])),
+        exchange_axis=data.get("exchange_axis"),
+        exchanges=tuple(Exchange(x["what"], x["phase"], x["axis"], x["in_bytes"], x["routed"])
+                        for x in data.get("exchanges", [])),
     )
 
 

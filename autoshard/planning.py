@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from autoshard.build import ModelProblem, graph_signature
+from autoshard.candidates import expert_exchanges_of, operand_meta
 from autoshard.graph import NodeKind
 from autoshard.plan import EdgeReshard, NodePlacement, Plan
+from autoshard.sharding.exchange import Exchange
 from autoshard.sharding.reshard import reshard_steps
-from autoshard.sharding.rules import count_steps, load_rules
+from autoshard.sharding.rules import OpStrategy, count_steps, load_rules
 from autoshard.sharding.spec import TensorSpec
 
 
@@ -24,6 +26,16 @@ def _local_attrs(mp: ModelProblem, name: str, out_spec: TensorSpec) -> dict:
         dim = node.attrs.get("dim", 0) % (len(meta.shape) - count + 1)
         return {attr: local[dim: dim + count]}
     return {attr: local}
+
+
+def _exchanges(mp: ModelProblem, name: str, strategy: OpStrategy) -> tuple[Exchange, ...]:
+    """The all-to-alls an expert-parallel strategy runs, as its node cost charged them."""
+    if strategy.exchange_axis is None:
+        return ()
+    node = mp.graph[name]
+    operands = [operand_meta(mp.graph, node, src) for src in node.inputs]
+    backward = mp.options.mode == "training" and node.requires_grad
+    return expert_exchanges_of(node, operands, strategy, mp.mesh.shape, mp.options.capacity_factor, backward)
 
 
 def node_cost(mp: ModelProblem, name: str, choice: list[int]) -> int:
@@ -67,6 +79,8 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
             scale=strategy.scale,
             masked_operands=strategy.masked,
             count_steps=count_steps(strategy, cand.node.tensor.itemsize, mp.mesh.shape) if strategy.count_axes else (),
+            exchange_axis=strategy.exchange_axis,
+            exchanges=_exchanges(mp, name, strategy),
         )
         if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
             param_specs[cand.node.qualname] = strategy.out_spec
@@ -107,4 +121,5 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
         recompute=_segments(mp, choice),
         frontend=mp.graph.frontend,
         signature=graph_signature(mp.graph),
+        capacity_factor=mp.options.capacity_factor,
     )

@@ -7,12 +7,15 @@ user reads to see what each plan costs and why (Name / InSpec / OutSpec / Cost, 
 
 from __future__ import annotations
 
+import re
+
 from rich.table import Table
 
 from autoshard.build import ModelProblem
 from autoshard.cost.devices import PRESETS, Device
 from autoshard.units import format_bytes
 from autoshard.graph import NodeKind
+from autoshard.plan import Plan
 from autoshard.planning import edge_cost
 from autoshard.sharding.spec import TensorSpec
 
@@ -148,3 +151,36 @@ def memory_line(mp: ModelProblem, choice: list[int]) -> str:
                 f"{LARGEST_DEVICE.name}, has {format_bytes(LARGEST_DEVICE.memory)}): give --memory-budget or " \
                 f"--device, or use more devices"
     return line
+
+
+def expert_parallel_line(plan: Plan) -> str:
+    """Which mixture-of-experts layers the plan runs expert-parallel, over which mesh axis, and the
+    routing its all-to-alls were priced at ("" when none); repeated layers are folded
+    (``model.layers.{0..31}.mlp.experts``)."""
+    layers = plan.expert_parallel()
+    if not layers:
+        return ""
+    by_axis: dict[int, list[str]] = {}
+    for module, axis in layers.items():
+        by_axis.setdefault(axis, []).append(module)
+    where = "; ".join(f"{_fold(modules)} over mesh axis {axis}" for axis, modules in sorted(by_axis.items()))
+    experts = sum(1 for n in plan.nodes.values() if n.op == "moe_experts")
+    return (f"expert parallel: {len(layers)} of {experts} MoE layers, {where} (tokens sent to their experts by "
+            f"all-to-all, priced at balanced routing with capacity factor {plan.capacity_factor})")
+
+
+def _fold(names: list[str]) -> str:
+    """``a.0.b, a.1.b, a.2.b`` -> ``a.{0..2}.b`` when the names differ in one number only."""
+    shapes = {re.sub(r"\d+", "#", n) for n in names}
+    numbers = [re.findall(r"\d+", n) for n in names]
+    if len(names) < 3 or len(shapes) != 1:
+        return ", ".join(names)
+    varying = [i for i in range(len(numbers[0])) if len({ns[i] for ns in numbers}) > 1]
+    if len(varying) != 1:
+        return ", ".join(names)
+    values = sorted(int(ns[varying[0]]) for ns in numbers)
+    span = f"{{{values[0]}..{values[-1]}}}" if values == list(range(values[0], values[-1] + 1)) else \
+        "{" + ",".join(map(str, values)) + "}"
+    parts = re.split(r"(\d+)", names[0])
+    parts[2 * varying[0] + 1] = span
+    return "".join(parts)

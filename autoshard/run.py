@@ -44,7 +44,7 @@ from autoshard.graph import OpGraph
 from autoshard.plan import Plan
 from autoshard.runtime.executor import (BACKEND_COLLECTIVES, ParallelModule, check_backend, check_model,
                                         check_world, distribute, expected_collectives, gather_full, local_of,
-                                        parallelize, relative_errors)
+                                        parallelize, relative_errors, same_collectives)
 from autoshard.runtime.collectives import FORWARD
 from autoshard.runtime.groups import MeshGroups
 from autoshard.units import format_bytes
@@ -159,7 +159,7 @@ def _summary(parallel: ParallelModule, model: torch.nn.Module, plan: Plan,
         sent[c.kind] += c.sent_bytes
     full = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     return {"param_bytes": parallel.parameter_bytes(), "full_bytes": full, "calls": dict(calls), "sent": dict(sent),
-            "matches_plan": executed == expected_collectives(plan), "count": len(executed),
+            "matches_plan": same_collectives(executed, expected_collectives(plan)), "count": len(executed),
             "collectives": executed, "digests": {label: _digest(t) for label, t in gathered.items()}}
 
 

@@ -78,9 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
                                            "preset's capacity, else none)")
     p.add_argument("--pin", action="append", default=[], metavar="NAME=SPEC",
                    help="fix a tensor's layout, e.g. fc1.weight=SR or fc1.weight=S0R on 2-D meshes (repeatable)")
-    p.add_argument("--baseline", choices=("megatron",), default=None,
+    p.add_argument("--baseline", choices=tuple(BASELINES), default=None,
                    help="also cost a hand-written plan in the same model and print it beside ours: "
-                        "megatron = column- then row-parallel linears (heads split), batch on other mesh axes")
+                        "megatron = column- then row-parallel linears (heads split), batch on other mesh axes; "
+                        "torchtitan-moe = experts parallel on the last mesh axis (tokens sent by all-to-all), "
+                        "FSDP on the first, tensor-parallel attention")
+    p.add_argument("--capacity-factor", type=float, default=1.0,
+                   help="mixture-of-experts layers: charge expert-sharded layouts this many times the balanced "
+                        "routing share of tokens (their compute and all-to-alls); default 1.0")
+    p.add_argument("--expert-parallel", type=int, default=None, metavar="AXIS",
+                   help="mixture-of-experts layers: pin expert parallelism over this mesh axis (experts split over "
+                        "it, tokens sent to them by all-to-all); the rest is optimised around it")
     p.add_argument("--frontend", choices=("auto", "fx", "export"), default="auto",
                    help="tracer: torch.fx, torch.export, or auto (fx, falling back to export); default auto")
     p.add_argument("--out", help="write the plan as JSON to this file")
@@ -169,7 +177,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.trace import trace
     from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
-    from autoshard.report import device_line, iteration_table, layout_summary, memory_line
+    from autoshard.report import device_line, expert_parallel_line, iteration_table, layout_summary, memory_line
 
     device = get_device(args.device)
     mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node, device.intra, device.inter)
@@ -186,7 +194,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(graph_table(graph))
     mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
                              pins=pins, device=device, peak_flops=args.peak_flops,
-                             memory_bandwidth=args.memory_bandwidth, precision=args.precision)
+                             memory_bandwidth=args.memory_bandwidth, precision=args.precision,
+                             capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel)
     console.print(device_line(mp.cost_model.device, args.device is None), highlight=False)
     budget = mp.problem.usage_limit
     p = mp.problem
@@ -227,8 +236,11 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     if replicated:
         console.print(f"[yellow]{ALL_REPLICATED}[/] (every device runs all of it; a slower device, --peak-flops / "
                       "--memory-bandwidth, or a larger batch makes sharding pay)", highlight=False)
-    if args.baseline == "megatron":
-        _print_baseline(mp, solution.cost, console, replicated)
+    if args.baseline is not None:
+        _print_baseline(mp, solution.cost, console, args.baseline, replicated)
+    experts = expert_parallel_line(plan)
+    if experts:
+        console.print(experts, highlight=False)
     console.print(layout_summary(mp, list(solution.choice)))
     console.print(memory_line(mp, list(solution.choice)), highlight=False)
     console.print("Schedule (Slapo):")
@@ -247,20 +259,35 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _print_baseline(mp: Any, ours: int, console: Console, replicated: bool) -> None:
-    """Megatron's plan costed in the same model, beside ours (ours can never be higher once proved); when ours
-    shards nothing, a ratio would read as a win of sharding, so the line says so instead."""
-    from autoshard.baselines import megatron_choice
-
-    choice = megatron_choice(mp)
+def _print_baseline(mp: Any, ours: int, console: Console, which: str, replicated: bool) -> None:
+    """A hand-written plan costed in the same model, beside ours (ours can never be higher once proved);
+    when ours shards nothing, a ratio would read as a win of sharding, so the line says so instead."""
+    name, choose = BASELINES[which]
+    choice = choose(mp)
     cost = mp.problem.cost(choice)
     fits = "" if mp.problem.is_feasible(choice) else " (does not fit the memory budget)"
     if replicated:
-        console.print(f"Megatron baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)}, {ALL_REPLICATED}",
+        console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)}, {ALL_REPLICATED}",
                       highlight=False)
         return
-    console.print(f"Megatron baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)} = "
-                  f"{ours / cost:.3f}x Megatron", highlight=False)
+    console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)} = "
+                  f"{ours / cost:.3f}x {name}", highlight=False)
+
+
+def _megatron(mp: Any) -> list[int]:
+    from autoshard.baselines import megatron_choice
+
+    return megatron_choice(mp)
+
+
+def _torchtitan_moe(mp: Any) -> list[int]:
+    from autoshard.baselines_moe import torchtitan_moe_choice
+
+    return torchtitan_moe_choice(mp)
+
+
+BASELINES = {"megatron": ("Megatron", _megatron), "torchtitan-moe": ("torchtitan MoE", _torchtitan_moe)}
+"""``--baseline`` choices: (name printed, function giving its choice)."""
 
 
 def _frontend_line(graph: Any) -> str:

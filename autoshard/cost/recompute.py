@@ -48,8 +48,9 @@ class Blocks:
 NO_BLOCKS = Blocks({}, ())
 
 
-def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None) -> Blocks:
-    """One block per repeated layer (its op nodes that require grad)."""
+def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None, kept_ops: frozenset[str] = frozenset()) -> Blocks:
+    """One block per repeated layer (its op nodes that require grad); a layer holding an op of
+    ``kept_ops`` (ops whose re-run the executor does not replay, e.g. expert exchanges) is never recomputed."""
     if layers is None:
         return NO_BLOCKS
     block_of: dict[str, int] = {}
@@ -57,7 +58,7 @@ def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None) -> Blocks:
     order = {name: t for t, name in enumerate(graph.nodes)}
     for names in layers.layers:
         ops = [n for n in names if graph[n].kind == NodeKind.OP and graph[n].requires_grad]
-        if not ops:
+        if not ops or any(graph[n].op in kept_ops for n in ops):
             continue
         for n in ops:
             block_of[n] = len(last)

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
+from autoshard.frontend.experts import register_grouped_mm_flops
 from autoshard.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 UNMEASURED = OpWork(measured=False)
@@ -39,6 +40,7 @@ ELEMENT = OpWork(alias_of=0)
 
 def profile_graph(graph: OpGraph) -> None:
     """Fill ``work`` of every op node of ``graph`` (identical nodes are measured once)."""
+    register_grouped_mm_flops()
     calls: dict[str, NodeCall] = graph.module.meta[NODE_CALLS_KEY]
     cache: dict[Any, OpWork] = {}
     fake = FakeTensorMode(allow_non_fake_inputs=False)

@@ -34,8 +34,9 @@ from torch.export.graph_signature import InputKind, OutputKind
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
 from autoshard.frontend.convert import GraphConverter
-from autoshard.frontend.gradients import mark_gradients
+from autoshard.frontend.experts import fuse_experts
 from autoshard.frontend.functionalize import InPlaceProxy, MutationError, functionalize_fx, has_mutations
+from autoshard.frontend.gradients import mark_gradients
 from autoshard.frontend.load import describe_error
 from autoshard.frontend.profile import profile_graph
 from autoshard.graph import OpGraph
@@ -160,7 +161,7 @@ def trace_fx(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -
             converter.add_output(node.args)
         else:
             raise ValueError(f"unexpected fx node {node.format_node()}")
-    return _graph(converter, "fx", module)
+    return _graph(converter, "fx", module, model)
 
 
 def trace_export(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -> OpGraph:
@@ -197,7 +198,7 @@ def trace_export(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...
             converter.add_output(user_outputs)
         else:
             raise ValueError(f"unexpected exported node {node.format_node()}")
-    return _graph(converter, "export", program.module())
+    return _graph(converter, "export", program.module(), model)
 
 
 def _add_export_input(
@@ -270,10 +271,12 @@ def _sets_grad_mode(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is _SET_GRAD_ENABLED
 
 
-def _graph(converter: GraphConverter, frontend: str, module: torch.fx.GraphModule) -> OpGraph:
-    """The OpGraph of a converted trace, every op's work measured by torch (frontend/profile.py)."""
+def _graph(converter: GraphConverter, frontend: str, module: torch.fx.GraphModule, model: torch.nn.Module) -> OpGraph:
+    """The OpGraph of a converted trace, mixture-of-experts layers fused into one node each
+    (frontend/experts.py), every op's work measured by torch (frontend/profile.py)."""
     module.meta[NODE_CALLS_KEY] = converter.calls
     graph = OpGraph(nodes=converter.nodes, frontend=frontend, module=module)
+    fuse_experts(graph, model)
     mark_gradients(graph)  # before profiling: which operands get a gradient decides the backward measured
     profile_graph(graph)
     return graph

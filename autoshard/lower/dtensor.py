@@ -267,6 +267,11 @@ def _source(plan: Plan, roles: list[str], styles: dict[str, Style], graph: OpGra
 
 def export_dtensor(plan: Plan, graph: OpGraph, model: nn.Module) -> DTensorExport:
     """The plan as torchtitan-style source, or the reason it does not map."""
+    split_experts = [n.module for n in plan.nodes.values() if n.op == "moe_experts" and n.in_specs[3].dims[0]]
+    if split_experts:  # torchtitan's ExpertParallel needs its own MoE modules, not transformers' experts
+        return DTensorExport(None, f"{split_experts[0]} runs its experts split over devices (expert routing), which "
+                                   "no parallelize_module style expresses for transformers' experts modules; run the "
+                                   "JSON plan with autoshard.run")
     try:
         roles, styles = axis_roles(plan, graph, model)
     except NotMappable as reason:

@@ -49,6 +49,10 @@ def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
     if plan.mesh.ndim != 1:
         return [f"# Slapo schedules shard over one device group; mesh {plan.mesh.label} is {plan.mesh.ndim}-D:",
                 "# run the JSON plan with autoshard.run (torchrun) instead."]
+    split_experts = [n.module for n in plan.nodes.values() if n.op == "moe_experts" and n.in_specs[3].dims[0]]
+    if split_experts:
+        return [f"# {split_experts[0]} runs its experts split over devices (expert routing): Slapo has no primitive",
+                "# for it; run the JSON plan with autoshard.run (torchrun) instead."]
     per_module: dict[str, list[str]] = {}
     notes: list[str] = []
 

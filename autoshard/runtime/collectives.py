@@ -37,12 +37,14 @@ RECOMPUTE = "recompute"
 
 @dataclass(frozen=True)
 class CommRecord:
-    """One executed collective: its kind, mesh axis, bytes this rank sent, and the pass it ran in."""
+    """One executed collective: its kind, mesh axis, bytes this rank sent, and the pass it ran in
+    (``routed``: an expert-parallel exchange, whose bytes depend on the routing)."""
 
     kind: str
     axis: int
     sent_bytes: int
     phase: str
+    routed: bool = False
 
 
 @dataclass

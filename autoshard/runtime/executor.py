@@ -19,16 +19,21 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
 - the outputs are returned in their planned layout (replicated in inference; in training where
   the loss reads them, so the caller computes the loss on local pieces).
 
-Every collective is logged on the edge (or loss node) it belongs to, in both passes, so
-:meth:`ParallelModule.collectives` can be compared with :func:`expected_collectives`, the list
-the plan (and the cost model) charged. An inference plan has no gradient steps, so its
+A mixture-of-experts node runs through ``runtime/experts.py``: its local experts, and for an
+expert-parallel placement the token exchanges over its ``exchange_axis``.
+
+Every collective is logged on the edge (or loss node, or expert-parallel node) it belongs to,
+in both passes, so :meth:`ParallelModule.collectives` can be compared with
+:func:`expected_collectives`, the list the plan (and the cost model) charged
+(:func:`same_collectives`: an exchange's bytes are the routing's, the plan's an estimate). An
+inference plan has no gradient steps, so its
 forward runs without autograd rather than produce gradients nobody planned.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -39,11 +44,13 @@ from torch.distributed.tensor import DTensor
 from autoshard.build import fingerprint, graph_signature
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
+from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph, OpNode
 from autoshard.plan import EdgeReshard, Plan
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, Step, reshard_steps
 from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
+from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
 from autoshard.runtime.recompute import Regathering, run_recomputed
@@ -69,6 +76,7 @@ class Collective:
     axis: int
     sent_bytes: int
     phase: str
+    routed: bool = False
 
 
 def edge_label(edge: EdgeReshard) -> str:
@@ -109,14 +117,26 @@ def expected_collectives(plan: Plan) -> list[Collective]:
             for step in node.count_steps:
                 sent = step.sent_bytes(plan.mesh.shape[step.axis])
                 result.append(Collective(count_label(node.name), step.kind, step.axis, sent, phase))
+        for x in node.exchanges:
+            result.append(Collective(exchange_label(node.name), ALL_TO_ALL, x.axis,
+                                     x.sent_bytes(plan.mesh.shape[x.axis]), x.phase, x.routed))
     return result
+
+
+def same_collectives(executed: Sequence[Collective], planned: Sequence[Collective]) -> bool:
+    """The executed collectives are the plan's: equal lists, except that a routed exchange sent
+    what the routing asked for (the plan holds the balanced-routing estimate)."""
+    return len(executed) == len(planned) and all(
+        e == p or (p.routed and e.routed and replace(e, sent_bytes=p.sent_bytes) == p)
+        for e, p in zip(executed, planned))
 
 
 def required_collectives(plan: Plan) -> set[str]:
     """Kinds of collective the plan runs on mesh axes with more than one device."""
     steps = [step for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)]
     steps += [step for node in plan.nodes.values() for step in node.count_steps]
-    return {step.kind for step in steps if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
+    kinds = {step.kind for step in steps if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
+    return kinds | ({ALL_TO_ALL} if any(n.exchanges for n in plan.nodes.values()) else set())
 
 
 def check_backend(plan: Plan, backend: str, table: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> None:
@@ -264,6 +284,7 @@ class ParallelModule(nn.Module):
         self._edges = {(e.dst, e.operand): e for e in plan.edges}
         self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
         self._logs |= {count_label(n.name): CommLog() for n in plan.nodes.values() if n.count_steps}
+        self._logs |= {exchange_label(n.name): CommLog() for n in plan.nodes.values() if n.exchanges}
         self._state_names: dict[str, str] = {}
         self._parameter_names = {n.qualname for n in graph if n.kind == NodeKind.PARAM}
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
@@ -375,6 +396,8 @@ class ParallelModule(nn.Module):
             with self._regathering(node, operands, values):
                 if place is not None and place.count_steps:
                     out = self._mean_over_global_count(node, operands, place.count_steps, phase)
+                elif node.op == EXPERTS_OP and place is not None:
+                    out = run_experts(operands, node, place, self.groups, self._logs.get(exchange_label(node.name)))
                 else:
                     out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
             del operands
@@ -430,7 +453,7 @@ class ParallelModule(nn.Module):
 
     def collectives(self) -> list[Collective]:
         """Every collective run since the last :meth:`reset_log`, by plan edge (then execution order)."""
-        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase)
+        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase, r.routed)
                 for label, log in self._logs.items() for r in log.records]
 
     def reset_log(self) -> None:

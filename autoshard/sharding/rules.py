@@ -22,6 +22,11 @@ axes, in ascending order); from the assignment everything follows mechanically:
   differs from shard to shard). Then the strategy's ``count_axes`` are those assigned to such
   indices and the runtime computes the local *sum* divided by the global count, one scalar
   all-reduce per axis (:func:`count_steps`, charged by the builder and listed in the plan).
+
+An op whose rule names an ``exchange`` pair (token index, expert index) also gets, for each
+strategy and each axis of its token index, the strategy in which the expert index takes that
+axis too: the op exchanges tokens over it (``exchange_axis``), so that axis leaves no partial
+sum (``rules_moe.exchange_variants``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from autoshard.graph import TensorMeta
 from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
                                   elementwise_instance)
 from autoshard.sharding.reshard import Step, reshard_steps
+from autoshard.sharding.rules_moe import MOE_KINDS, exchange_variants
 from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.sharding.spec import TensorSpec
 
@@ -58,6 +64,7 @@ class OpStrategy:
     masked: tuple[int, ...] = ()
     label: str = field(default="", compare=False)
     count_axes: tuple[int, ...] = ()
+    exchange_axis: int | None = None
 
 
 def count_steps(strategy: OpStrategy, itemsize: int, mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
@@ -172,8 +179,9 @@ def _instantiate_signature(rule: Rule, shapes: list[tuple[int, ...] | None], out
     for condition, names in rule.options.get("fixed_if", {}).items():
         if _condition(condition, attrs):  # a variadic group's name fixes all its dims
             fixed.update(names, (f"{n}{k}" for n in names for k in range(group_len.get(n, 0))))
+    exchange = tuple(rule.options["exchange"]) if "exchange" in rule.options else None
     return OpInstance(tuple(operands), out_labels, {k: tuple(sorted(v)) for k, v in sizes.items()},
-                      frozenset(fixed), tuple(additive), frozenset())
+                      frozenset(fixed), tuple(additive), frozenset(), exchange=exchange)
 
 
 def _einsum(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -384,6 +392,7 @@ _KINDS: dict[str, Callable[..., OpInstance]] = {
     "einsum": _einsum,
     "extreme": _extreme,
     **SHAPE_KINDS,
+    **MOE_KINDS,
 }
 
 
@@ -415,7 +424,6 @@ def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
                 if l is not None:
                     positions.setdefault(l, []).append((d, len(labels)))
         free = [i for i in free if all(allowed(d, r) for d, r in positions.get(i, []))]
-    contracted = instance.contracted
     result: list[OpStrategy] = []
     for choice in itertools.product([None, *free], repeat=len(mesh_shape)):
         axes_of: dict[str, tuple[int, ...]] = {}
@@ -424,22 +432,36 @@ def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
                 axes_of[index] = axes_of.get(index, ()) + (axis,)
         if any(c is not None and n == 1 for c, n in zip(choice, mesh_shape)):
             continue  # a size-1 axis shards nothing; keep one strategy per layout
-        if any(n % math.prod(mesh_shape[a] for a in axes) for i, axes in axes_of.items() for n in instance.sizes[i]):
-            continue
-        partial = frozenset(a for i in contracted for a in axes_of.get(i, ()))
-        used = frozenset(a for axes in axes_of.values() for a in axes)
-        in_specs = tuple(None if labels is None else _spec(labels, axes_of) for labels in instance.operands)
-        masked = tuple(k for k in instance.additive if partial and instance.operands[k] is not None)
-        grads = tuple(None if labels is None else _spec(labels, axes_of, used - {a for l in labels if l for a in axes_of.get(l, ())}
-                                                          - (partial if k in masked else frozenset()))
-                      for k, labels in enumerate(instance.operands))
-        mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
-        counted = tuple(sorted(a for i in instance.counted_indices for a in axes_of.get(i, ())))
-        result.append(OpStrategy(
-            tuple(sorted(axes_of.items())), in_specs, _spec(instance.output, axes_of, partial), grads,
-            math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked, count_axes=counted,
-        ))
+        if divides(instance, axes_of, mesh_shape):
+            result.append(make_strategy(instance, axes_of, mesh_shape))
+    if instance.exchange is not None and instance.exchange[1] in free:
+        result += exchange_variants(instance, result, mesh_shape)
     return result
+
+
+def divides(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> bool:
+    """True when every index's sizes divide by the product of the mesh axes assigned to it."""
+    return not any(n % math.prod(mesh_shape[a] for a in axes) for i, axes in axes_of.items() for n in instance.sizes[i])
+
+
+def make_strategy(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...],
+                  exchange_axis: int | None = None) -> OpStrategy:
+    """The strategy of one assignment of mesh axes to indices (see the module doc); an
+    ``exchange_axis`` shared by the token and expert indices makes no partial sum."""
+    partial = frozenset(a for i in instance.contracted for a in axes_of.get(i, ())) - {exchange_axis}
+    used = frozenset(a for axes in axes_of.values() for a in axes)
+    in_specs = tuple(None if labels is None else _spec(labels, axes_of) for labels in instance.operands)
+    masked = tuple(k for k in instance.additive if partial and instance.operands[k] is not None)
+    grads = tuple(None if labels is None else _spec(labels, axes_of, used - {a for l in labels if l for a in axes_of.get(l, ())}
+                                                      - (partial if k in masked else frozenset()))
+                  for k, labels in enumerate(instance.operands))
+    mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
+    counted = tuple(sorted(a for i in instance.counted_indices for a in axes_of.get(i, ())))
+    return OpStrategy(
+        tuple(sorted(axes_of.items())), in_specs, _spec(instance.output, axes_of, partial), grads,
+        math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked, count_axes=counted,
+        exchange_axis=exchange_axis,
+    )
 
 
 def replicated_strategy(operands: Sequence[TensorMeta | None], out_rank: int) -> OpStrategy:

@@ -41,6 +41,9 @@ class OpInstance:
     additive: tuple[int, ...] = ()
     mean_indices: frozenset[str] = frozenset()
     counted_indices: frozenset[str] = frozenset()
+    exchange: tuple[str, str] | None = None
+    """(token index, expert index) that may share one mesh axis: the op then exchanges the
+    tokens among that axis's devices itself (expert parallelism, ``rules_moe.py``)."""
 
     @property
     def contracted(self) -> frozenset[str]:
