@@ -153,6 +153,38 @@ def memory_line(mp: ModelProblem, choice: list[int]) -> str:
     return line
 
 
+def fit_line(plan: Plan) -> str:
+    """What the plan recomputes in backward (layers, folded) and which parameters it gathers again
+    for backward instead of keeping them gathered (FSDP's reshard after forward); "" when neither."""
+    parts = []
+    if plan.recompute:
+        layers = [_common_module([plan.nodes[n].module for n in names if n in plan.nodes]) for names in plan.recompute]
+        parts.append(f"recomputed in backward: {len(layers)} layers ({_fold_groups(layers)})")
+    regathered = sorted({e.src for e in plan.edges if e.regather})
+    if regathered:
+        modules = {re.sub(r"^(.*?\.\d+)\..*$", r"\1", plan.nodes[n].module or n) for n in regathered}
+        parts.append(f"re-gathered for backward: {len(regathered)} parameters (of {_fold_groups(sorted(modules))})")
+    return "; ".join(parts)
+
+
+def _fold_groups(names: list[str]) -> str:
+    """Names folded per pattern (``model.layers.{0..31}, lm_head``), patterns in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(re.sub(r"\d+", "#", name), []).append(name)
+    return ", ".join(_fold(group) for group in groups.values())
+
+
+def _common_module(modules: list[str]) -> str:
+    """The longest dotted prefix shared by ``modules`` (the layer a recomputed block is)."""
+    common: list[str] = []
+    for parts in zip(*(m.split(".") for m in modules if m)):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return ".".join(common) or "?"
+
+
 def expert_parallel_line(plan: Plan) -> str:
     """Which mixture-of-experts layers the plan runs expert-parallel, over which mesh axis, and the
     routing its all-to-alls were priced at ("" when none); repeated layers are folded

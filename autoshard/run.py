@@ -42,9 +42,9 @@ from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.graph import OpGraph
 from autoshard.plan import Plan
-from autoshard.runtime.executor import (BACKEND_COLLECTIVES, ParallelModule, check_backend, check_model,
-                                        check_world, distribute, expected_collectives, gather_full, local_of,
-                                        parallelize, relative_errors, same_collectives)
+from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_model, check_world,
+                                      expected_collectives, relative_errors, same_collectives)
+from autoshard.runtime.executor import ParallelModule, distribute, gather_full, local_of, parallelize
 from autoshard.runtime.collectives import FORWARD
 from autoshard.runtime.groups import MeshGroups
 from autoshard.units import format_bytes

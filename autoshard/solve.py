@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", choices=tuple(BASELINES), default=None,
                    help="also cost a hand-written plan in the same model and print it beside ours: "
                         "megatron = column- then row-parallel linears (heads split), batch on other mesh axes; "
-                        "torchtitan-moe = experts parallel on the last mesh axis (tokens sent by all-to-all), "
-                        "FSDP on the first, tensor-parallel attention")
+                        "torchtitan = FSDP (re-gathered) on the first mesh axis, tensor parallelism by module role "
+                        "with sequence-parallel norms on the last, experts parallel on the last, every repeated "
+                        "layer recomputed (when recomputation is offered: training under a memory budget)")
     p.add_argument("--capacity-factor", type=float, default=1.0,
                    help="mixture-of-experts layers: charge expert-sharded layouts this many times the balanced "
                         "routing share of tokens (their compute and all-to-alls); default 1.0")
@@ -177,7 +178,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.trace import trace
     from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
-    from autoshard.report import device_line, expert_parallel_line, iteration_table, layout_summary, memory_line
+    from autoshard.report import (device_line, expert_parallel_line, fit_line, iteration_table, layout_summary,
+                                  memory_line)
 
     device = get_device(args.device)
     mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node, device.intra, device.inter)
@@ -243,6 +245,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(experts, highlight=False)
     console.print(layout_summary(mp, list(solution.choice)))
     console.print(memory_line(mp, list(solution.choice)), highlight=False)
+    fit = fit_line(plan)
+    if fit:
+        console.print(fit, highlight=False)
     console.print("Schedule (Slapo):")
     for line in schedule_lines(plan, graph):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -280,13 +285,13 @@ def _megatron(mp: Any) -> list[int]:
     return megatron_choice(mp)
 
 
-def _torchtitan_moe(mp: Any) -> list[int]:
-    from autoshard.baselines_moe import torchtitan_moe_choice
+def _torchtitan(mp: Any) -> list[int]:
+    from autoshard.baselines_torchtitan import torchtitan_choice
 
-    return torchtitan_moe_choice(mp)
+    return torchtitan_choice(mp)
 
 
-BASELINES = {"megatron": ("Megatron", _megatron), "torchtitan-moe": ("torchtitan MoE", _torchtitan_moe)}
+BASELINES = {"megatron": ("Megatron", _megatron), "torchtitan": ("torchtitan", _torchtitan)}
 """``--baseline`` choices: (name printed, function giving its choice)."""
 
 

@@ -48,8 +48,8 @@ from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph
 from autoshard.plan import Plan
 from autoshard.run import launch_env
-from autoshard.runtime.executor import (BACKEND_COLLECTIVES, ParallelModule, check_backend, check_model, check_world,
-                                        gather_full, parallelize)
+from autoshard.runtime.checks import BACKEND_COLLECTIVES, check_backend, check_model, check_world
+from autoshard.runtime.executor import ParallelModule, gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups
 
 CHECKPOINT = re.compile(r"^step_(\d+)$")

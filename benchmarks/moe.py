@@ -5,7 +5,7 @@
 Prints a markdown table: mesh, graph and decision nodes, trace / build / solve seconds (solve:
 the solver alone, reductions included), what proved the optimum (or the gap at the time limit),
 our cost, the torchtitan-style MoE baseline (experts parallel on the last mesh axis, FSDP on the
-first, tensor-parallel attention: ``autoshard/baselines_moe.py``) in the same cost model, and
+first, tensor-parallel attention: ``autoshard/baselines_torchtitan.py``) in the same cost model, and
 which MoE layers our plan runs expert-parallel, over which mesh axis, and how its experts are
 stored. Default device: the generic roofline and links (100 Tflop/s, 300 GB/s inside a node).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.baselines_moe import torchtitan_moe_choice  # noqa: E402
+from autoshard.baselines_torchtitan import torchtitan_choice  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.report import _fold  # noqa: E402
 from benchmarks.models import mixtral_8x7b  # noqa: E402
@@ -42,7 +42,7 @@ def run_case(graph, trace_s: float, mesh: str, timeout: float, capacity: float) 
     return {
         "mesh": mesh, "graph": len(graph), "nodes": mp.problem.num_nodes, "trace_s": trace_s, "build_s": build_s,
         "solve_s": solve_s, "status": sol.status, "proof": sol.proof, "gap": sol.gap, "ours": sol.cost,
-        "baseline": mp.problem.cost(torchtitan_moe_choice(mp)), "format": mp.cost_model.format,
+        "baseline": mp.problem.cost(torchtitan_choice(mp)), "format": mp.cost_model.format,
         "ep": f"{_fold(list(layers)) if layers else 'none'}" + (f" (axis {', '.join(map(str, axes))})" if axes else ""),
         "experts": "-" if stored is None else stored.format(mp.mesh.ndim),
         "moe_layers": sum(1 for n in plan.nodes.values() if n.op == "moe_experts"), "ep_layers": len(layers),
@@ -52,7 +52,7 @@ def run_case(graph, trace_s: float, mesh: str, timeout: float, capacity: float) 
 def markdown(rows: list[dict]) -> str:
     """The results as a markdown table."""
     lines = ["| mesh | graph nodes | decision nodes | trace s | build s | solve s | proved by / gap | ours "
-             "| torchtitan MoE | ours/baseline | expert-parallel layers | experts stored |",
+             "| torchtitan | ours/baseline | expert-parallel layers | experts stored |",
              "|" + "|".join(["---"] * 12) + "|"]
     for r in rows:
         proved = (r["proof"] or "proved") if r["status"] == "optimal" else (

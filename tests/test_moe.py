@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from autoshard.api import build_model_problem, solve_model_problem
-from autoshard.baselines_moe import torchtitan_moe_choice
+from autoshard.baselines_torchtitan import torchtitan_choice
 from autoshard.errors import AutoshardError
 from autoshard.frontend.experts import EXPERTS_OP, experts_activation
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
-from autoshard.runtime.executor import Collective, expected_collectives, same_collectives
+from autoshard.runtime.checks import Collective, expected_collectives, same_collectives
 from autoshard.sharding.exchange import expert_exchanges
 from autoshard.solve import main
 
@@ -139,7 +139,7 @@ def test_expert_parallel_pin_errors_name_the_problem_and_the_fix():
 def test_torchtitan_baseline_is_expert_parallel_with_fsdp_and_never_beats_the_optimum(mesh, axis):
     _, _, graph = mixtral()
     mp = build_model_problem(graph, mesh, mode="training")
-    choice = torchtitan_moe_choice(mp)
+    choice = torchtitan_choice(mp)
     plan = make_plan(mp, choice)
     assert set(plan.expert_parallel().values()) == {axis} and len(plan.expert_parallel()) == 2
     dense = plan.param_specs["model.layers.0.self_attn.q_proj.weight"]
@@ -153,13 +153,13 @@ def test_torchtitan_baseline_is_expert_parallel_with_fsdp_and_never_beats_the_op
 def test_command_line_names_expert_parallel_layers_and_the_capacity_factor(capsys, tmp_path):
     out_file = tmp_path / "plan.json"
     code = main([MIXTRAL, "--mesh", "2x2", "--mode", "training", "--expert-parallel", "1", "--capacity-factor", "1.5",
-                 "--baseline", "torchtitan-moe", "--quiet", "--tables", "none", "--out", str(out_file)])
+                 "--baseline", "torchtitan", "--quiet", "--tables", "none", "--out", str(out_file)])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert ("expert parallel: 2 of 2 MoE layers, model.layers.0.mlp.experts, model.layers.1.mlp.experts over mesh "
             "axis 1 (tokens sent to their experts by all-to-all, priced at balanced routing with capacity factor 1.5)"
             in out)
-    assert "torchtitan MoE baseline: " in out and "proved optimal" in out
+    assert "torchtitan baseline: " in out and "proved optimal" in out
     saved = json.loads(out_file.read_text())
     assert saved["capacity_factor"] == 1.5 and set(saved["expert_parallel"].values()) == {1}
     assert main([MIXTRAL, "--mesh", "4", "--expert-parallel", "3", "--quiet"]) == 2

@@ -24,16 +24,14 @@ expert-parallel placement the token exchanges over its ``exchange_axis``.
 
 Every collective is logged on the edge (or loss node, or expert-parallel node) it belongs to,
 in both passes, so :meth:`ParallelModule.collectives` can be compared with
-:func:`expected_collectives`, the list the plan (and the cost model) charged
-(:func:`same_collectives`: an exchange's bytes are the routing's, the plan's an estimate). An
-inference plan has no gradient steps, so its
-forward runs without autograd rather than produce gradients nobody planned.
+:func:`~autoshard.runtime.checks.expected_collectives`, the list the plan (and the cost model)
+charged (``runtime/checks.py``). An inference plan has no gradient steps, so its forward runs
+without autograd rather than produce gradients nobody planned.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -41,151 +39,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from autoshard.build import fingerprint, graph_signature
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
 from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph, OpNode
-from autoshard.plan import EdgeReshard, Plan
-from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, Step, reshard_steps
-from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
+from autoshard.plan import Plan
+from autoshard.sharding.reshard import Step, reshard_steps
+from autoshard.runtime.checks import Collective, check_backend, check_model, check_world, count_label, edge_label
+from autoshard.runtime.collectives import FORWARD, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
 from autoshard.runtime.recompute import Regathering, run_recomputed
 from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
 from autoshard.sharding.spec import TensorSpec
-
-BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
-    "gloo": frozenset(COLLECTIVES),  # CPU tensors, torch 2.13
-    "nccl": frozenset(COLLECTIVES),
-    "mpi": frozenset({ALL_GATHER, ALL_REDUCE, ALL_TO_ALL}),  # ProcessGroupMPI raises on reduce_scatter
-}
-"""Collectives each torch.distributed backend can run; a plan needing another one is refused."""
-NOISE_FLOOR = 1e-3
-"""Fraction of the largest reference compared together below which a tensor's own scale is not trusted."""
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a plan edge: its kind, mesh axis, bytes each device sends, and pass."""
-
-    edge: str
-    kind: str
-    axis: int
-    sent_bytes: int
-    phase: str
-    routed: bool = False
-
-
-def edge_label(edge: EdgeReshard) -> str:
-    """``src->dst[operand]``: how collectives name the edge they belong to."""
-    return f"{edge.src}->{edge.dst}[{edge.operand}]"
-
-
-def count_label(node: str) -> str:
-    """``loss[valid count]``: how collectives name a mean loss's all-reduce of its valid-target count."""
-    return f"{node}[valid count]"
-
-
-def expected_collectives(plan: Plan) -> list[Collective]:
-    """The collectives one forward (and, for a training plan, one backward) must run, by plan edge:
-    forward, then the recomputation's (an edge into a recomputed segment), the re-gather's (a
-    parameter gathered again for backward), then the gradient's.
-
-    Bytes are ``Step.sent_bytes``, the quantity the cost model prices; slices are local and omitted.
-    """
-    result = []
-    recomputed = {name for segment in plan.recompute for name in segment}
-    for edge in plan.edges:
-        passes = [(FORWARD, edge.steps)]
-        if plan.mode == "training":
-            if edge.dst in recomputed:
-                passes.append((RECOMPUTE, edge.steps))
-            if edge.regather:
-                passes.append((BACKWARD, edge.steps))
-            passes.append((BACKWARD, edge.grad_steps))
-        for phase, steps in passes:
-            for step in steps:
-                if step.kind != SLICE:
-                    sent = step.sent_bytes(plan.mesh.shape[step.axis])
-                    result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
-    for node in plan.nodes.values():
-        phases = [FORWARD, RECOMPUTE] if node.name in recomputed and plan.mode == "training" else [FORWARD]
-        for phase in phases:
-            for step in node.count_steps:
-                sent = step.sent_bytes(plan.mesh.shape[step.axis])
-                result.append(Collective(count_label(node.name), step.kind, step.axis, sent, phase))
-        for x in node.exchanges:
-            result.append(Collective(exchange_label(node.name), ALL_TO_ALL, x.axis,
-                                     x.sent_bytes(plan.mesh.shape[x.axis]), x.phase, x.routed))
-    return result
-
-
-def same_collectives(executed: Sequence[Collective], planned: Sequence[Collective]) -> bool:
-    """The executed collectives are the plan's: equal lists, except that a routed exchange sent
-    what the routing asked for (the plan holds the balanced-routing estimate)."""
-    return len(executed) == len(planned) and all(
-        e == p or (p.routed and e.routed and replace(e, sent_bytes=p.sent_bytes) == p)
-        for e, p in zip(executed, planned))
-
-
-def required_collectives(plan: Plan) -> set[str]:
-    """Kinds of collective the plan runs on mesh axes with more than one device."""
-    steps = [step for edge in plan.edges for step in (*edge.steps, *edge.grad_steps)]
-    steps += [step for node in plan.nodes.values() for step in node.count_steps]
-    kinds = {step.kind for step in steps if step.kind != SLICE and plan.mesh.shape[step.axis] > 1}
-    return kinds | ({ALL_TO_ALL} if any(n.exchanges for n in plan.nodes.values()) else set())
-
-
-def check_backend(plan: Plan, backend: str, table: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> None:
-    """Refuse a plan that needs a collective ``backend`` lacks (backends not in ``table`` are trusted)."""
-    supported = table.get(backend)
-    if supported is None:
-        return
-    missing = sorted(required_collectives(plan) - supported)
-    if missing:
-        others = [name for name, kinds in table.items() if required_collectives(plan) <= kinds]
-        hint = f"use the {others[0]} backend (--backend {others[0]})" if others else "re-plan so it needs none of them"
-        raise AutoshardError(f"the plan needs {', '.join(missing)}, which the {backend} backend cannot run: {hint}")
-
-
-def check_world(plan: Plan, world_size: int) -> None:
-    """Refuse to run a plan on a world whose size is not the plan mesh's device count."""
-    if world_size != plan.mesh.size:
-        raise AutoshardError(f"plan is for mesh {plan.mesh.label} ({plan.mesh.size} devices) but the world has "
-                             f"{world_size} ranks: launch torchrun --nproc_per_node={plan.mesh.size}")
-
-
-def check_model(plan: Plan, graph: OpGraph) -> None:
-    """Refuse a plan made for another model (its fingerprint is not the traced graph's), saying what differs."""
-    if plan.fingerprint != fingerprint(graph):
-        which = f" ({plan.model})" if plan.model else ""
-        raise AutoshardError(f"plan was made for another model{which}: {graph_difference(plan, graph)}; "
-                             "re-plan this model with autoshard.solve")
-
-
-def graph_difference(plan: Plan, graph: OpGraph) -> str:
-    """What tells the plan's graph from ``graph``: the tracer, the first differing node, or the fingerprints."""
-    frontend = ""
-    if plan.frontend and plan.frontend != graph.frontend:
-        frontend = f"it was traced with {plan.frontend}, this model with {graph.frontend}; "
-    ours = graph_signature(graph)
-    if not plan.signature:
-        return f"{frontend}its fingerprint {plan.fingerprint} is not this model's {fingerprint(graph)}"
-    for k, (planned, traced) in enumerate(zip(plan.signature, ours)):
-        if planned != traced:
-            return f"{frontend}node {k} differs: the plan has {_node_text(planned)}, this model {_node_text(traced)}"
-    return f"{frontend}the plan has {len(plan.signature)} nodes, this model {len(ours)}, the first ones equal"
-
-
-def _node_text(line: str) -> str:
-    """``linear_1 (linear, shape (8, 32))`` from a signature line ``linear_1:linear:(8, 32)`` (inputs have no op)."""
-    name, op, shape = line.split(":", 2)
-    details = [part for part in (op if op != "None" else "", f"shape {shape}" if shape != "None" else "") if part]
-    return f"{name} ({', '.join(details)})" if details else name
-
 
 def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
     """This rank's piece of a tensor every rank holds whole (a view; ``spec`` must not be partial)."""
@@ -207,44 +75,6 @@ def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> to
     steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
     with torch.no_grad():
         return run_steps(local, steps, groups)
-
-
-def relative_errors(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
-    """Per name of ``want``: (max |got - want|, max |got - want| / (|want| + s)), in float64; missing names get inf.
-
-    The check is ``torch.testing.assert_close``'s, |got - want| <= atol + rtol |want| elementwise,
-    written as one relative error against ``rtol`` with ``atol = rtol * s``; ``s`` scales it to the
-    tensor and to everything compared with it: ``s = max(max |want|, NOISE_FLOOR * M)``, where M is
-    the largest entry of all ``want`` tensors. A reference that is zero up to float32 rounding
-    (an attention key bias's gradient: softmax ignores it) is then judged against 1e-3 of the
-    largest gradient, not against its own noise, while an error in any tensor of real magnitude is
-    still measured against that tensor. NaN where the reference has NaN (a mean over no targets) is equal.
-    """
-    largest = max((_finite_max(w) for w in want.values() if w.numel()), default=0.0)
-    errors = {}
-    for name, w in want.items():
-        if name not in got or tuple(got[name].shape) != tuple(w.shape):
-            errors[name] = (float("inf"), float("inf"))
-            continue
-        if not w.numel():
-            errors[name] = (0.0, 0.0)
-            continue
-        g, w64 = got[name].detach().double().cpu(), w.detach().double().cpu()
-        diff = (g - w64).abs()
-        diff = torch.where(torch.isnan(g) & torch.isnan(w64), 0.0, diff)
-        diff = torch.where((g == w64), 0.0, diff)  # equal infinities
-        diff = torch.nan_to_num(diff, nan=float("inf"))
-        scale = max(_finite_max(w64), NOISE_FLOOR * largest)
-        denominator = torch.nan_to_num(w64.abs(), nan=0.0, posinf=0.0) + scale
-        relative = diff / denominator if scale > 0 else diff
-        errors[name] = (float(diff.max()), float(relative.max()))
-    return errors
-
-
-def _finite_max(t: torch.Tensor) -> float:
-    """Largest finite |entry| (0 when none)."""
-    finite = t.detach().abs()[torch.isfinite(t.detach())]
-    return float(finite.max()) if finite.numel() else 0.0
 
 
 def local_of(tensor: torch.Tensor) -> torch.Tensor:

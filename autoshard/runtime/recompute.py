@@ -3,7 +3,10 @@
 - A recomputed segment (``Plan.recompute``: a run of graph nodes) runs under
   ``torch.utils.checkpoint`` (non-reentrant): its forward keeps none of the tensors autograd
   would save inside it, and the backward runs the segment's forward again first, reshards of
-  the edges into it included, whose collectives are then logged in the ``recompute`` pass.
+  the edges into it included, whose collectives are then logged in the ``recompute`` pass. The
+  whole segment is replayed (checkpoint's early stop off), as the cost model charges it: with
+  early stop, ops after the segment's last saved tensor (a trailing residual add and the
+  reshard into it) would be skipped and the executed collectives would differ from the plan's.
 - A re-gathered parameter (``EdgeReshard.regather``): the gathered copy an op saves for backward
   is replaced, through saved-tensor hooks, by the parameter's own piece, and gathered again (the
   edge's forward steps, logged in the backward pass) when the backward unpacks it.
@@ -17,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, run_steps
 from autoshard.runtime.groups import MeshGroups
@@ -34,7 +37,8 @@ def run_recomputed(segment: Callable[[str, Sequence[Any]], list[Any]], inputs: S
         calls[0] += 1
         return segment(phase, args)
 
-    return checkpoint(run, *inputs, use_reentrant=False)
+    with set_checkpoint_early_stop(False):
+        return checkpoint(run, *inputs, use_reentrant=False)
 
 
 @dataclass(frozen=True)

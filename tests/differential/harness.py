@@ -26,8 +26,8 @@ from autoshard.build import ModelProblem
 from autoshard.frontend.trace import trace
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
-from autoshard.runtime.executor import (Collective, distribute, expected_collectives, gather_full, parallelize,
-                                        relative_errors)
+from autoshard.runtime.checks import Collective, expected_collectives, relative_errors
+from autoshard.runtime.executor import distribute, gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups
 from tests.differential.models import MODELS
 from tests.runtime.dist import run_ranks

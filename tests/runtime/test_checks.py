@@ -16,8 +16,8 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.trace import trace
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
-from autoshard.runtime.executor import (NOISE_FLOOR, check_model, count_label, expected_collectives, parallelize,
-                                        relative_errors)
+from autoshard.runtime.checks import NOISE_FLOOR, check_model, count_label, expected_collectives, relative_errors
+from autoshard.runtime.executor import parallelize
 from autoshard.sharding.reshard import ALL_REDUCE
 from autoshard.sharding.rules import count_steps
 

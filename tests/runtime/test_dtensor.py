@@ -27,7 +27,7 @@ from autoshard.graph import NodeKind
 from autoshard.lower.dtensor import export_dtensor
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
-from autoshard.runtime.executor import relative_errors
+from autoshard.runtime.checks import relative_errors
 from autoshard.train import quiet_dtensor_hints
 
 from .dist import run_ranks

@@ -23,7 +23,8 @@ from autoshard.api import plan_model
 from autoshard.baselines import megatron_choice
 from autoshard.planning import make_plan
 from autoshard.plan import Plan
-from autoshard.runtime.executor import as_dtensor, distribute, gather_full, parallelize, relative_errors
+from autoshard.runtime.checks import relative_errors
+from autoshard.runtime.executor import as_dtensor, distribute, gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
 from autoshard.sharding.mesh import parse_mesh

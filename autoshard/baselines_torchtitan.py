@@ -1,20 +1,21 @@
-"""The torchtitan-style plan for mixture-of-experts models, costed in our model (``--baseline torchtitan-moe``).
+"""The plan torchtitan runs, costed in our model (``--baseline torchtitan``).
 
-What torchtitan runs for MoE transformers (its Llama 4 / DeepSeek-V3 recipes): experts split
-over one mesh axis with tokens sent to them by all-to-all (expert parallelism), FSDP over the
-other (parameters stored sharded, gathered before use and again for backward:
-``reshard_after_forward``, gradients reduce-scattered), tensor parallelism on attention:
+torchtitan's recipes (LLaMA-3 dense; Llama 4 / DeepSeek-V3 mixture of experts) combine:
 
-- on a 1-D mesh: data parallelism for every op (the batch split), experts parallel on the same
-  axis, every other parameter FSDP-sharded on it;
-- on a 2-D mesh: the last (intra-node) axis is tensor-parallel for attention, the shared
-  experts and the LM head (by module role, as torchtitan's plan names them: the output
-  projections ``o_proj``/``down_proj``/... row-parallel, every other linear column-parallel) and
-  expert-parallel for the experts; the router runs on tokens split over both axes; the first
-  axis splits the batch and FSDP-shards every parameter.
+- FSDP2 on the data axis: every parameter stored as its owner reads it plus split over that
+  axis, gathered before its forward use, freed, gathered again for backward
+  (``reshard_after_forward``), its gradient reduce-scattered;
+- on a 2-D mesh, tensor parallelism on the last (intra-node) axis by module role, as torchtitan's
+  plan names them: the output projections (``o_proj``/``down_proj``/...) row-parallel, every
+  other linear column-parallel; the ops between them take the strategy cheapest given their
+  producers, which is the sequence-parallel norm (reduce-scatter into it, all-gather out);
+- experts (mixture of experts) parallel over the last axis with tokens sent by all-to-all, the
+  router on tokens split over every axis; on a 1-D mesh data parallelism everywhere;
+- full activation checkpointing: every repeated layer recomputed in backward, where the problem
+  offers recomputation (training under a memory budget, ``cost/recompute.py``); a gathered
+  parameter of a recomputed layer is then gathered a third time for the recompute.
 
-Every other op takes the strategy that is cheapest given its producers. The plan is one point
-of our search space, so a proved optimum never costs more.
+The plan is one point of our search space, so a proved optimum never costs more.
 """
 
 from __future__ import annotations
@@ -53,44 +54,45 @@ def _wanted(mp: ModelProblem, name: str) -> tuple[dict[str, tuple[int, ...]], in
 
 
 def _fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
-    """Every parameter stored as its owner reads it plus split over ``axis`` on its first free dim that
-    divides, re-gathered for backward in training (FSDP2's ``reshard_after_forward``)."""
+    """Every parameter stored as its owner reads it plus split over ``axis`` (on the first dim
+    where a gather over ``axis`` alone restores the use layout), re-gathered for backward in
+    training (FSDP2's ``reshard_after_forward``; in a recomputed layer the recompute gathers it
+    again anyway)."""
     index = {n: i for i, n in enumerate(mp.names)}
     training = mp.options.mode == "training"
     for name, cand in mp.candidates.items():
         if cand.storage is None or cand.storage[0].use is None:
             continue
         owner = mp.life.first_reader[name]
-        use = mp.candidates[owner].strategies[choice[index[owner]]].in_specs[mp.graph[owner].inputs.index(name)]
-        target = _sharded_on(use, cand.node.tensor.shape, axis, mp.mesh.shape)
-        ranked = sorted((i for i, s in enumerate(cand.storage) if s.use == use),
-                        key=lambda i: (cand.strategies[i].out_spec != target, cand.storage[i].regather != training))
+        owned = mp.candidates[owner]
+        use = owned.strategies[choice[index[owner]]].in_specs[mp.graph[owner].inputs.index(name)]
+        again = owned.recompute[choice[index[owner]]] if owned.recompute is not None else None
+        ranked = sorted((i for i, s in enumerate(cand.storage) if s.use == use
+                         and (cand.recompute is None or cand.recompute[i] == again)),
+                        key=lambda i: (_fsdp_rank(cand.strategies[i].out_spec, use, axis),
+                                       cand.storage[i].regather != training))
         if ranked:
             choice[index[name]] = ranked[0]
     return choice
 
 
-def _sharded_on(use: TensorSpec, shape: tuple[int, ...], axis: int, mesh_shape: tuple[int, ...]) -> TensorSpec:
-    """``use`` with ``axis`` added to the first dim it divides (``use`` itself if it uses the axis)."""
-    if axis in use.used_axes:
-        return use
-    for d, n in enumerate(shape):
-        dims = list(use.dims)
-        dims[d] = use.dims[d] + (axis,)
-        candidate = TensorSpec(tuple(dims))
-        if candidate.fits(shape, mesh_shape):
-            return candidate
-    return use
+def _fsdp_rank(stored: TensorSpec, use: TensorSpec, axis: int) -> int:
+    """0 for ``use`` split over ``axis`` on dim 0, d for it on dim d, a large rank for any other layout."""
+    if axis in use.used_axes or stored.partial or stored.used_axes != use.used_axes | {axis}:
+        return 1 << 20 if stored != use else 1 << 19
+    return next(d for d, axes in enumerate(stored.dims) if axis in axes)
 
 
-def torchtitan_moe_choice(mp: ModelProblem) -> list[int]:
-    """The torchtitan-style MoE plan (module doc) as a strategy index per problem node."""
+def torchtitan_choice(mp: ModelProblem) -> list[int]:
+    """torchtitan's plan (module doc) as a strategy index per problem node."""
     choice: list[int | None] = [None] * len(mp.names)
     for i, name in enumerate(mp.names):
         cand = mp.candidates[name]
         if cand.node.kind not in (NodeKind.OP, NodeKind.OUTPUT):
             continue
         options = list(range(len(cand.strategies)))
+        if cand.recompute is not None:  # full activation checkpointing
+            options = [j for j in options if cand.recompute[j]]
         wanted = _wanted(mp, name) if cand.node.kind == NodeKind.OP else None
         if wanted is not None:
             assignment, exchange = wanted
