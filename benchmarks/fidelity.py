@@ -29,6 +29,9 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from models import CausalLMLoss  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
 from autoshard.baselines import megatron_choice  # noqa: E402
@@ -55,17 +58,6 @@ class WithLoss(torch.nn.Module):
         return first.float().pow(2).mean() if first.numel() > 1 else first
 
 
-class LlamaWithLabels(torch.nn.Module):
-    """A causal LM whose forward takes (input_ids, labels) and returns Hugging Face's own loss."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels).loss
-
-
 def example_builder(name: str) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
     """An example model file, wrapped with a loss unless it already returns one."""
     def build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -90,7 +82,7 @@ def llama3_8b_builder(layers: int) -> Callable[[], tuple[torch.nn.Module, tuple[
         finally:
             torch.set_default_dtype(default)
         tokens = torch.zeros(8, 4096, dtype=torch.long)
-        return LlamaWithLabels(model), (tokens, tokens)
+        return CausalLMLoss(model), (tokens, tokens)
     return build
 
 

@@ -14,6 +14,17 @@ def _tokens(batch: int, seq: int) -> torch.Tensor:
     return torch.zeros(batch, seq, dtype=torch.long, device="meta")
 
 
+class CausalLMLoss(torch.nn.Module):
+    """A causal LM whose step ends in Hugging Face's own loss of (input_ids, labels)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
 def gpt2(layers: int, hidden: int = 1024, heads: int = 16, seq: int = 512, batch: int = 8,
          vocab: int = 50304) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A Hugging Face GPT-2 trunk of ``layers`` blocks (GPT-2 medium widths) and a token batch, on meta."""
