@@ -33,15 +33,24 @@ Pipeline and where each part lives:
 
 Every plan is expanded to the original nodes (Core.expand) and evaluated exactly on the
 original problem before it is reported (events.py).
-With a time limit, the reductions take at most REDUCE_SHARE of it and every phase stops at its
-deadline, so a first plan (the minimum-memory start) comes early even on 60k-node instances.
+
+With a time limit T, ``solve`` returns within T even on a loaded machine: the phases work to a
+deadline a finishing reserve earlier (FINISH_RESERVE: stopping the engines and z3, evaluating
+and returning the answer fit in it); the reductions take at most REDUCE_SHARE of the time; every
+loop checks the deadline; the C code that does not (HiGHS's LP with its set-up) runs in a child
+process killed at the deadline (workers.call_forked); steps that can neither be cut nor killed
+(the Lagrangian set-up, reading a bound and plan off TRW-S) start only when the time measured
+for comparable work fits. How far each phase ran past the deadline is kept in
+``Solution.overruns``. Only the first plan (the minimum-memory start) is made whatever the time:
+it comes early even on 60k-node instances.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -59,10 +68,10 @@ from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
-from autoshard.solver.relax import lp_bound, lp_columns
+from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
 from autoshard.solver.toulbar import can_take
-from autoshard.solver.workers import EngineEvent, EngineWorker
+from autoshard.solver.workers import EngineEvent, EngineWorker, call_forked
 
 Z3_MAX_TERMS = 200_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
@@ -88,6 +97,25 @@ Z3_CERTIFY_MAX_TERMS = 100_000
 """Cores with more weighted literals are not given to z3 for the certificate: on IOPDDL B (36k)
 it answers UNSAT in under a second; on LLaMA-3-8B 8x8 (160k) it had no verdict after 120 s even
 with a TRW-S cut 4e-7 below the optimum."""
+FINISH_RESERVE = 0.15
+"""Seconds of a time limit kept for the end (stopping the engines and z3, the exact evaluation of
+the answer, returning and freeing the search's objects), plus FINISH_PER_BUILD times the time
+building the problem's Core took (the same kind of work and size: on S, 0.6 s to build it; stopping,
+evaluating and freeing took 0.25 s), and at most FINISH_SHARE of the limit."""
+FINISH_PER_BUILD = 0.5
+FINISH_SHARE = 0.1
+TEARDOWN_SHARE = 0.5
+"""Stopping the engines and z3 waits for them at most this share of the reserve."""
+LP_MIN_TIME = 0.3
+"""Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
+LP_GRACE = 0.5
+"""Seconds the LP child gets past its own time limit (HiGHS's set-up, and scipy's, run past it)
+before it is killed."""
+LAGRANGE_SETUP = 1.0
+"""The Lagrangian search starts only with this many times the greedy phase's time left: its
+set-up (TRW-S's messages, the first plan's local search) is work of the same kind and size, and
+measured on this machine, so it scales with the load (4000 nodes: 0.1 s quiet, 0.4 s under load,
+greedy 0.2 and 0.5 s)."""
 REDUCE_SHARE = 0.4
 """At most this share of the time limit goes to the exact reductions (a partly reduced core is
 still exact; the first plan must come early on large instances)."""
@@ -108,7 +136,10 @@ class _Run:
     def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: Callable[[object], None]) -> None:
         self.problem, self.options, self.emit = problem, options, emit
         self.start = time.monotonic()
-        self.deadline = None if options.timeout is None else self.start + options.timeout
+        self.limit = None if options.timeout is None else self.start + options.timeout
+        self.deadline = self.limit  # the phases' deadline: the limit less the finishing reserve (run)
+        self.teardown_by = self.limit  # stopping engines and z3 waits no longer than this
+        self.overruns: dict[str, float] = {}
         self.rng = np.random.default_rng(options.seed)
         self.best: list[int] | None = None
         self.best_local: np.ndarray | None = None
@@ -186,6 +217,17 @@ class _Run:
             self._last_lower = (value, now)
             self.emit(LowerBound(value, now, source))
 
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Record in ``overruns`` how far past the deadline ``phase`` ended (if it did)."""
+        try:
+            yield
+        finally:
+            if self.deadline is not None:
+                late = time.monotonic() - self.deadline
+                if late > self.overruns.get(phase, 0.0):
+                    self.overruns[phase] = late
+
     # -- phases ------------------------------------------------------------------------------
     def run(self) -> Solution:
         """Validate, reduce, search, and return (or raise) the answer."""
@@ -195,12 +237,18 @@ class _Run:
             Started(p.name, p.num_nodes, len(p.edges), sum(len(c) for c in p.node_costs), p.usage_limit)
         )
         self._check_peak()
+        began = time.monotonic()
         self.core = Core(p)
         attach_memory(self.core, p)
+        if self.limit is not None:
+            reserve = FINISH_RESERVE + FINISH_PER_BUILD * (time.monotonic() - began)
+            self.deadline = self.limit - min(reserve, FINISH_SHARE * self.options.timeout)
+            self.teardown_by = self.deadline + TEARDOWN_SHARE * (self.limit - self.deadline)
         before = Size.of(self.core)
         try:
             if self.options.reduce:
-                self.counts = dict(reduce_core(self.core, self._share(REDUCE_SHARE)))
+                with self._timed("reductions"):
+                    self.counts = dict(reduce_core(self.core, self._share(REDUCE_SHARE)))
         except NoAssignment as err:
             return self._infeasible(self._no_assignment_message(err))
         self.comp = self.core.freeze()
@@ -257,7 +305,8 @@ class _Run:
             self.proof = "elimination"
             self.bound(int(value), "elimination")
             return
-        self._greedy()
+        with self._timed("heuristic"):
+            self._greedy()
         if self.options.toulbar and can_take(comp):
             self._toulbar_search()
             return
@@ -269,12 +318,14 @@ class _Run:
         elif not self.finished():
             engines = self._start_engines(["lagrange"], "a second Lagrangian search (child process, own seed)")
         try:
-            cut = self._lp_phase()
+            cut = self._lp_phase(engines)
             z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
             if not self.finished():
-                z3_thread = self._lagrangian(z3_thread, plan, engines)
+                with self._timed("lagrange"):
+                    z3_thread = self._lagrangian(z3_thread, plan, engines)
             if z3_thread is not None:
-                z3_thread.stop()
+                with self._timed("z3"):
+                    z3_thread.stop(self.teardown_by)
                 self._drain(z3_thread)
             if engines and self.deadline is None:
                 self._await(engines)
@@ -326,10 +377,17 @@ class _Run:
         return engines
 
     def _poll(self, engines: list[EngineWorker], wait: float) -> None:
-        """Take in what the engines reported (waiting up to ``wait`` s on the first)."""
+        """Take in what the engines reported (waiting up to ``wait`` s on the first). Of the plans
+        an engine reported since the last look only the cheapest is offered: each offer is
+        evaluated on the original problem (20 ms on G), and toulbar2's search can print dozens a
+        second."""
         for k, engine in enumerate(engines):
-            for event in engine.poll(wait if k == 0 else 0.0):
-                self._engine_event(event, engine)
+            events = engine.poll(wait if k == 0 else 0.0)
+            plans = [e for e in events if e.kind == "plan"]
+            cheapest = min(plans, key=lambda e: e.cost) if plans else None
+            for event in events:
+                if event.kind != "plan" or event is cheapest:
+                    self._engine_event(event, engine)
 
     def _await(self, engines: list[EngineWorker]) -> None:
         """Wait for the exact engines until finished, out of time or all of them ended."""
@@ -341,9 +399,11 @@ class _Run:
         self._poll(engines, 0.0)
 
     def _stop(self, engines: list[EngineWorker]) -> None:
-        for engine in engines:
-            engine.stop()
-        self._poll(engines, 0.0)  # what they said after the last look
+        """Kill the engines, taking in what they said after the last look (within the limit)."""
+        with self._timed("engines"):
+            for engine in engines:
+                engine.stop(self.teardown_by)
+            self._poll(engines, 0.0)
 
     def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
         """A plan from any engine; bounds and proofs only from the exact ones."""
@@ -372,8 +432,9 @@ class _Run:
         if thread is None:
             return
         thread.deadline = until
-        thread.join_until(until)
-        thread.stop()
+        with self._timed("z3"):
+            thread.join_until(until)
+            thread.stop(self.teardown_by)
         self._drain(thread)
 
     def _z3_cut(self) -> DualCut | None:
@@ -398,12 +459,25 @@ class _Run:
         if result.optimal and result.cost is not None:
             self.bound(int(result.cost), "milp")
 
-    def _lp_phase(self) -> DualCut | None:
-        """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3."""
+    def _lp_phase(self, engines: list[EngineWorker] | None = None) -> DualCut | None:
+        """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3. It runs
+        in a child process killed at its time (building the model and HiGHS's set-up ignore the
+        time limit: 1.4 s on a 200k-column core under load); meanwhile the engines are heard."""
         left = self.left()
         budget = 60.0 if left is None else min(60.0, 0.3 * left)
-        self.emit(Phase("lp", "LP relaxation of the core (HiGHS)", self.elapsed()))
-        relax = lp_bound(self.comp, budget)
+        comp = self.comp
+        if lp_columns(comp) > LP_MAX_COLUMNS or budget < LP_MIN_TIME:
+            relax = lp_bound(comp, 0.0)  # only the instant infeasibility check
+        else:
+            self.emit(Phase("lp", "LP relaxation of the core (HiGHS, child process)", self.elapsed()))
+
+            def heard() -> bool:
+                self._poll(engines or [], 0.0)
+                return self.finished()
+
+            with self._timed("lp"):
+                relax = call_forked(lambda: lp_bound(comp, budget), self._soon(budget + LP_GRACE), heard)
+            relax = relax or Relaxation(None, None, 0.0)
         if relax.infeasible:
             self.proof = "lp"
             return None
@@ -419,16 +493,19 @@ class _Run:
         a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
         comp = self.comp
         memory = comp.has_memory
-        if self.deadline is not None and self.left() < 0.8 * self.greedy_time:
-            return z3_thread  # its set-up and first step would overrun the time limit
+        if self.deadline is not None and self.left() < LAGRANGE_SETUP * self.greedy_time:
+            return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
         self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
         lag = LagrangianSearch(comp, self.rng, plan=plan)
         stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, self.greedy_time
         lns, since = NeighbourhoodSearch(comp, self.rng), (self.best_cost, time.monotonic(), 0)
         warmup = self._soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
+        if wants_z3 and _objective_size(comp) > Z3_MAX_TERMS:  # say so now, before building a cut (S: 2.7 s)
+            wants_z3 = False
+            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
         while not self.out_of_time() and not self.finished():
-            if self.deadline is not None and self.left() < 0.8 * last_step:
+            if self.deadline is not None and self.left() < last_step:
                 break  # another step would overrun the time limit
             steps += 1
             if wants_z3 and (steps > 200 or time.monotonic() >= warmup):
@@ -473,7 +550,8 @@ class _Run:
             return
         budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
         self.emit(Phase("lns", f"HiGHS on neighbourhoods of {lns.size} core nodes", self.elapsed()))
-        x = lns.run(self.best_local, self._soon(budget))
+        with self._timed("lns"):
+            x = lns.run(self.best_local, self._soon(budget))
         self.offer(x, "lns", None)
         self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
 
@@ -560,6 +638,7 @@ class _Run:
             core_rows=rows,
             reductions=dict(self.counts),
             proof_times=dict(self.proof_times) if status == "optimal" else {},
+            overruns=dict(self.overruns),
         )
 
     def _proof_name(self) -> str:
