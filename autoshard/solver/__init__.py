@@ -1,4 +1,5 @@
-"""The torch-free solver core: exact reductions, warm start, z3 CEGIS (see api.py)."""
+"""The torch-free solver core: exact reductions, warm start, z3 CEGIS (see api.py; the search
+phases are portfolio.py, the run's bookkeeping state.py)."""
 
 from autoshard.solver.api import InfeasibleError, Solution, SolveOptions, solve
 from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Phase, Reduced, Started

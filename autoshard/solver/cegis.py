@@ -277,16 +277,19 @@ class Z3Worker(threading.Thread):
             if result.result == "unknown":
                 slice_ = min(slice_ * 2, 60.0)
 
-    def stop(self) -> None:
-        """Interrupt the running check and wait (at most about a second) for the thread to end;
-        a thread still building its formula notices the flag and ends right after."""
+    def stop(self, until: float | None = None) -> None:
+        """Interrupt the running check and wait (at most about a second, and not past ``until``)
+        for the thread to end; a thread still building its formula notices the flag and ends
+        right after (it is a daemon: nothing waits for it)."""
         self._stop_flag.set()
         for _ in range(20):
             if not self.is_alive():
                 return
             if self.search is not None:
                 self.search.interrupt()
-            self.join(0.05)
+            if until is not None and time.monotonic() >= until:
+                return
+            self.join(0.05 if until is None else max(0.0, min(0.05, until - time.monotonic())))
 
     def join_until(self, deadline: float | None) -> None:
         """Wait for the thread (until ``deadline``)."""

@@ -76,7 +76,6 @@ class EliminationPlan:
         exact = unary is None
         costs = comp.costs if exact else unary
         dtype = np.int64 if exact else np.float64
-        big = INF if exact else np.inf
         factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
         touching: list[set[int]] = [set() for _ in range(comp.n)]
         keys = iter(range(2**62))

@@ -104,7 +104,7 @@ class Search:
     def repair(self, deadline: float) -> bool:
         """Move nodes off overflowing rows, cheapest memory first, until the plan fits."""
         comp = self.comp
-        owner, starts, stops = _segment_index(comp)
+        owner, starts, stops = segment_index(comp)
         while self.memory and int(self.slack.min()) < 0 and time.monotonic() < deadline:
             row = int(np.argmin(self.slack))
             best = None
@@ -151,7 +151,7 @@ def _disjoint(segs: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, n
     return out
 
 
-def _segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Owner node, first row and end row of every segment, as arrays."""
     flat = [(i, start, stop) for i, segs in enumerate(comp.segments) for start, stop, _ in segs]
     if not flat:

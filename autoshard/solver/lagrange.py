@@ -15,6 +15,7 @@ is empty and this is plain TRW-S with local-search polishing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,9 +80,13 @@ class LagrangianSearch:
             scale = magnitude * max(1.0, self.comp.n / 100)  # float sums over up to n terms
             value = float(value) + (0.0 if pen is None else self.comp.const)
         else:
+            began = time.monotonic()
             for _ in range(self.sweeps):
                 if not self.mp.sweep(pen, deadline):
                     return StepResult(None, None, None)  # out of time: no bound or plan this step
+            sweep = (time.monotonic() - began) / max(self.sweeps, 1)
+            if deadline - time.monotonic() < sweep:  # reading the bound and plan off takes about a sweep
+                return StepResult(None, None, None)
             value, scale = self.mp.bound(pen)
             x = self.mp.primal(pen)
         value -= float(self.lam @ self.capacity)

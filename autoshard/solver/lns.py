@@ -22,6 +22,7 @@ from collections import deque
 import numpy as np
 
 from autoshard.solver.core import INF, Compact
+from autoshard.solver.heuristics import segment_index
 from autoshard.solver.milp import solve_compact_milp
 
 MIN_SIZE = 6
@@ -40,11 +41,8 @@ class NeighbourhoodSearch:
         self.rng = rng
         self.size = max(MIN_SIZE, min(size, comp.n))
         self.rounds = 0
-        self.owner = [[] for _ in range(0 if comp.capacity is None else len(comp.capacity))]
-        for i, segs in enumerate(comp.segments):
-            for start, stop, _ in segs:
-                for r in range(start, stop):
-                    self.owner[r].append(i)
+        # who is live on a row, found when asked: a list per row would hold S's 59 million terms (24 s)
+        self.owner, self.starts, self.stops = segment_index(comp)
 
     def run(self, x: np.ndarray, deadline: float) -> np.ndarray:
         """Neighbourhood after neighbourhood until ``deadline``; the best plan found (x if none)."""
@@ -74,11 +72,12 @@ class NeighbourhoodSearch:
         """Up to ``size`` nodes (and MAX_COLUMNS ILP variables) grown breadth-first from a random
         node or a tight memory row."""
         comp = self.comp
-        if self.owner and self.rng.random() < 0.5:
+        if len(self.owner) and self.rng.random() < 0.5:
             slack = comp.capacity - comp.profile(x)
             tight = np.flatnonzero(slack <= np.quantile(slack, 0.1))
             row = int(self.rng.choice(tight))
-            seeds = list(self.rng.permutation(self.owner[row])) if self.owner[row] else []
+            live = np.unique(self.owner[(self.starts <= row) & (row < self.stops)])
+            seeds = [int(i) for i in self.rng.permutation(live)]
         else:
             seeds = []
         if not seeds:  # where the plan's cost concentrates, or anywhere

@@ -35,6 +35,9 @@ class Solution:
     ``lower_bound`` and relative ``gap`` when a bound is known) or "infeasible" (no plan;
     ``choice`` empty, ``cost`` None, ``message`` says why). ``proof_times``: seconds into the
     solve at which each exact method (z3, toulbar2, milp, ...) proved the final cost optimal.
+    ``overruns``: with a time limit, the seconds by which a phase (reductions, heuristic, lp,
+    lagrange, lns, z3, engines) ended past the deadline the phases work to (the limit less the
+    finishing reserve); phases that kept it are absent.
     """
 
     choice: list[int]
@@ -52,6 +55,7 @@ class Solution:
     core_rows: int = 0
     reductions: dict[str, int] = field(default_factory=dict)
     proof_times: dict[str, float] = field(default_factory=dict)
+    overruns: dict[str, float] = field(default_factory=dict)
 
 
 class InfeasibleError(AutoshardError):

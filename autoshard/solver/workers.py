@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import queue
 import re
+import select
 import signal
 import threading
+import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from autoshard.solver.core import Compact
 
@@ -43,6 +47,7 @@ _NEW = re.compile(r"New solution: (-?[0-9.e+]+)")
 _GAP = re.compile(r"Optimality gap: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
 _BOUNDS = re.compile(r"Initial lower and upper bounds: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
 _OPTIMUM = re.compile(r"^Optimum: (-?[0-9.e+]+)")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,21 +101,16 @@ class EngineWorker:
         self._reader = threading.Thread(target=self._read, args=(read,), daemon=True)
         self._reader.start()
 
-    def stop(self) -> None:
-        """Kill the child (if still running) and reap it."""
+    def stop(self, until: float | None = None) -> None:
+        """Kill the child (if still running); wait for the reader to take in what the child said
+        last, but not past ``until`` (time.monotonic; a killed child's pipe closes only once the
+        kernel has freed its memory, which takes a while for gigabytes)."""
         if self.pid is None:
             return
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        _kill(self.pid)
         self.pid = None
         if self._reader is not None:
-            self._reader.join(1.0)
+            self._reader.join(1.0 if until is None else max(0.0, min(1.0, until - time.monotonic())))
 
     def poll(self, timeout: float) -> list[EngineEvent]:
         """Events available within ``timeout`` seconds (one wait, then whatever is queued)."""
@@ -150,6 +150,74 @@ class EngineWorker:
                     self.events.put(EngineEvent("error"))
         self.done = True
         self.events.put(EngineEvent("end"))
+
+
+def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None) -> T | None:
+    """``fn()`` in a forked child (fds 0-2 on /dev/null), its result pickled back through a pipe:
+    a call the caller can abandon at ``until`` (time.monotonic), for C code (HiGHS) that runs
+    past its own time limit and cannot be interrupted. None when the child failed, ``until``
+    came first or ``idle()`` (called every 50 ms of waiting) returned True; the child is then
+    killed."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        _call_child(fn, write)
+    os.close(write)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            left = None if until is None else until - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            ready, _, _ = select.select([read], [], [], 0.05 if left is None else min(0.05, left))
+            if ready:
+                chunk = os.read(read, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif idle is not None and idle():
+                return None
+    finally:
+        os.close(read)
+        _kill(pid)
+    try:
+        return pickle.loads(b"".join(chunks)) if chunks else None
+    except (pickle.UnpicklingError, EOFError):
+        return None  # the child died while writing
+
+
+def _call_child(fn: Callable[[], object], write: int) -> None:
+    """The child of ``call_forked``: run ``fn``, write its pickle, exit without returning."""
+    status = 1
+    try:
+        _die_with_parent()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        view = memoryview(pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
+        while len(view):
+            view = view[os.write(write, view):]
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a child and reap it in a daemon thread: waiting here would take as long as the
+    kernel needs to free the child's memory."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    threading.Thread(target=_reap, args=(pid,), daemon=True).start()
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def _ceil(text: str) -> int:

@@ -13,7 +13,7 @@ from autoshard.solver.core import Compact, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core
 from autoshard.solver.toulbar import can_take, knapsack_rows
-from autoshard.solver.workers import EngineWorker
+from autoshard.solver.workers import EngineWorker, call_forked
 
 from helpers import random_problem
 
@@ -126,3 +126,20 @@ def test_knapsack_rows_are_the_memory_rows():
             assert pos == len(numbers)
             ours.add((-numbers[0], used))
         assert ours == {(int(comp.capacity[r]), int(profile[r])) for r in live}
+
+
+def _raise() -> None:
+    raise ValueError("in the child")
+
+
+def test_a_forked_call_returns_its_value_and_is_abandoned_at_its_deadline():
+    comp = core_of(3)
+    assert comp is not None
+    assert call_forked(lambda: comp.cost([0] * comp.n), None) == comp.cost([0] * comp.n)
+    assert call_forked(_raise, None) is None  # an exception in the child: no value
+    began = time.monotonic()
+    assert call_forked(lambda: time.sleep(30), began + 0.3) is None
+    assert time.monotonic() - began < 2.0  # killed at the deadline, not after the 30 s
+    heard = []
+    assert call_forked(lambda: time.sleep(30), None, lambda: heard.append(1) or len(heard) >= 3) is None
+    assert len(heard) == 3  # the caller may give up between looks

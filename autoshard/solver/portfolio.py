@@ -1,0 +1,399 @@
+"""The search on the reduced core: which engines run, in which order, and how their plans and
+bounds come together (step 2-4 of the pipeline in api.py).
+
+- without memory and narrow enough: exact variable elimination (eliminate.py) — done, proved;
+- otherwise a minimum-memory plan polished by local search (heuristics.py), then exact engines
+  in child processes, one per core (workers.py), chosen by what the core is:
+  - memory rows small enough for toulbar2 (toulbar.can_take; no rows at all included): the LP
+    relaxation first when small (on B and G it is integral), then toulbar2's branch and bound
+    (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
+  - otherwise, an ILP of at most MILP_MAX_COLUMNS: HiGHS's MILP (proves) and toulbar2 without
+    the memory rows (bounds; its optimum, if it fits, is optimal), while this process runs the
+    LP bound, z3 and the Lagrangian relaxation of memory solved by elimination or TRW-S
+    (lagrange.py, trws.py) with large-neighbourhood search when it stalls (lns.py);
+  - otherwise (S: 59 million row terms) the same Lagrangian search here and a second one with
+    its own seed in a child;
+- z3 CEGIS (cegis.py) beside them, with the LP's or TRW-S's dual as a cut, and the z3
+  certificate of an optimum another method proved (``_z3_certificate``);
+- without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
+
+Time: every loop checks the deadline; the C code that does not (HiGHS's LP with its set-up)
+runs in a child process killed at its time (workers.call_forked); steps that can neither be cut
+nor killed (the Lagrangian set-up, reading a bound and plan off TRW-S) start only when the time
+measured for comparable work fits.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+
+from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker
+from autoshard.solver.core import Compact
+from autoshard.solver.cut import DualCut
+from autoshard.solver.eliminate import EliminationPlan
+from autoshard.solver.events import Checked, Phase
+from autoshard.solver.heuristics import Search, min_memory_start
+from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.lns import NeighbourhoodSearch
+from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
+from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
+from autoshard.solver.state import RunState
+from autoshard.solver.toulbar import can_take
+from autoshard.solver.workers import EngineEvent, EngineWorker, call_forked
+
+Z3_MAX_TERMS = 200_000
+"""Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
+LNS_AFTER_STEPS = 30
+"""Lagrangian steps without a better plan before a slice of neighbourhood search."""
+LNS_SLICE = 5.0
+"""Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
+LNS_SHARE = 0.5
+"""Share of the time left a slice of neighbourhood search takes (V: LNS finds what the
+Lagrangian search, stalled within seconds, cannot)."""
+LP_FIRST_COLUMNS = 100_000
+"""Cores whose LP has at most this many variables get the LP before toulbar2 (B: 48k columns,
+0.7 s; run beside toulbar2's two processes it took 3-4 s)."""
+MILP_MAX_COLUMNS = 1_000_000
+"""Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
+Lagrangian search (LLaMA-3-8B with 80 GiB: 27k columns proved in 5 s on 8 devices, 510k in 65 s
+on 2x8, where the Lagrangian search alone ended 1e-7 short of a proof)."""
+Z3_CONFIRM = 0.5
+"""After another method proved the optimum, z3 gets this share of the time so far to certify it."""
+Z3_CONFIRM_MIN = 2.0
+"""... and at least this many seconds."""
+Z3_CERTIFY_MAX_TERMS = 100_000
+"""Cores with more weighted literals are not given to z3 for the certificate: on IOPDDL B (36k)
+it answers UNSAT in under a second; on LLaMA-3-8B 8x8 (160k) it had no verdict after 120 s even
+with a TRW-S cut 4e-7 below the optimum."""
+LP_MIN_TIME = 0.3
+"""Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
+LP_GRACE = 0.5
+"""Seconds the LP child gets past its own time limit (HiGHS's set-up, and scipy's, run past it)
+before it is killed."""
+LAGRANGE_SETUP = 1.0
+"""The Lagrangian search starts only with this many times the greedy phase's time left: its
+set-up (TRW-S's messages, the first plan's local search) is work of the same kind and size, and
+measured on this machine, so it scales with the load (4000 nodes: 0.1 s quiet, 0.4 s under load,
+greedy 0.2 and 0.5 s)."""
+
+
+class Portfolio(RunState):
+    """The search phases of one ``solve`` call on its reduced core ``comp``."""
+
+    def _warm_search(self) -> None:
+        """Exact elimination when the core is narrow and memory-free; else the greedy start, then
+        the engines the core calls for (module docstring, step 2) with z3 alongside."""
+        comp = self.comp
+        plan = EliminationPlan(comp, deadline=self.soon(min(5.0, 0.05 * self.left()) if self.deadline else 5.0))
+        if plan.feasible and not comp.has_memory:
+            self.emit(Phase("elimination", f"variable elimination on {comp.n} core nodes "
+                            f"(largest table {plan.largest})", self.elapsed()))
+            x, value = plan.solve()
+            self.offer(x, "elimination", None)
+            self.proof = "elimination"
+            self.bound(int(value), "elimination")
+            return
+        with self.timed("heuristic"):
+            self._greedy()
+        if self.options.toulbar and can_take(comp):
+            self._toulbar_search()
+            return
+        engines = []
+        if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS and not self.finished():
+            relaxed = ["relaxed"] if self.options.toulbar and can_take(comp, rows=False) else []
+            engines = self._start_engines(["milp"] + relaxed, "HiGHS's MILP of the core, toulbar2 on it without "
+                                          "memory rows (child processes)")
+        elif not self.finished():
+            engines = self._start_engines(["lagrange"], "a second Lagrangian search (child process, own seed)")
+        try:
+            cut = self._lp_phase(engines)
+            z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
+            if not self.finished():
+                with self.timed("lagrange"):
+                    z3_thread = self._lagrangian(z3_thread, plan, engines)
+            if z3_thread is not None:
+                with self.timed("z3"):
+                    z3_thread.stop(self.teardown_by)
+                self._drain(z3_thread)
+            if engines and self.deadline is None:
+                self._await(engines)
+        finally:
+            self._stop(engines)
+        if not self.finished() and self.deadline is None and self.options.prove and not any(e.exact for e in engines):
+            self._milp_proof()
+
+    def _greedy(self) -> None:
+        """The first plan: minimum-memory start, repaired to fit, polished by local search."""
+        comp = self.comp
+        self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
+        began = time.monotonic()
+        search = Search(comp, min_memory_start(comp), self.rng)
+        if not search.feasible:
+            search.repair(self.soon(max(5.0, 0.5 * self.left()) if self.deadline else 5.0))
+        if search.feasible:
+            search.descend(self.soon(5.0))
+            self.offer(search.x, "greedy", None)
+        self.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
+
+    def _toulbar_search(self) -> None:
+        """The LP relaxation first on small cores (on B and G it is integral: plan and proof in a
+        second); then toulbar2 searches the core in two child processes (one per core) from the
+        best plan's cost: hybrid best-first branch and bound, which proves, and variable-
+        neighbourhood search, which often finds the good plans sooner on wide cores. Then z3's
+        CEGIS certifies the optimum (``_z3_certificate``)."""
+        if self.options.prove and lp_columns(self.comp) <= LP_FIRST_COLUMNS:
+            self.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
+        engines = [] if self.finished() else self._start_engines(
+            ["hbfs", "vns"], "toulbar2: branch and bound + neighbourhood search (child processes)")
+        try:
+            self._await(engines)
+        finally:
+            self._stop(engines)
+        if self.options.prove and self.proof is None and self.best is not None and self.proved():
+            self._z3_certificate()
+        if not self.finished() and self.deadline is None and self.options.prove:
+            self._milp_proof()
+
+    def _start_engines(self, methods: list[str], what: str) -> list[EngineWorker]:
+        """Fork one child per exact engine (workers.py), each told the best cost so far."""
+        self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
+        plan = None if self.best_local is None else self.best_local.tolist()
+        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan)
+                   for k, m in enumerate(methods)]
+        for engine in engines:
+            engine.start()
+        return engines
+
+    def _poll(self, engines: list[EngineWorker], wait: float) -> None:
+        """Take in what the engines reported (waiting up to ``wait`` s on the first). Of the plans
+        an engine reported since the last look only the cheapest is offered: each offer is
+        evaluated on the original problem (20 ms on G), and toulbar2's search can print dozens a
+        second."""
+        for k, engine in enumerate(engines):
+            events = engine.poll(wait if k == 0 else 0.0)
+            plans = [e for e in events if e.kind == "plan"]
+            cheapest = min(plans, key=lambda e: e.cost) if plans else None
+            for event in events:
+                if event.kind != "plan" or event is cheapest:
+                    self._engine_event(event, engine)
+
+    def _await(self, engines: list[EngineWorker]) -> None:
+        """Wait for the exact engines until finished, out of time or all of them ended."""
+        while engines and not self.out_of_time() and not self.finished():
+            if all(e.done for e in engines if e.exact):
+                break
+            left = self.left()
+            self._poll(engines, 0.05 if left is None else max(0.0, min(0.05, left)))
+        self._poll(engines, 0.0)
+
+    def _stop(self, engines: list[EngineWorker]) -> None:
+        """Kill the engines, taking in what they said after the last look (within the limit)."""
+        with self.timed("engines"):
+            for engine in engines:
+                engine.stop(self.teardown_by)
+            self._poll(engines, 0.0)
+
+    def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
+        """A plan from any engine; bounds and proofs only from the exact ones."""
+        source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
+        if event.kind == "plan":
+            self.offer(event.choice, source, None)
+        elif not engine.bounds:
+            return
+        elif event.kind in ("bound", "optimal"):
+            self.bound(event.cost, source)
+        elif event.kind == "none" and engine.upper is not None:
+            self.bound(engine.upper, source)  # no plan below the cost it was given
+        elif event.kind == "none":
+            self.proof = source  # no plan at all
+
+    def _lp_phase(self, engines: list[EngineWorker] | None = None) -> DualCut | None:
+        """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3. It runs
+        in a child process killed at its time (building the model and HiGHS's set-up ignore the
+        time limit: 1.4 s on a 200k-column core under load); meanwhile the engines are heard."""
+        left = self.left()
+        budget = 60.0 if left is None else min(60.0, 0.3 * left)
+        comp = self.comp
+        if lp_columns(comp) > LP_MAX_COLUMNS or budget < LP_MIN_TIME:
+            relax = lp_bound(comp, 0.0)  # only the instant infeasibility check
+        else:
+            self.emit(Phase("lp", "LP relaxation of the core (HiGHS, child process)", self.elapsed()))
+
+            def heard() -> bool:
+                self._poll(engines or [], 0.0)
+                return self.finished()
+
+            with self.timed("lp"):
+                relax = call_forked(lambda: lp_bound(comp, budget), self.soon(budget + LP_GRACE), heard)
+            relax = relax or Relaxation(None, None, 0.0)
+        if relax.infeasible:
+            self.proof = "lp"
+            return None
+        if relax.plan is not None:
+            self.offer(relax.plan, "lp", None)
+        self.bound(relax.bound, "lp")
+        return relax.cut
+
+    def _lagrangian(
+        self, z3_thread: Z3Worker | None, plan: EliminationPlan, engines: list[EngineWorker]
+    ) -> Z3Worker | None:
+        """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
+        a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
+        comp = self.comp
+        memory = comp.has_memory
+        if self.deadline is not None and self.left() < LAGRANGE_SETUP * self.greedy_time:
+            return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
+        self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
+        lag = LagrangianSearch(comp, self.rng, plan=plan)
+        stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, self.greedy_time
+        lns, since = NeighbourhoodSearch(comp, self.rng), (self.best_cost, time.monotonic(), 0)
+        warmup = self.soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
+        wants_z3 = z3_thread is None and self.options.prove
+        if wants_z3 and objective_size(comp) > Z3_MAX_TERMS:  # say so now, before building a cut (S: 2.7 s)
+            wants_z3 = False
+            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
+        while not self.out_of_time() and not self.finished():
+            if self.deadline is not None and self.left() < last_step:
+                break  # another step would overrun the time limit
+            steps += 1
+            if wants_z3 and (steps > 200 or time.monotonic() >= warmup):
+                wants_z3 = False
+                z3_thread = self._start_z3(lag.cut())
+            began = time.monotonic()
+            result = lag.step(self.best_cost, self.soon(30.0))
+            last_step = time.monotonic() - began
+            if result.plan is not None:
+                self.offer(result.plan, "lagrange", None)
+            self.bound(result.bound, "lagrange")
+            self._poll(engines, 0.0)
+            if z3_thread is not None:
+                z3_thread.bound = self.best_cost
+                self._drain(z3_thread)
+                if z3_thread.done and self.deadline is None:
+                    break
+            stale = stale + 1 if (self.best_cost, self.lower) == last else 0
+            last = (self.best_cost, self.lower)
+            since = (self.best_cost, time.monotonic(), 0) if self.best_cost != since[0] else (*since[:2], since[2] + 1)
+            if self._lns_due(since, last_step):
+                self._lns(lns)
+                since = (self.best_cost, time.monotonic(), 0)
+            if self.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
+                break
+        if z3_thread is not None and self.deadline is None and not self.finished():
+            z3_thread.join_until(None)
+            self._drain(z3_thread)
+        return z3_thread
+
+    def _lns_due(self, since: tuple[int | None, float, int], last_step: float) -> bool:
+        """True when the Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps
+        and twenty steps' time (and there is a plan to improve)."""
+        _, when, steps = since
+        waited = time.monotonic() - when
+        return self.best_local is not None and steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step)
+
+    def _lns(self, lns: NeighbourhoodSearch) -> None:
+        """A slice of large-neighbourhood search from the best plan (lns.py)."""
+        left = self.left()
+        if left is not None and left < 2.0:
+            return
+        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
+        self.emit(Phase("lns", f"HiGHS on neighbourhoods of {lns.size} core nodes", self.elapsed()))
+        with self.timed("lns"):
+            x = lns.run(self.best_local, self.soon(budget))
+        self.offer(x, "lns", None)
+        self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
+
+    def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:
+        if objective_size(self.comp) > Z3_MAX_TERMS:
+            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
+            return None
+        with_cut = f" with a dual cut (bound {cut.const})" if cut is not None else ""
+        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} core nodes{with_cut} (background)", self.elapsed()))
+        thread = Z3Worker(self.comp, self.deadline, cut)
+        thread.bound = self.best_cost
+        thread.start()
+        return thread
+
+    def _drain(self, thread: Z3Worker) -> None:
+        """Turn the z3 thread's answers into events (the callback runs on this thread only)."""
+        while True:
+            try:
+                bound, result = thread.results.get_nowait()
+            except queue.Empty:
+                return
+            self._z3_answer(bound, result)
+
+    def _z3_answer(self, bound: int | None, result: CheckResult) -> None:
+        self.iterations += 1
+        self.emit(Checked(self.iterations, bound, result.result, self.elapsed()))
+        if result.result == "sat":
+            self.offer(result.choice, "z3", bound)
+        elif result.result == "unsat":
+            if bound is None or (self.best_cost is not None and bound >= self.best_cost):
+                self.proof = "z3"
+                self.proof_times.setdefault("z3", self.elapsed())
+            if bound is not None:
+                self.bound(bound, "z3")
+
+    def _z3_certificate(self) -> None:
+        """z3 asked for a plan cheaper than the proved optimum, with the best cut we have, for
+        Z3_CONFIRM of the time so far (at least Z3_CONFIRM_MIN s, within the limit): its UNSAT is
+        the certificate the user sees; otherwise the proof stays the other method's."""
+        if objective_size(self.comp) > Z3_CERTIFY_MAX_TERMS:
+            self.emit(Phase("z3", "core too large for a z3 certificate", self.elapsed()))
+            return
+        cut = self.cut or self._z3_cut()
+        until = self.soon(max(Z3_CONFIRM_MIN, Z3_CONFIRM * self.elapsed()))
+        thread = self._start_z3(cut)
+        if thread is None:
+            return
+        thread.deadline = until
+        with self.timed("z3"):
+            thread.join_until(until)
+            thread.stop(self.teardown_by)
+        self._drain(thread)
+
+    def _z3_cut(self) -> DualCut | None:
+        """The cut z3 gets: the LP's when the core's LP is small enough, else TRW-S's after a
+        few sweeps (both valid lower bounds, see cut.py)."""
+        if lp_columns(self.comp) <= LP_MAX_COLUMNS:
+            return self._lp_phase()
+        lag = LagrangianSearch(self.comp, self.rng)
+        deadline = self.soon(2.0)
+        for _ in range(10):
+            if not lag.mp.sweep(lag.penalties(), deadline):
+                break
+        return lag.cut()
+
+    def _cegis_alone(self) -> None:
+        """z3 on its own: ask for any plan, then any plan cheaper than the last, until UNSAT."""
+        if objective_size(self.comp) > Z3_MAX_TERMS:
+            self.emit(Phase("z3", "core too large for z3", self.elapsed()))
+            return
+        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} nodes", self.elapsed()))
+        z3s = Z3Search(self.comp)
+        while not self.out_of_time() and not self.proved():
+            bound = self.best_cost
+            result = z3s.check(bound, self.left())
+            self._z3_answer(bound, result)
+            if result.result != "sat":
+                break
+
+    def _milp_proof(self) -> None:
+        """Without a time limit the answer must be proved: when z3 could not take the core (too
+        many weighted literals) or stopped without a verdict, HiGHS solves the core's ILP to a zero gap."""
+        self.emit(Phase("milp", f"exact ILP of the {self.comp.n}-node core (HiGHS, zero gap)", self.elapsed()))
+        result = solve_compact_milp(self.comp, exact=True)
+        if result.choice is not None:
+            self.offer(result.choice, "milp", None)
+        if result.optimal and result.cost is not None:
+            self.bound(int(result.cost), "milp")
+
+
+def objective_size(comp: Compact) -> int:
+    """Weighted literals z3 would need: nonzero edge entries plus strategies."""
+    return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs)
