@@ -65,8 +65,9 @@ def test_exact_engines_prove_the_brute_force_optimum(method):
         for e in events:
             if e.kind == "bound":
                 assert best is None or e.cost <= best
-        if best is None:
-            assert not plans and any(e.kind == "none" for e in events)
+        if best is None:  # HiGHS's infeasibility under memory rows is no proof (its tolerances on bytes)
+            proved = any(e.kind == "none" for e in events)
+            assert not plans and proved == (method == "hbfs" or not comp.has_memory)
         else:
             assert plans[-1].cost == best and any(e.kind == "optimal" and e.cost == best for e in events)
         checked += 1
