@@ -182,8 +182,9 @@ class Clock:
 
     @property
     def reserve(self) -> float:
-        """Seconds kept back for printing the plan and leaving the process."""
-        return 0.0 if self.timeout is None else min(1.0 + 0.03 * self.timeout, 4.0)
+        """Seconds kept back for printing the plan and leaving the process (the solver keeps its
+        own deadline, finishing reserve included: on 57k nodes it returned 0.5-1 s before it)."""
+        return 0.0 if self.timeout is None else min(0.5 + 0.02 * self.timeout, 3.0)
 
     def solver_budget(self) -> float | None:
         """Seconds the solver may use from now (None without a limit; at least 0.1)."""

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         except AutoshardError as err:
             print(f"| {name} | {timeout:g} | {best or '-'} | error: {err} |", flush=True)
             continue
-        row = (f"| {name} | {timeout:g} | {best if best is not None else '-'} | {winner.get(name, '-')} | {mine['cost']} | "
+        row = (f"| {name} | {timeout:g} | {best if best is not None else '-'} | {winner.get(name, 'not available')} | {mine['cost']} | "
                f"{_ratio(mine['cost'], best)} | {mine['time']:.1f} | {mine['rss']:.0f} | {mine['proof']} | {mine['core']} |")
         if not args.no_highs:
             ref = highs(path, timeout)
