@@ -190,3 +190,26 @@ def test_gap_stops_early_with_a_bound_that_holds():
     assert solution.cost is not None and reference.cost <= solution.cost
     assert solution.lower_bound is not None and solution.lower_bound <= reference.cost
     assert solution.cost - solution.lower_bound <= 0.5 * solution.cost
+
+
+@pytest.mark.parametrize("seed", [204, 206])
+def test_memory_rows_too_large_for_toulbar2_leave_it_the_core_without_them(seed, monkeypatch):
+    """With rows too large for toulbar2 and an ILP too large for HiGHS, toulbar2 still searches
+    the core without its rows (LLaMA-3-8B on 2x8 at 80 GiB: its optimum fits, so it proves)."""
+    import autoshard.solver.portfolio as portfolio
+    import autoshard.solver.toulbar as toulbar
+
+    monkeypatch.setattr(toulbar, "MAX_ROW_TERMS", 0)
+    monkeypatch.setattr(portfolio, "MILP_MAX_COLUMNS", 0)
+    started: list[str] = []
+    start = portfolio.Portfolio._start_engines
+    monkeypatch.setattr(portfolio.Portfolio, "_start_engines",
+                        lambda self, methods, what: started.extend(methods) or start(self, methods, what))
+    problem = larger_problem(seed)
+    problem.usage_limit = None
+    free = solve_problem_milp(problem)
+    problem.usage_limit = problem.evaluate(free.choice).peak  # rows that bind only the plans above it
+    reference = solve_problem_milp(problem)
+    solution = solve(problem, SolveOptions(timeout=60.0))
+    assert started == ["relaxed", "lagrange"]
+    assert reference.optimal and solution.status == "optimal" and solution.cost == reference.cost
