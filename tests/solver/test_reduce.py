@@ -134,3 +134,40 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def repeated_problem(rng: np.random.Generator, block: int, copies: int) -> ShardingProblem:
+    """``copies`` identical random blocks of ``block`` nodes chained by one identical edge: a
+    model's repeated layers in small."""
+    one = random_problem(rng, block, max_k=3, edge_prob=0.5, memory=False)
+    link = rng.integers(0, 40, size=(len(one.node_costs[-1]), len(one.node_costs[0]))).astype(np.int64)
+    costs, usages, intervals, edges, mats = [], [], [], [], []
+    for c in range(copies):
+        base = c * block
+        costs += [x.copy() for x in one.node_costs]
+        usages += [x.copy() for x in one.node_usages]
+        intervals += list(one.intervals)
+        edges += [(u + base, v + base) for u, v in one.edges]
+        mats += [m.copy() for m in one.edge_costs]
+        if c:
+            edges.append((base - 1, base))
+            mats.append(link.copy())
+    return ShardingProblem(costs, usages, intervals, edges, mats, name="repeated")
+
+
+def test_repeated_blocks_reuse_reductions_and_stay_exact(monkeypatch):
+    """The memo (reduce.Memo) answers the copies' dominance tests from an earlier copy's (over
+    these seeds: fewer computed than asked); reduce + brute-force core + expand still equals
+    brute force on the whole."""
+    import autoshard.solver.reduce as reduce
+
+    computed, asked = [], []
+    undominated, prune = reduce._undominated, reduce.prune_dominated
+    monkeypatch.setattr(reduce, "_undominated", lambda core, v: computed.append(v) or undominated(core, v))
+    monkeypatch.setattr(reduce, "prune_dominated", lambda core, v, memo=None: asked.append(v) or prune(core, v, memo))
+    for seed in range(12):
+        problem = repeated_problem(np.random.default_rng(seed), 4, 3)
+        reference = brute_force(problem)
+        best, _ = core_optimum(problem)
+        assert best == (None if reference is None else reference[0])
+    assert 0 < len(computed) < len(asked)
