@@ -39,6 +39,7 @@ from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.state import RunState
@@ -128,13 +129,17 @@ class Portfolio(RunState):
             self._milp_proof()
 
     def _greedy(self) -> None:
-        """The first plan: minimum-memory start, repaired to fit, polished by local search."""
+        """The first plan: minimum-memory start, repaired to fit, else TRW-S on memory-weighted
+        costs; polished by local search."""
         comp = self.comp
         self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
         began = time.monotonic()
         search = Search(comp, min_memory_start(comp), self.rng)
         if not search.feasible:
             search.repair(self.soon(max(5.0, 0.5 * self.left()) if self.deadline else 5.0))
+        if not search.feasible:  # groups of nodes that must move together (penalised_start.py)
+            search = weighted_start(comp, self.rng, self.soon(min(5.0, 0.2 * self.left()) if self.deadline else 5.0)) \
+                or search
         if search.feasible:
             search.descend(self.soon(5.0))
             self.offer(search.x, "greedy", None)
