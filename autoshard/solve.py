@@ -194,10 +194,12 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print(_frontend_line(graph), highlight=False, markup=False)
     if args.graph or not args.quiet and len(graph) <= GRAPH_TABLE_MAX_NODES:
         console.print(graph_table(graph))
-    mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
-                             pins=pins, device=device, peak_flops=args.peak_flops,
-                             memory_bandwidth=args.memory_bandwidth, precision=args.precision,
-                             capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel)
+    with console.status(f"building the problem: strategies and costs on mesh {mesh.label}") if not args.quiet \
+            else _NoLive():
+        mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
+                                 pins=pins, device=device, peak_flops=args.peak_flops,
+                                 memory_bandwidth=args.memory_bandwidth, precision=args.precision,
+                                 capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel)
     console.print(device_line(mp.cost_model.device, args.device is None), highlight=False)
     budget = mp.problem.usage_limit
     p = mp.problem
