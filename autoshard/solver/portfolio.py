@@ -7,10 +7,11 @@ bounds come together (step 2-4 of the pipeline in api.py).
   - memory rows small enough for toulbar2 (toulbar.can_take; no rows at all included): the LP
     relaxation first when small (on B and G it is integral), then toulbar2's branch and bound
     (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
-  - otherwise toulbar2 on the core without its memory rows (bounds; its optimum, if it fits, is
-    optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s, where nothing else closed the last 2e-6)
-    beside, for an ILP of at most MILP_MAX_COLUMNS, HiGHS's MILP (proves), else (S: 59 million
-    row terms) a second Lagrangian search with its own seed; this process runs the LP bound, z3
+  - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
+    (bounds; its optimum, if it fits, is optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s,
+    where nothing else closed the last 2e-6), then in its place HiGHS's MILP (proves) for an ILP
+    of at most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with
+    its own seed; this process runs the LP bound, z3
     and the Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
     with large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py) beside them, with the LP's or TRW-S's dual as a cut, and the z3
@@ -62,6 +63,10 @@ MILP_MAX_COLUMNS = 1_000_000
 """Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
 Lagrangian search (LLaMA-3-8B with 80 GiB: 27k columns proved in 5 s on 8 devices, 510k in 65 s
 on 2x8, where the Lagrangian search alone ended 1e-7 short of a proof)."""
+RELAXED_ALONE = 10.0
+"""Seconds toulbar2 on the core without its memory rows runs before the second engine takes its
+processor (LLaMA-3-8B, 2x8, 80 GiB: proved in 1 s; on IOPDDL S, where memory binds, it would only
+have slowed the Lagrangian searches)."""
 Z3_CONFIRM = 0.5
 """After another method proved the optimum, z3 gets this share of the time so far to certify it."""
 Z3_CONFIRM_MIN = 2.0
@@ -85,6 +90,9 @@ greedy 0.2 and 0.5 s)."""
 class Portfolio(RunState):
     """The search phases of one ``solve`` call on its reduced core ``comp``."""
 
+    waiting: tuple[list[str], str, float] | None = None
+    """Engines that take toulbar2-without-rows' place when it ends or at the time given."""
+
     def _warm_search(self) -> None:
         """Exact elimination when the core is narrow and memory-free; else the greedy start, then
         the engines the core calls for (module docstring, step 2) with z3 alongside."""
@@ -103,14 +111,18 @@ class Portfolio(RunState):
         if self.options.toulbar and can_take(comp):
             self._toulbar_search()
             return
-        engines = []
-        relaxed = ["relaxed"] if self.options.prove and self.options.toulbar and can_take(comp, rows=False) else []
-        if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS and not self.finished():
-            engines = self._start_engines(relaxed + ["milp"], "toulbar2 on the core without memory rows, HiGHS's "
-                                          "MILP of it (child processes)")
-        elif not self.finished():
-            engines = self._start_engines(relaxed + ["lagrange"], "toulbar2 on the core without memory rows, a "
-                                          "second Lagrangian search (child processes)")
+        engines: list[EngineWorker] = []
+        if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
+            second, what = ["milp"], "HiGHS's MILP of the core (child process)"
+        else:
+            second, what = ["lagrange"], "a second Lagrangian search (child process, own seed)"
+        if self.finished():
+            pass
+        elif self.options.prove and self.options.toulbar and can_take(comp, rows=False):
+            engines = self._start_engines(["relaxed"], "toulbar2 on the core without memory rows (child process)")
+            self.waiting = (second, what, time.monotonic() + RELAXED_ALONE)
+        else:
+            engines = self._start_engines(second, what)
         try:
             cut = self._lp_phase(engines)
             z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
@@ -186,6 +198,19 @@ class Portfolio(RunState):
             for event in events:
                 if event.kind != "plan" or event is cheapest:
                     self._engine_event(event, engine)
+        self._hand_over(engines)
+
+    def _hand_over(self, engines: list[EngineWorker]) -> None:
+        """Once toulbar2 without memory rows has ended (proved its optimum: a bound, or the answer
+        when it fits) or had RELAXED_ALONE seconds, it gives its core to the waiting engine."""
+        if self.waiting is None or self.finished():
+            return
+        methods, what, until = self.waiting
+        if not engines[0].done and time.monotonic() < until:
+            return
+        self.waiting = None
+        engines[0].stop(self.teardown_by)
+        engines.extend(self._start_engines(methods, what))
 
     def _await(self, engines: list[EngineWorker]) -> None:
         """Wait for the exact engines until finished, out of time or all of them ended."""

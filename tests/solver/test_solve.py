@@ -195,7 +195,8 @@ def test_gap_stops_early_with_a_bound_that_holds():
 @pytest.mark.parametrize("seed", [204, 206])
 def test_memory_rows_too_large_for_toulbar2_leave_it_the_core_without_them(seed, monkeypatch):
     """With rows too large for toulbar2 and an ILP too large for HiGHS, toulbar2 still searches
-    the core without its rows (LLaMA-3-8B on 2x8 at 80 GiB: its optimum fits, so it proves)."""
+    the core without its rows first (LLaMA-3-8B on 2x8 at 80 GiB: its optimum fits, so it proves),
+    the second Lagrangian search after it."""
     import autoshard.solver.portfolio as portfolio
     import autoshard.solver.toulbar as toulbar
 
@@ -211,5 +212,5 @@ def test_memory_rows_too_large_for_toulbar2_leave_it_the_core_without_them(seed,
     problem.usage_limit = problem.evaluate(free.choice).peak  # rows that bind only the plans above it
     reference = solve_problem_milp(problem)
     solution = solve(problem, SolveOptions(timeout=60.0))
-    assert started == ["relaxed", "lagrange"]
+    assert started[0] == "relaxed" and set(started) <= {"relaxed", "lagrange"}
     assert reference.optimal and solution.status == "optimal" and solution.cost == reference.cost
