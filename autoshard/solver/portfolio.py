@@ -8,7 +8,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
     relaxation first when small (on B and G it is integral), then toulbar2's branch and bound
     (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
   - otherwise toulbar2 on the core without its memory rows (bounds; its optimum, if it fits, is
-    optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s, where nothing else closed the last 2e-6)
+    optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s, where nothing else closed the last 2e-6;
+    stopped once a plan it reported costs less than the lower bound, ``_retire``)
     beside, for an ILP of at most MILP_MAX_COLUMNS, HiGHS's MILP (proves), else (S: 59 million
     row terms) a second Lagrangian search with its own seed; this process runs the LP bound, z3
     and the Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
