@@ -9,9 +9,10 @@ bounds come together (step 2-4 of the pipeline in api.py).
     (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
   - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
     (bounds; its optimum, if it fits, is optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s,
-    where nothing else closed the last 2e-6), then in its place HiGHS's MILP (proves) for an ILP
-    of at most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with
-    its own seed; this process runs the LP bound, z3
+    where nothing else closed the last 2e-6; stopped sooner once a plan it reported costs less
+    than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of at
+    most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with its own
+    seed; this process runs the LP bound, z3
     and the Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
     with large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py) beside them, with the LP's or TRW-S's dual as a cut, and the z3
@@ -204,15 +205,30 @@ class Portfolio(RunState):
             for event in events:
                 if event.kind != "plan" or event is cheapest:
                     self._engine_event(event, engine)
+        self._retire(engines)
         self._hand_over(engines)
+
+    def _retire(self, engines: list[EngineWorker]) -> None:
+        """Stop a relaxation's engine once a plan it reported costs less than the proven lower
+        bound: the relaxation's optimum is at most that plan, so below every plan that fits, and
+        from then on it can neither find a fitting plan nor bound better than the bound we have
+        (S: toulbar2 without memory rows plans at ~3.6e8, while the Lagrangian bound passes 9e8
+        within 15 s)."""
+        for engine in engines:
+            if (engine.relaxation and engine.pid is not None and engine.cheapest is not None
+                    and self.lower is not None and engine.cheapest < self.lower):
+                engine.stop(self.teardown_by)
+                self.emit(Phase("lagrange", f"{engine.method} engine stopped: its plans cost less than the "
+                                "lower bound, so none of them fits", self.elapsed()))
 
     def _hand_over(self, engines: list[EngineWorker]) -> None:
         """Once toulbar2 without memory rows has ended (proved its optimum: a bound, or the answer
-        when it fits) or had RELAXED_ALONE seconds, it gives its core to the waiting engine."""
+        when it fits), been retired or had RELAXED_ALONE seconds, the waiting engine takes its
+        processor."""
         if self.waiting is None or self.finished():
             return
         methods, what, until = self.waiting
-        if not engines[0].done and time.monotonic() < until:
+        if not engines[0].done and engines[0].pid is not None and time.monotonic() < until:
             return
         self.waiting = None
         engines[0].stop(self.teardown_by)

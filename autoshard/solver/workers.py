@@ -77,12 +77,19 @@ class EngineWorker:
         self.pid: int | None = None
         self.done = False
         self.error: str | None = None
+        self.cheapest: int | None = None  # the cheapest plan it reported (fitting or not)
         self._reader: threading.Thread | None = None
 
     @property
     def exact(self) -> bool:
         """True when the engine ends by proving the optimum (or that there is no plan)."""
         return self.method in ("hbfs", "milp")
+
+    @property
+    def relaxation(self) -> bool:
+        """True when the engine searches a relaxation (the core without memory rows): its plans
+        need not fit, and the optimum it converges to is at most the cheapest plan it reported."""
+        return self.method == "relaxed"
 
     @property
     def bounds(self) -> bool:
@@ -134,7 +141,9 @@ class EngineWorker:
                 if pending is not None:
                     values = line.split()
                     if len(values) == self.comp.n and all(v.isdigit() for v in values):
-                        self.events.put(EngineEvent("plan", pending + const, [int(v) for v in values]))
+                        cost = pending + const
+                        self.cheapest = cost if self.cheapest is None else min(self.cheapest, cost)
+                        self.events.put(EngineEvent("plan", cost, [int(v) for v in values]))
                     pending = None
                     continue
                 if m := _NEW.search(line):

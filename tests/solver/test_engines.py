@@ -144,3 +144,33 @@ def test_a_forked_call_returns_its_value_and_is_abandoned_at_its_deadline():
     heard = []
     assert call_forked(lambda: time.sleep(30), None, lambda: heard.append(1) or len(heard) >= 3) is None
     assert len(heard) == 3  # the caller may give up between looks
+
+
+def test_a_relaxation_is_stopped_once_its_plans_cost_less_than_the_lower_bound():
+    """toulbar2 without memory rows reports plans that need not fit; once one costs less than the
+    proven lower bound, none it could still report fits, and the portfolio stops it."""
+    from autoshard.solver.portfolio import Portfolio
+    from autoshard.solver.solution import SolveOptions
+
+    checked = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        problem = random_problem(rng, 7, max_k=4, memory=True, forbid_prob=0.1)
+        comp = core_of(seed)
+        if comp is None or comp.n < 2 or not comp.has_memory or optimum(comp) is None:
+            continue
+        free = min(comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs]))
+        worker = EngineWorker(comp, "relaxed", None)
+        worker.start()
+        deadline = time.monotonic() + 20.0
+        while not worker.done and time.monotonic() < deadline:
+            worker.poll(0.05)
+        assert worker.cheapest is not None and worker.cheapest >= free  # no plan below the relaxation's optimum
+        for lower, stopped in ((worker.cheapest, False), (worker.cheapest + 1, True)):
+            portfolio = Portfolio(problem, SolveOptions(), lambda event: None)
+            portfolio.lower = lower
+            portfolio._retire([worker])
+            assert (worker.pid is None) == stopped
+        worker.stop()
+        checked += 1
+    assert checked >= 5
