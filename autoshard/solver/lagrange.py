@@ -36,11 +36,10 @@ class StepResult:
     bound: int | None
 
 
-SWEEPS = 1
-"""TRW-S sweeps per step (the messages carry over from step to step). One rather than two: on
-S's 6424-node core a step is ~25% cheaper and the dual and the plans progress as much per step,
-so the search gets further in its time (two runs of 150-200 s: 1.032x and 1.028x best known with
-one sweep, 1.085x and 1.049x with two)."""
+SWEEPS = 2
+"""TRW-S sweeps per step (the messages carry over from step to step). On the quiet machine, S
+seed 0 at 240 s: 1.0120x best known with two, 1.0223x with one (one sweep looked better in two
+paired runs under load, 1.03 vs 1.05-1.08, where a step's cost weighs more)."""
 
 
 class LagrangianSearch:
