@@ -181,13 +181,18 @@ def segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
+def memory_areas(comp: Compact) -> list[np.ndarray]:
+    """Per node, each strategy's usage summed over the node's memory rows."""
+    return [sum((u.astype(np.float64) * (stop - start) for start, stop, u in segs), np.zeros(len(c)))
+            for c, segs in zip(comp.costs, comp.segments)]
+
+
 def min_memory_start(comp: Compact) -> np.ndarray:
     """Nodes in order, each on its smallest-memory strategy (then cheapest) among those allowed
     with the neighbours already placed: fits whenever anything fits node by node, and avoids the
     forbidden pairs of a core the reductions only partly shrank (large instances, short limits)."""
     x = np.zeros(comp.n, dtype=np.int64)
-    for i, (c, segs) in enumerate(zip(comp.costs, comp.segments)):
-        usage = sum((u.astype(np.float64) * (stop - start) for start, stop, u in segs), np.zeros(len(c)))
+    for i, (c, usage) in enumerate(zip(comp.costs, memory_areas(comp))):
         vec = c
         for j, m in comp.nbrs[i]:
             if j < i:

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from autoshard.solver.core import INF, Compact
-from autoshard.solver.heuristics import Search
+from autoshard.solver.heuristics import Search, memory_areas
 from autoshard.solver.trws import MessagePassing
 
 SWEEPS = 3
@@ -32,12 +32,6 @@ LADDER = 4.0
 """Factor between successive multipliers."""
 PROBES = 12
 """At most this many multipliers are tried."""
-
-
-def memory_areas(comp: Compact) -> list[np.ndarray]:
-    """Per node, each strategy's usage summed over the node's memory rows."""
-    return [sum((u.astype(np.float64) * (stop - start) for start, stop, u in segs), np.zeros(len(c)))
-            for c, segs in zip(comp.costs, comp.segments)]
 
 
 def balanced_weight(comp: Compact, areas: list[np.ndarray]) -> float:

@@ -114,13 +114,12 @@ class Portfolio(RunState):
         if self.options.toulbar and can_take(comp):
             self._toulbar_search()
             return
-        engines: list[EngineWorker] = []
         if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
             second, what = ["milp"], "HiGHS's MILP of the core (child process)"
         else:
             second, what = ["lagrange"], "a second Lagrangian search (child process, own seed)"
         if self.finished():
-            pass
+            engines = []
         elif self.options.prove and self.options.toulbar and can_take(comp, rows=False):
             engines = self._start_engines(["relaxed"], "toulbar2 on the core without memory rows (child process)")
             self.waiting = (second, what, time.monotonic() + RELAXED_ALONE)
