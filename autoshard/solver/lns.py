@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -44,12 +45,22 @@ class NeighbourhoodSearch:
         # who is live on a row, found when asked: a list per row would hold S's 59 million terms (24 s)
         self.owner, self.starts, self.stops = segment_index(comp)
 
-    def run(self, x: np.ndarray, deadline: float) -> np.ndarray:
-        """Neighbourhood after neighbourhood until ``deadline``; the best plan found (x if none)."""
+    def run(
+        self,
+        x: np.ndarray,
+        deadline: float,
+        found: Callable[[np.ndarray], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray:
+        """Neighbourhood after neighbourhood until ``deadline`` or until ``stop()`` (asked between
+        neighbourhoods) is True; the best plan found (x if none), each better one also handed to
+        ``found`` as it comes."""
         comp = self.comp
         x = np.asarray(x, dtype=np.int64).copy()
         cost = comp.cost(x)
         while comp.n and time.monotonic() < deadline - 1.0:  # HiGHS takes at least a second's limit
+            if stop is not None and stop():
+                break
             nodes = self.neighbourhood(x)
             began = time.monotonic()
             limit = max(1.0, min(MAX_SOLVE, 0.5 * (deadline - began)))
@@ -62,6 +73,8 @@ class NeighbourhoodSearch:
                 new = comp.cost(y)
                 if new < cost and comp.is_feasible(y):
                     x, cost = y, new
+                    if found is not None:
+                        found(x)
             if result.optimal and took < 1.0:
                 self.size = min(comp.n, int(self.size * 1.2) + 1)
             elif not result.optimal:

@@ -14,7 +14,7 @@ Applied to a fixpoint by ``reduce_core`` (``step`` handles one node):
   parallel edges merging in ``Core.add_edge``.
 Nodes that still carry memory segments are never eliminated by min-plus (their choice must stay
 visible to the memory constraint); ``memory.compress_rows`` frees nodes whose rows can never
-overflow.
+overflow, and ``memory.drop_dominated_rows`` those whose rows other rows imply.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.solver.core import INF, Core, Segment, sat
-from autoshard.solver.memory import capacity_deficit, compress_rows, normalize, prune_by_slack
+from autoshard.solver.memory import capacity_deficit, compress_rows, drop_dominated_rows, normalize, prune_by_slack
 
 MAX_TABLE = 4_000_000
 """Largest min-plus tensor (k_a * k_v * k_b entries) a degree-2 elimination may build."""
@@ -112,6 +112,7 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
         counts["slack"] += len(changed)
         before = {v for v in core.alive if core.segments[v]}
         compress_rows(core)
+        counts["rows"] += drop_dominated_rows(core, deadline=deadline)
         freed = {v for v in before if not core.segments[v]}
         if not changed and not freed:
             return counts

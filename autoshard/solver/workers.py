@@ -309,11 +309,8 @@ def _lagrange(worker: EngineWorker) -> None:
         else:
             stale += 1
         if stale >= LNS_AFTER and x is not None:
-            y = lns.run(x, time.monotonic() + LNS_SLICE)
-            cost = comp.cost(y)
-            if cost < best and comp.is_feasible(y):
-                best, x = cost, y
-                report(x, best)
+            x = lns.run(x, time.monotonic() + LNS_SLICE, lambda y: report(y, comp.cost(y)))
+            best = min(best, comp.cost(x))
             stale = 0
 
 

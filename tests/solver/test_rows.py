@@ -1,0 +1,59 @@
+"""Dropping memory rows other rows imply (memory.drop_dominated_rows) keeps exactly the plans that fit."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoshard.problem import ShardingProblem
+from autoshard.solver.core import Core
+from autoshard.solver.memory import attach_memory, compress_rows, drop_dominated_rows
+
+from helpers import random_problem
+
+
+def fitting(problem: ShardingProblem, core: Core) -> tuple[set, set]:
+    """The assignments that fit by the problem's own profile and by the core's rows."""
+    comp = core.freeze()
+    assert comp.nodes == list(range(len(problem.node_costs)))
+    by_problem, by_core = set(), set()
+    for x in itertools.product(*[range(len(c)) for c in problem.node_costs]):
+        if max(problem.usage_profile(list(x)).values(), default=0) <= problem.usage_limit:
+            by_problem.add(x)
+        if comp.profile(np.array(x)).size == 0 or bool((comp.profile(np.array(x)) <= comp.capacity).all()):
+            by_core.add(x)
+    return by_problem, by_core
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 10**6), window=st.integers(1, 6))
+def test_dropped_rows_change_no_plan_that_fits(seed, window):
+    rng = np.random.default_rng(seed)
+    problem = random_problem(rng, int(rng.integers(2, 7)), max_k=3, forbid_prob=0.0)
+    core = Core(problem)
+    attach_memory(core, problem)
+    compress_rows(core)
+    rows = len(core.capacity)
+    dropped = drop_dominated_rows(core, window)
+    assert len(core.capacity) == rows - dropped
+    by_problem, by_core = fitting(problem, core)
+    assert by_problem == by_core
+
+
+def test_a_row_whose_tensors_stay_live_at_the_next_row_is_dropped():
+    """A long-lived tensor and two short ones: at the second row all three are live, so the first
+    row (two of them) can only overflow when the second does."""
+    usages = [np.array([4, 0]), np.array([3, 0]), np.array([3, 0])]
+    intervals = [(0, 10), (1, 3), (2, 4)]
+    costs = [np.array([0, 5]), np.array([0, 5]), np.array([0, 5])]
+    problem = ShardingProblem(costs, usages, intervals, [], [], usage_limit=6, name="nested")
+    core = Core(problem)
+    attach_memory(core, problem)
+    compress_rows(core)
+    assert len(core.capacity) == 2
+    assert drop_dominated_rows(core) == 1 and len(core.capacity) == 1
+    by_problem, by_core = fitting(problem, core)
+    assert by_problem == by_core
