@@ -36,6 +36,10 @@ MAX_DOMINANCE_WORK = 1_000_000
 MAX_DOMINANCE_DEGREE = 30
 """Dominance is tested on nodes with at most this many edges (keeps int64 sums exact)."""
 _SAFE = 2**62 // (MAX_DOMINANCE_DEGREE + 2)
+ROWS_WORTH = 0.05
+"""Implied memory rows are looked for again in the next round only while the last look dropped at
+least this share of the rows (IOPDDL T: 15634 -> 3053 -> 1869 -> 1627 rows in three looks of
+~0.6 s, then 28 more looks dropped 450 rows in 15 s)."""
 
 
 class Memo:
@@ -88,6 +92,7 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
     memo = Memo()
     queue = deque(sorted(core.alive))
     queued = set(queue)
+    rows_pay = True
 
     def push(nodes) -> None:
         """Queue nodes for another look."""
@@ -112,7 +117,11 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
         counts["slack"] += len(changed)
         before = {v for v in core.alive if core.segments[v]}
         compress_rows(core)
-        counts["rows"] += drop_dominated_rows(core, deadline=deadline)
+        if rows_pay:
+            rows = 0 if core.capacity is None else len(core.capacity)
+            dropped = drop_dominated_rows(core, deadline=deadline)
+            counts["rows"] += dropped
+            rows_pay = dropped >= ROWS_WORTH * rows
         freed = {v for v in before if not core.segments[v]}
         if not changed and not freed:
             return counts

@@ -52,3 +52,23 @@ def test_lns_never_worsens_and_reaches_the_optimum_when_it_covers_everything(see
     assert comp.is_feasible(small) and comp.cost(small) <= start.total
     whole = NeighbourhoodSearch(comp, np.random.default_rng(seed), size=comp.n).run(start.x, time.monotonic() + 1.2)
     assert comp.is_feasible(whole) and comp.cost(whole) == best.cost
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lns_hands_over_each_better_plan_and_stops_when_told(seed):
+    comp = compact(200 + seed, 9, forbid=0.0)
+    start = Search(comp, min_memory_start(comp), np.random.default_rng(seed))
+    start.repair(time.monotonic() + 1.0)
+    if not start.feasible:
+        pytest.skip("no fitting plan")
+    seen: list[int] = []
+    whole = NeighbourhoodSearch(comp, np.random.default_rng(seed), size=comp.n)
+    result = whole.run(start.x, time.monotonic() + 1.2, lambda y: seen.append(comp.cost(y)))
+    assert seen == sorted(seen, reverse=True) and len(set(seen)) == len(seen)
+    assert all(cost < start.total for cost in seen)
+    assert comp.cost(result) == (seen[-1] if seen else start.total)
+    asked: list[bool] = []
+    told = NeighbourhoodSearch(comp, np.random.default_rng(seed), size=comp.n)
+    began = time.monotonic()
+    same = told.run(start.x, began + 30.0, stop=lambda: asked.append(True) or True)
+    assert asked == [True] and told.rounds == 0 and (same == start.x).all() and time.monotonic() - began < 5.0
