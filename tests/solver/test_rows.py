@@ -23,7 +23,7 @@ def fitting(problem: ShardingProblem, core: Core) -> tuple[set, set]:
     for x in itertools.product(*[range(len(c)) for c in problem.node_costs]):
         if max(problem.usage_profile(list(x)).values(), default=0) <= problem.usage_limit:
             by_problem.add(x)
-        if comp.profile(np.array(x)).size == 0 or bool((comp.profile(np.array(x)) <= comp.capacity).all()):
+        if bool((comp.profile(np.array(x)) <= comp.capacity).all()):  # true for no rows at all
             by_core.add(x)
     return by_problem, by_core
 
