@@ -42,6 +42,20 @@ seed 0 at 240 s: 1.0120x best known with two, 1.0223x with one (one sweep looked
 paired runs under load, 1.03 vs 1.05-1.08, where a step's cost weighs more)."""
 
 
+DEFLECTION = 1.5
+"""Camerini-Fratta-Maffioli's factor: the deflected direction keeps half of the turn, d.d' = -g.d'/2."""
+
+
+def deflected(g: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """The subgradient g deflected by the last direction when it turns against it (g.d' < 0):
+    g - DEFLECTION (g.d'/|d'|^2) d', which damps the zig-zag of plain subgradient steps."""
+    dot = float(g @ previous)
+    size = float(previous @ previous)
+    if dot >= 0 or size <= 0:
+        return g
+    return g - DEFLECTION * dot / size * previous
+
+
 class LagrangianSearch:
     """Subgradient ascent on lam with TRW-S as the inner solver, one ``step`` at a time."""
 
@@ -61,6 +75,7 @@ class LagrangianSearch:
         self.stale = 0
         self.last_overflow = 0.0
         self.repair_threshold = 0.01
+        self.direction: np.ndarray | None = None
 
     def penalties(self) -> list[np.ndarray] | None:
         """Per-node penalty vectors: usage of each strategy times the node's summed multipliers."""
@@ -120,7 +135,11 @@ class LagrangianSearch:
         return self.mp.cut(self.penalties(), -float(self.lam @ self.capacity))
 
     def _update(self, x: np.ndarray, value: float, upper: int | None) -> None:
-        """Polyak subgradient step on lam along the penalised plan's usage minus capacity."""
+        """Polyak step on lam along the penalised plan's usage minus capacity, deflected
+        (Camerini, Fratta and Maffioli 1975): d = g - 1.5 (g.d'/|d'|^2) d' when g turns against the
+        last direction d'. Plain subgradient steps zig-zagged on IOPDDL T (every other penalised
+        plan overflowed by ~100%); deflected, 30 steps from the same start found a plan 5% cheaper
+        and S's bound after 60 steps rose from 1.380e9 to 1.423e9."""
         if value > self.best_value + 1e-9 * abs(value):
             self.best_value, self.stale = value, 0
         else:
@@ -129,6 +148,10 @@ class LagrangianSearch:
                 self.alpha, self.stale = max(self.alpha / 2, 1e-3), 0
         g = self.comp.profile(x).astype(np.float64) - self.capacity
         g[(self.lam <= 0) & (g < 0)] = 0.0
+        if self.direction is not None:
+            g = deflected(g, self.direction)
+            g[(self.lam <= 0) & (g < 0)] = 0.0
+        self.direction = g
         norm = float(g @ g)
         if norm <= 0:
             return

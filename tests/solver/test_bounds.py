@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.cut import DualCut
-from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.lagrange import LagrangianSearch, deflected
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core
 from autoshard.solver.relax import lp_bound
@@ -94,3 +94,19 @@ def test_safe_bound_rounds_up_only_past_the_margin():
     assert safe_bound(10.5, 1.0) == 11
     assert safe_bound(10.0 + 1e-13, 1e6) == 10
     assert safe_bound(float("-inf"), 0.0) < -(10**18)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10**6, 10**6), st.integers(-10**6, 10**6)), min_size=1, max_size=6))
+def test_deflected_direction_never_turns_against_the_last(pairs):
+    """Camerini-Fratta-Maffioli: when g turns against d' the deflected d has d.d' = -g.d'/2 > 0
+    (no zig-zag back), and it is g itself otherwise."""
+    g = np.array([a for a, _ in pairs], dtype=np.float64)  # usage minus capacity: whole bytes
+    previous = np.array([b for _, b in pairs], dtype=np.float64)
+    d = deflected(g, previous)
+    dot = float(g @ previous)
+    if dot >= 0 or not previous.any():
+        assert np.array_equal(d, g)
+    else:
+        assert np.isclose(float(d @ previous), -dot / 2, rtol=1e-9)
+        assert float(d @ previous) > 0
