@@ -60,9 +60,16 @@ class LagrangianSearch:
     """Subgradient ascent on lam with TRW-S as the inner solver, one ``step`` at a time."""
 
     def __init__(
-        self, comp: Compact, rng: np.random.Generator, sweeps: int = SWEEPS, plan: EliminationPlan | None = None
+        self,
+        comp: Compact,
+        rng: np.random.Generator,
+        sweeps: int = SWEEPS,
+        plan: EliminationPlan | None = None,
+        deflect: bool = True,
     ) -> None:
+        """``deflect``: deflected (True) or plain subgradient steps on the multipliers (``_update``)."""
         self.comp = comp
+        self.deflect = deflect
         self.rng = rng
         self.sweeps = sweeps
         self.plan = plan if plan is not None and plan.feasible else None
@@ -148,7 +155,7 @@ class LagrangianSearch:
                 self.alpha, self.stale = max(self.alpha / 2, 1e-3), 0
         g = self.comp.profile(x).astype(np.float64) - self.capacity
         g[(self.lam <= 0) & (g < 0)] = 0.0
-        if self.direction is not None:
+        if self.deflect and self.direction is not None:
             g = deflected(g, self.direction)
             g[(self.lam <= 0) & (g < 0)] = 0.0
         self.direction = g
