@@ -9,7 +9,10 @@ usage_i[s] times the sum of lam over the node's rows (``penalties``). Each step 
 by variable elimination when the core's treewidth allows (``plan``; then the bound is the exact
 Lagrangian dual value), otherwise approximately by TRW-S sweeps and a plan read off the messages
 — repairs the plan if it overflows, polishes it by local search, and moves lam along the
-overflow of the penalised plan (Polyak step towards the best cost). Without a memory limit lam
+overflow of the penalised plan g_k (Polyak step towards the best cost U), deflected:
+
+    d_k = g_k - 1.5 (g_k . d_{k-1} / |d_{k-1}|^2) d_{k-1}   if g_k . d_{k-1} < 0, else g_k
+    lam_{k+1} = max(0, lam_k + alpha (U - L(lam_k)) / |d_k|^2 * d_k) Without a memory limit lam
 is empty and this is plain TRW-S with local-search polishing.
 """
 

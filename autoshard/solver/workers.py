@@ -35,9 +35,9 @@ METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange")
 """hbfs: toulbar2's hybrid best-first branch and bound (exact); vns: toulbar2's variable-
 neighbourhood search (plans only); relaxed: toulbar2's branch and bound without the memory rows
 (its bounds hold for the problem, and when its optimum fits, that is the optimum); milp: HiGHS on
-the linearised core (exact); lagrange: our
-Lagrangian/TRW-S search (plain subgradient steps) with neighbourhood search when it stalls, with its own seed (plans only:
-a second, independent search where no exact engine takes the core)."""
+the linearised core (exact); lagrange: our Lagrangian/TRW-S search (plain subgradient steps)
+with neighbourhood search when it stalls, with its own seed (plans only: a second, independent
+search where no exact engine takes the core)."""
 LNS_AFTER = 30
 """lagrange: steps without a better plan before a slice of neighbourhood search..."""
 LNS_SLICE = 5.0
