@@ -12,8 +12,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
     where nothing else closed the last 2e-6; stopped sooner once a plan it reported costs less
     than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of at
     most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with its own
-    seed; this process runs the LP bound, z3
-    and the Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
+    seed whose subproblems toulbar2 also solves; this process runs the LP bound, z3 and the
+    Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
     with large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py) beside them, with the LP's or TRW-S's dual as a cut, and the z3
   certificate of an optimum another method proved (``_z3_certificate``);
@@ -192,7 +192,8 @@ class Portfolio(RunState):
         """Fork one child per exact engine (workers.py), each told the best cost so far."""
         self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
         plan = None if self.best_local is None else self.best_local.tolist()
-        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan)
+        toulbar = self.options.toulbar and can_take(self.comp, rows=False)  # the lagrange engine's subproblems
+        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan, toulbar)
                    for k, m in enumerate(methods)]
         for engine in engines:
             engine.start()

@@ -12,7 +12,7 @@ import pytest
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core
-from autoshard.solver.toulbar import can_take, knapsack_rows
+from autoshard.solver.toulbar import can_take, knapsack_rows, solve_penalised
 from autoshard.solver.workers import EngineWorker, call_forked
 
 from helpers import random_problem
@@ -36,8 +36,8 @@ def optimum(comp: Compact) -> int | None:
     return min(costs, default=None)
 
 
-def run(comp: Compact, method: str, upper: int | None = None, limit: float = 20.0) -> list:
-    worker = EngineWorker(comp, method, upper)
+def run(comp: Compact, method: str, upper: int | None = None, limit: float = 20.0, toulbar: bool = False) -> list:
+    worker = EngineWorker(comp, method, upper, toulbar=toulbar)
     worker.start()
     events, deadline = [], time.monotonic() + limit
     try:
@@ -95,14 +95,37 @@ def first_core(nodes: int) -> Compact:
     raise AssertionError("no core among the seeds")
 
 
-@pytest.mark.parametrize("method", ["vns", "lagrange"])
-def test_plan_only_engines_give_exact_fitting_plans(method):
+@pytest.mark.parametrize("method, toulbar", [("vns", False), ("lagrange", False), ("lagrange", True)])
+def test_plan_only_engines_give_exact_fitting_plans(method, toulbar):
     comp = first_core(12)
     best = optimum(comp)
-    plans = [e for e in run(comp, method, limit=2.0) if e.kind == "plan"]
+    plans = [e for e in run(comp, method, limit=4.0 if toulbar else 2.0, toulbar=toulbar) if e.kind == "plan"]
     assert plans and plans[-1].cost >= best
     for e in plans:
         assert comp.cost(e.choice) == e.cost and comp.is_feasible(e.choice)
+
+
+def test_toulbar2_minimises_the_penalised_problem_and_prints_nothing(capfd):
+    """solve_penalised on small cores with integer penalties: the brute-force minimum of cost +
+    penalty with the memory rows left out; its output never reaches fds 1 and 2 (in the lagrange
+    engine they are the pipe the parent reads plans from)."""
+    checked = 0
+    for seed in range(100):
+        comp = core_of(seed)
+        if checked == 10:
+            break
+        if comp is None or comp.n < 2 or not can_take(comp, rows=False):
+            continue
+        rng = np.random.default_rng(seed)
+        penalty = [rng.integers(0, 50, len(c)).astype(np.float64) for c in comp.costs]
+        pen = lambda x: comp.cost(list(x)) + sum(p[s] for p, s in zip(penalty, x))  # noqa: E731
+        best = min(pen(x) for x in itertools.product(*[range(len(c)) for c in comp.costs]))
+        x = solve_penalised(comp, penalty, 1, seed)
+        assert x is not None and pen(x) == best
+        checked += 1
+    assert checked == 10
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
 
 
 def test_knapsack_rows_are_the_memory_rows():
