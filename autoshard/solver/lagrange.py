@@ -12,8 +12,9 @@ Lagrangian dual value), otherwise approximately by TRW-S sweeps and a plan read 
 overflow of the penalised plan g_k (Polyak step towards the best cost U), deflected:
 
     d_k = g_k - 1.5 (g_k . d_{k-1} / |d_{k-1}|^2) d_{k-1}   if g_k . d_{k-1} < 0, else g_k
-    lam_{k+1} = max(0, lam_k + alpha (U - L(lam_k)) / |d_k|^2 * d_k) Without a memory limit lam
-is empty and this is plain TRW-S with local-search polishing.
+    lam_{k+1} = max(0, lam_k + alpha (U - L(lam_k)) / |d_k|^2 * d_k)
+
+Without a memory limit lam is empty and this is plain TRW-S with local-search polishing.
 """
 
 from __future__ import annotations

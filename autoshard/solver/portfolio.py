@@ -192,7 +192,8 @@ class Portfolio(RunState):
         """Fork one child per exact engine (workers.py), each told the best cost so far."""
         self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
         plan = None if self.best_local is None else self.best_local.tolist()
-        toulbar = self.options.toulbar and can_take(self.comp, rows=False)  # the lagrange engine's subproblems
+        # only the lagrange engine calls toulbar2 on its subproblems (penalised costs, no rows)
+        toulbar = "lagrange" in methods and self.options.toulbar and can_take(self.comp, rows=False)
         engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan, toulbar)
                    for k, m in enumerate(methods)]
         for engine in engines:

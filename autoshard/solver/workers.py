@@ -330,13 +330,14 @@ def _lagrange(worker: EngineWorker) -> None:
         else:
             stale += 1
         penalty = lag.penalties() if worker.toulbar and steps % CFN_EVERY == 0 else None
-        if penalty is not None:
-            y = solve_penalised(comp, penalty, seconds, worker.seed + steps)
-            seconds = seconds if y is not None else min(2 * seconds, CFN_MAX_SECONDS)
-            search = None if y is None else Search(comp, y, rng)
-            if search is not None and not search.feasible:
+        y = None if penalty is None else solve_penalised(comp, penalty, seconds, worker.seed + steps)
+        if penalty is not None and y is None:
+            seconds = min(2 * seconds, CFN_MAX_SECONDS)
+        elif y is not None:
+            search = Search(comp, y, rng)
+            if not search.feasible:
                 search.repair(time.monotonic() + 10.0)
-            if search is not None and search.feasible:
+            if search.feasible:
                 search.descend(time.monotonic() + 5.0)
                 if best is None or search.total < best:
                     best, x, stale = search.total, search.x.copy(), 0

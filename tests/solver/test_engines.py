@@ -111,9 +111,9 @@ def test_toulbar2_minimises_the_penalised_problem_and_prints_nothing(capfd):
     engine they are the pipe the parent reads plans from)."""
     checked = 0
     for seed in range(100):
-        comp = core_of(seed)
         if checked == 10:
             break
+        comp = core_of(seed)
         if comp is None or comp.n < 2 or not can_take(comp, rows=False):
             continue
         rng = np.random.default_rng(seed)
