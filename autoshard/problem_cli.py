@@ -7,8 +7,8 @@ plan, and ends with the contest's solution format ``[i, j, ...]`` as the last li
 The time limit counts the whole process, as the contest does: interpreter start, imports and
 reading the file come out of it (``Clock``), the solver stops ``reserve`` seconds early, and a
 watchdog prints the best plan found so far and exits if the solver overruns anyway. The CLI
-process leaves through ``exit_now`` (flush, then os._exit): tearing down the Python objects of a
-65k-node problem would take seconds after the answer is out.
+process leaves through ``autoshard.process.exit_now`` (flush, then os._exit): tearing down the
+Python objects of a 65k-node problem would take seconds after the answer is out.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from rich.text import Text
 
 from autoshard.errors import AutoshardError
 from autoshard.iopddl import format_solution, load_problem, write_problem
+from autoshard.process import exit_now, is_cli_process
 from autoshard.solver import Solution, SolveOptions, solve
 
 
@@ -100,16 +101,6 @@ class LogLines:
     def _write(self, text: str) -> None:
         self.stream.write(text + "\n")
         self.stream.flush()
-
-
-def exit_now(code: int) -> None:
-    """Flush and end the process at once (no teardown of large objects); in-process callers
-    (tests) get a normal SystemExit instead."""
-    if not is_cli_process():
-        raise SystemExit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 class _Display:
@@ -201,12 +192,6 @@ ORIGINAL_STDOUT = os.dup(1)
 """The process's stdout as it was at import: the watchdog writes the answer here even while a
 HiGHS call has fd 1 pointed at /dev/null (milp.silenced)."""
 ORIGINAL_STDERR = os.dup(2)
-
-
-def is_cli_process() -> bool:
-    """True when this process runs as ``python -m autoshard...`` (not tests or notebooks)."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec is not None and str(spec.name).startswith("autoshard.")
 
 
 def launch_time() -> float:

@@ -42,6 +42,7 @@ from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.graph import OpGraph
 from autoshard.plan import Plan
+from autoshard.process import exit_now
 from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_model, check_world,
                                       expected_collectives, relative_errors, same_collectives)
 from autoshard.runtime.executor import ParallelModule, distribute, gather_full, local_of, parallelize
@@ -259,4 +260,4 @@ def main(argv: Sequence[str] | None = None,
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -25,6 +25,7 @@ from autoshard.cost.communication import COST_MODELS
 from autoshard.cost.devices import GENERIC, PRESETS, get_device
 from autoshard.cost.memory import PRECISIONS
 from autoshard.errors import AutoshardError
+from autoshard.process import exit_now
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
 from autoshard.units import format_bytes, parse_bytes
@@ -338,4 +339,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    problem_cli.exit_now(main())
+    exit_now(main())

@@ -47,6 +47,7 @@ from autoshard.frontend.load import LoadedModel, load_model
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph
 from autoshard.plan import Plan
+from autoshard.process import exit_now
 from autoshard.run import launch_env
 from autoshard.runtime.checks import BACKEND_COLLECTIVES, check_backend, check_model, check_world
 from autoshard.runtime.executor import ParallelModule, gather_full, parallelize
@@ -295,4 +296,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
