@@ -72,3 +72,27 @@ def test_lns_hands_over_each_better_plan_and_stops_when_told(seed):
     began = time.monotonic()
     same = told.run(start.x, began + 30.0, stop=lambda: asked.append(True) or True)
     assert asked == [True] and told.rounds == 0 and (same == start.x).all() and time.monotonic() - began < 5.0
+
+
+def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best_plan():
+    """The portfolio's rule: a slice of neighbourhood search after LNS_AFTER_STEPS Lagrangian
+    steps and twenty steps' time without a plan of its own, at once while the last slice paid,
+    never without a plan; a better plan from another engine does not put it off."""
+    from autoshard.solver.portfolio import LNS_AFTER_STEPS, Portfolio
+    from autoshard.solver.solution import SolveOptions
+
+    problem = random_problem(np.random.default_rng(0), 6)
+    portfolio = Portfolio(problem, SolveOptions(), lambda event: None)
+    now = time.monotonic()
+    stale = (now - 100.0, LNS_AFTER_STEPS)
+    assert not portfolio._lns_due(stale, 0.1)  # no plan to improve yet
+    portfolio.best_local = np.zeros(6, dtype=np.int64)
+    portfolio.best_cost = 10
+    assert portfolio._lns_due(stale, 0.1)
+    portfolio.best_cost = 9  # another engine's better plan: still due
+    assert portfolio._lns_due(stale, 0.1)
+    assert not portfolio._lns_due((now - 100.0, LNS_AFTER_STEPS - 1), 0.1)
+    assert not portfolio._lns_due((now - 1.0, LNS_AFTER_STEPS), 0.01)  # at least 2 s
+    assert not portfolio._lns_due((now - 10.0, LNS_AFTER_STEPS), 1.0)  # twenty steps' time
+    portfolio.lns_paid = True
+    assert portfolio._lns_due((now, 0), 1.0)
