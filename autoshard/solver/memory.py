@@ -106,38 +106,53 @@ def capacity_deficit(core: Core) -> bool:
 
 def compress_rows(core: Core) -> None:
     """Drop rows that no assignment can overflow and merge rows that see the same segments."""
-    if core.capacity is None:
+    if core.capacity is None or len(core.capacity) == 0:
         return
-    rows = len(core.capacity)
-    if rows == 0:
-        return
-    segs = [(v, seg) for v in core.alive for seg in core.segments[v]]
+    alive = sorted(core.alive)
+    spans = [[(seg.start, seg.stop, seg.usage) for seg in core.segments[v]] for v in alive]
+    capacity, spans, rows = merge_rows(core.capacity, spans)
+    for v, kept in zip(alive, spans):
+        core.segments[v] = [Segment(start, stop, usage) for start, stop, usage in kept]
+    core.capacity = capacity
+    core.row_times = core.row_times[rows]
+
+
+Spans = list[list[tuple[int, int, np.ndarray]]]
+"""Per node, its segments as (first row, row past the last, usage per strategy)."""
+
+
+def merge_rows(capacity: np.ndarray, segments: Spans) -> tuple[np.ndarray, Spans, np.ndarray]:
+    """The same memory constraint on fewer rows: rows between consecutive segment ends see the
+    same usages, so only the smallest capacity among them binds (one row per such block), and a
+    block where even every node's largest usage fits can never overflow (dropped). Returns the
+    capacities, the segments renumbered onto the kept rows, and each kept row's original index."""
+    rows = len(capacity)
     upper = np.zeros(rows + 1, dtype=np.int64)
     cuts = {0, rows}
-    for _, seg in segs:
-        top = int(seg.usage.max())
-        upper[seg.start] += top
-        upper[seg.stop] -= top
-        cuts.update((seg.start, seg.stop))
-    active = np.cumsum(upper[:-1]) > core.capacity
+    for spans in segments:
+        for start, stop, usage in spans:
+            top = int(usage.max())
+            upper[start] += top
+            upper[stop] -= top
+            cuts.update((start, stop))
+    active = np.cumsum(upper[:-1]) > capacity
     bounds = np.array(sorted(cuts), dtype=np.int64)
     starts = bounds[:-1]
-    masked = np.where(active, core.capacity, INF)
+    masked = np.where(active, capacity, INF)
     block_cap = np.minimum.reduceat(masked, starts)
     block_live = np.logical_or.reduceat(active, starts)
-    block_arg = [int(b + np.argmin(masked[b:e])) for b, e in zip(starts, bounds[1:])]
+    block_row = np.array([b + int(np.argmin(masked[b:e])) for b, e in zip(starts, bounds[1:])], dtype=np.int64)
     new_index = np.concatenate([[0], np.cumsum(block_live)])
-    for v in core.alive:
+    merged: Spans = []
+    for spans in segments:
         kept = []
-        for seg in core.segments[v]:
-            b0 = int(np.searchsorted(bounds, seg.start))
-            b1 = int(np.searchsorted(bounds, seg.stop))
-            start, stop = int(new_index[b0]), int(new_index[b1])
-            if start < stop:
-                kept.append(Segment(start, stop, seg.usage))
-        core.segments[v] = kept
-    core.capacity = block_cap[block_live].astype(np.int64)
-    core.row_times = core.row_times[[a for a, live in zip(block_arg, block_live) if live]]
+        for start, stop, usage in spans:
+            first = int(new_index[np.searchsorted(bounds, start)])
+            last = int(new_index[np.searchsorted(bounds, stop)])
+            if first < last:
+                kept.append((first, last, usage))
+        merged.append(kept)
+    return block_cap[block_live].astype(np.int64), merged, block_row[block_live]
 
 
 ROW_WINDOW = 8

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Core
-from autoshard.solver.memory import attach_memory, compress_rows, drop_dominated_rows
+from autoshard.solver.memory import attach_memory, compress_rows, drop_dominated_rows, merge_rows
 
 from helpers import random_problem
 
@@ -57,3 +57,34 @@ def test_a_row_whose_tensors_stay_live_at_the_next_row_is_dropped():
     assert drop_dominated_rows(core) == 1 and len(core.capacity) == 1
     by_problem, by_core = fitting(problem, core)
     assert by_problem == by_core
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_merged_rows_keep_exactly_the_plans_that_fit(seed):
+    """merge_rows on random capacities and segments (several per node, overlapping ones too):
+    the same assignments fit, and each kept row is an original row of the same capacity."""
+    rng = np.random.default_rng(seed)
+    rows = int(rng.integers(1, 9))
+    capacity = rng.integers(-2, 30, rows).astype(np.int64)
+    sizes = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 5)))]
+    segments = []
+    for k in sizes:
+        spans = []
+        for _ in range(int(rng.integers(0, 3))):
+            start = int(rng.integers(0, rows))
+            spans.append((start, int(rng.integers(start + 1, rows + 1)), rng.integers(0, 12, k).astype(np.int64)))
+        segments.append(spans)
+    merged, spans, kept = merge_rows(capacity, segments)
+    assert (capacity[kept] == merged).all()
+
+    def usage(segs, count, x):
+        total = np.zeros(count, dtype=np.int64)
+        for node, s in zip(segs, x):
+            for start, stop, u in node:
+                total[start:stop] += u[s]
+        return total
+
+    for x in itertools.product(*[range(k) for k in sizes]):
+        fits = bool((usage(segments, rows, x) <= capacity).all())
+        assert fits == bool((usage(spans, len(merged), x) <= merged).all())
