@@ -1,4 +1,4 @@
-"""Large-neighbourhood search: re-solve part of the core exactly with HiGHS, the rest fixed.
+"""Large-neighbourhood search: re-solve part of the core exactly (toulbar2 or HiGHS), the rest fixed.
 
 When the Lagrangian plans stop improving (on V they settle 5% above the best known plan while
 the LP bound is 19% below, so z3 proves nothing either), a fitting plan x is improved by picking
@@ -8,23 +8,29 @@ fixed nodes' usage. x restricted to N is feasible there, so the result is never 
 one is a better plan. Neighbourhoods are grown breadth-first through the graph from a random
 node or from the nodes live on the tightest memory row (memory couples nodes that share no
 edge), up to ``size`` nodes and MAX_COLUMNS ILP variables. The size adapts: it grows while
-HiGHS solves them quickly and shrinks when it runs out of time. Strategies are not filtered:
-on V, restricting each node to its locally cheapest strategies let HiGHS take the whole core at
-once but gained only 0.2%, while one full 16-node neighbourhood took the Lagrangian plan from
-1717287 to 1670166 (z3 neighbourhoods of 40-50 nodes had found nothing).
+neighbourhoods are solved quickly and shrinks when the solver runs out of time. Two exact
+solvers take turns, each with its own size: toulbar2 (branch and bound with x's cost as its
+bound, the rows as knapsacks) and HiGHS, picked in proportion to what each has been gaining per
+second (``NeighbourhoodSearch.pick``). Strategies are
+not filtered: on V, restricting each node to its locally cheapest strategies let HiGHS take the
+whole core at once but gained only 0.2%, while one full 16-node neighbourhood took the
+Lagrangian plan from 1717287 to 1670166 (z3 neighbourhoods of 40-50 nodes had found nothing).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from autoshard.solver.core import INF, Compact
 from autoshard.solver.heuristics import segment_index
+from autoshard.solver.memory import merge_rows
 from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.toulbar import can_take, improve
 
 MIN_SIZE = 6
 """Smallest neighbourhood (nodes)."""
@@ -32,15 +38,40 @@ MAX_COLUMNS = 100_000
 """Largest ILP (variables) a neighbourhood may make."""
 MAX_SOLVE = 20.0
 """Longest HiGHS time limit per neighbourhood (seconds)."""
+TOULBAR_SECONDS = 2
+"""toulbar2's CPU-time limit per neighbourhood (whole seconds); the size adapts to it."""
+
+
+@dataclass
+class SubSolver:
+    """One exact solver of neighbourhoods with its own neighbourhood size and its record: the
+    exponential average (RATE_MEMORY) of the relative gain per second of its neighbourhoods."""
+
+    name: str
+    size: int
+    rate: float = 0.0
+    rounds: int = 0
+
+
+RATE_MEMORY = 0.3
+"""Weight of the latest neighbourhood in a solver's gain rate."""
+RATE_FLOOR = 0.1
+"""The less productive solver is still picked as if its rate were this share of the best one's."""
 
 
 class NeighbourhoodSearch:
-    """Re-solves neighbourhoods of a fitting plan of ``comp`` with HiGHS; ``run`` improves a plan."""
+    """Re-solves neighbourhoods of a fitting plan of ``comp`` with toulbar2 or HiGHS, whichever
+    has been gaining more per second (adaptive LNS, Ropke and Pisinger 2006): offline from
+    the same plans, toulbar2 gained twice what HiGHS did on IOPDDL R's core (180 s from 4.071e11:
+    3.909e11 against 3.973e11, neighbourhoods of 260-670 nodes against 50-180), while HiGHS did
+    better on K's (90 s from 2.981e9: 2.824e9 against 2.840e9) and they tied on N's. ``run``
+    improves a plan."""
 
     def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 16) -> None:
         self.comp = comp
         self.rng = rng
-        self.size = max(MIN_SIZE, min(size, comp.n))
+        size = max(MIN_SIZE, min(size, comp.n))
+        self.solvers = [SubSolver("toulbar2", size), SubSolver("highs", size)]
         self.rounds = 0
         self.took = 0.0  # seconds the last neighbourhood took
         # who is live on a row, found when asked: a list per row would hold S's 59 million terms (24 s)
@@ -66,27 +97,68 @@ class NeighbourhoodSearch:
         while comp.n and time.monotonic() < deadline - max(1.0, self.took):
             if stop is not None and stop():
                 break
-            nodes = self.neighbourhood(x)
+            solver, nodes, sub = self.pose(x)
             began = time.monotonic()
-            limit = max(1.0, min(MAX_SOLVE, 0.5 * (deadline - began)))
-            result = solve_compact_milp(restrict(comp, x, nodes), limit)
+            choice, finished = self.solve(solver, sub, x[nodes], deadline - began)
             took = self.took = time.monotonic() - began
             self.rounds += 1
-            if result.choice is not None:
+            solver.rounds += 1
+            gain = 0.0
+            if choice is not None:
                 y = x.copy()
-                y[nodes] = result.choice
+                y[nodes] = choice
                 new = comp.cost(y)
                 if new < cost and comp.is_feasible(y):
+                    gain = (cost - new) / max(abs(cost), 1)
                     x, cost = y, new
                     if found is not None:
                         found(x)
-            if result.optimal and took < 1.0:
-                self.size = min(comp.n, int(self.size * 1.2) + 1)
-            elif not result.optimal:
-                self.size = max(MIN_SIZE, int(self.size * 0.7))
+            solver.rate += RATE_MEMORY * (gain / max(took, 0.01) - solver.rate)
+            if finished and took < 1.0:
+                solver.size = min(comp.n, int(solver.size * 1.2) + 1)
+            elif not finished:
+                solver.size = max(MIN_SIZE, int(solver.size * 0.7))
         return x
 
-    def neighbourhood(self, x: np.ndarray) -> np.ndarray:
+    def pick(self) -> SubSolver:
+        """Each solver twice in turn, then at random in proportion to its gain rate (floored at
+        RATE_FLOOR of the best rate; evenly while neither gains)."""
+        for solver in self.solvers:
+            if solver.rounds < 2:
+                return solver
+        top = max(s.rate for s in self.solvers)
+        if top <= 0:
+            return self.solvers[int(self.rng.integers(len(self.solvers)))]
+        weights = np.array([max(s.rate, RATE_FLOOR * top) for s in self.solvers])
+        return self.solvers[int(self.rng.choice(len(weights), p=weights / weights.sum()))]
+
+    def pose(self, x: np.ndarray) -> tuple[SubSolver, np.ndarray, Compact]:
+        """The solver picked, its neighbourhood of x and the restricted problem. toulbar2's
+        neighbourhood shrinks until its rows are small enough for it (``toulbar.can_take``);
+        HiGHS takes it where even MIN_SIZE nodes are too many."""
+        solver = self.pick()
+        while True:
+            nodes = self.neighbourhood(x, solver.size)
+            sub = restrict(self.comp, x, nodes)
+            if solver.name != "toulbar2" or can_take(sub):
+                return solver, nodes, sub
+            if solver.size == MIN_SIZE:
+                solver = self.solvers[1]
+            else:
+                solver.size = max(MIN_SIZE, int(solver.size * 0.7))
+
+    def solve(self, solver: SubSolver, sub: Compact, start: np.ndarray, left: float) -> tuple[np.ndarray | None, bool]:
+        """A better plan of the restricted problem ``sub`` than ``start`` by ``solver`` (or None,
+        or no better one), and whether the solver finished (proved it) rather than ran out of time."""
+        if solver.name == "toulbar2":
+            seconds = max(1, min(TOULBAR_SECONDS, int(left)))
+            began = time.monotonic()
+            choice = improve(sub, start, seconds, int(self.rng.integers(1, 2**31)))
+            return choice, time.monotonic() - began < 0.75 * seconds
+        result = solve_compact_milp(sub, max(1.0, min(MAX_SOLVE, 0.5 * left)))
+        return result.choice, result.optimal
+
+    def neighbourhood(self, x: np.ndarray, size: int) -> np.ndarray:
         """Up to ``size`` nodes (and MAX_COLUMNS ILP variables) grown breadth-first from a random
         node or a tight memory row."""
         comp = self.comp
@@ -105,9 +177,9 @@ class NeighbourhoodSearch:
             else:
                 seeds = [int(self.rng.integers(comp.n))]
         chosen: dict[int, None] = {}
-        frontier = deque(int(s) for s in seeds[: max(1, self.size // 2)])
+        frontier = deque(int(s) for s in seeds[: max(1, size // 2)])
         columns = 0
-        while frontier and len(chosen) < self.size:
+        while frontier and len(chosen) < size:
             i = frontier.popleft()
             if i in chosen:
                 continue
@@ -134,7 +206,9 @@ def node_costs(comp: Compact, x: np.ndarray) -> np.ndarray:
 
 def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
     """The problem over ``nodes`` with every other node fixed at x: edges to fixed nodes become
-    costs, memory rows keep what the fixed nodes leave free (rows the nodes do not touch go)."""
+    costs, memory rows keep what the fixed nodes leave free, merged where they see the same
+    nodes and dropped where they cannot overflow (``memory.merge_rows``: on IOPDDL R's core a
+    neighbourhood of 300-600 nodes spans ~4600 rows and keeps ~200)."""
     index = {int(v): i for i, v in enumerate(nodes)}
     costs = []
     for v in nodes:
@@ -155,7 +229,7 @@ def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
         spans = [(start, stop) for v in nodes for start, stop, _ in comp.segments[v]]
         if spans:
             lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
-            capacity = free[lo:hi]
             segments = [[(start - lo, stop - lo, usage) for start, stop, usage in comp.segments[v]] for v in nodes]
+            capacity, segments, _ = merge_rows(free[lo:hi], segments)
     return Compact(nodes=[comp.nodes[v] for v in nodes], costs=costs, edges=edges, capacity=capacity,
                    segments=segments)

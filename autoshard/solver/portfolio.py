@@ -373,7 +373,8 @@ class Portfolio(RunState):
         if left is not None and left < 2.0:
             return
         budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
-        self.emit(Phase("lns", f"HiGHS on neighbourhoods of {lns.size} core nodes", self.elapsed()))
+        sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in lns.solvers)
+        self.emit(Phase("lns", f"neighbourhood search ({sizes})", self.elapsed()))
         own = [self.best_cost]  # the best cost this slice knows of (its own plans, or the start)
         self.lns_paid = False
 

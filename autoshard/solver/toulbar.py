@@ -14,11 +14,15 @@ approximates, and it is much faster on every core that fits (benchmarks/README.m
 It runs in a child process (workers.py), which calls ``solve_cfn``; the lagrange engine there
 also calls ``solve_penalised`` on its Lagrangian subproblems (costs plus multipliers times
 usage, no rows), which toulbar2 minimises far better than TRW-S's rounded plan on wide cores.
+Large-neighbourhood search (lns.py, in either process) calls ``improve`` on restricted problems.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 
@@ -75,26 +79,50 @@ def solve_penalised(comp: Compact, penalty: list[np.ndarray], seconds: int, seed
     costs plus ``penalty`` per node, memory rows left out: the Lagrangian subproblem of
     lagrange.py solved as a cost-function network (the contest winner's method), or None when
     it found none in time. No upper bound is given (the best fitting plan's penalised cost as
-    one left U at 1.0099x best known, 0.9909x without). Its output is silenced (fds 1 and 2 on
-    /dev/null while it runs): in a worker child they are the pipe whose plan lines the parent
-    reads."""
+    one left U at 1.0099x best known, 0.9909x without)."""
     import pytoulbar2
 
     unary = [np.where(c < INF, np.round(c.astype(np.float64) + p), INF) for c, p in zip(comp.costs, penalty)]
+    with _silenced():
+        cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
+        _network(cfn, comp, unary)
+        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+    return None if found is None else np.asarray(found[0], dtype=np.int64)
+
+
+def improve(comp: Compact, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
+    """A plan of ``comp`` that fits and costs less than x, by toulbar2's branch and bound with the
+    memory rows as knapsack constraints and x's cost as the upper bound, within ``seconds`` (CPU);
+    None when there is none or none was found in time. Large-neighbourhood search (lns.py) calls
+    it on restricted problems, which ``can_take`` far more often than the whole core."""
+    import pytoulbar2
+
+    with _silenced():
+        cfn = pytoulbar2.CFN(float(comp.cost(x) - comp.const), verbose=-1, seed=seed)
+        _network(cfn, comp, comp.costs)
+        for scope, params in knapsack_rows(comp):
+            cfn.CFN.wcsp.postKnapsackConstraint(scope, params, kp=True)
+        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+    return None if found is None else np.asarray(found[0], dtype=np.int64)
+
+
+@contextmanager
+def _silenced() -> Iterator[None]:
+    """fds 1 and 2 on /dev/null while toulbar2 runs: in a worker child they are the pipe whose
+    plan lines the parent reads, and in the main process the user's terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(null, 1)
         os.dup2(null, 2)
-        cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
-        _network(cfn, comp, unary)
-        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+        yield
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in (*saved, null):
             os.close(fd)
-    return None if found is None else np.asarray(found[0], dtype=np.int64)
 
 
 def _network(cfn: object, comp: Compact, unary: list[np.ndarray]) -> None:

@@ -10,9 +10,11 @@ import pytest
 
 from autoshard.solver.core import Core
 from autoshard.solver.heuristics import Search, min_memory_start
+import autoshard.solver.lns as lns_module
 from autoshard.solver.lns import NeighbourhoodSearch, restrict
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.toulbar import improve
 
 from helpers import random_problem
 
@@ -40,8 +42,11 @@ def test_restricted_problem_prices_and_fits_exactly_like_the_whole(seed):
             assert (comp.overflow(z) == 0) == (sub.overflow(list(y)) == 0)
 
 
+@pytest.mark.parametrize("solver", ["toulbar2", "highs"])
 @pytest.mark.parametrize("seed", range(6))
-def test_lns_never_worsens_and_reaches_the_optimum_when_it_covers_everything(seed):
+def test_lns_never_worsens_and_reaches_the_optimum_when_it_covers_everything(seed, solver, monkeypatch):
+    if solver == "highs":  # as for neighbourhoods whose rows are too large for toulbar2
+        monkeypatch.setattr(lns_module, "can_take", lambda sub: False)
     comp = compact(100 + seed, 9, forbid=0.0)  # the minimum-memory start then fits
     best = solve_compact_milp(comp, 10.0)
     start = Search(comp, min_memory_start(comp), np.random.default_rng(seed))
@@ -96,3 +101,26 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
     assert not portfolio._lns_due((now - 10.0, LNS_AFTER_STEPS), 1.0)  # twenty steps' time
     portfolio.lns_paid = True
     assert portfolio._lns_due((now, 0), 1.0)
+
+
+def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
+    """toulbar.improve with a fitting plan: a cheaper fitting plan, the brute-force optimum on
+    these small cores, and None from the optimum itself; nothing printed (in the main process
+    fds 1 and 2 are the user's terminal)."""
+    checked = 0
+    for seed in range(40):
+        comp = compact(300 + seed, 7, forbid=0.0)
+        fits = [x for x in itertools.product(*[range(len(c)) for c in comp.costs]) if comp.is_feasible(x)]
+        if len(fits) < 2:
+            continue
+        costs = [comp.cost(x) for x in fits]
+        worst, best = fits[int(np.argmax(costs))], min(costs)
+        if comp.cost(worst) == best:
+            continue
+        better = improve(comp, np.array(worst), 5, seed)
+        assert better is not None and comp.is_feasible(better) and comp.cost(better) == best
+        assert improve(comp, better, 5, seed) is None
+        checked += 1
+    assert checked >= 10
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
