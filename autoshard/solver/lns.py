@@ -31,6 +31,7 @@ from autoshard.solver.heuristics import segment_index
 from autoshard.solver.memory import merge_rows
 from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.toulbar import can_take, improve
+from autoshard.solver.workers import call_forked
 
 MIN_SIZE = 6
 """Smallest neighbourhood (nodes)."""
@@ -151,9 +152,12 @@ class NeighbourhoodSearch:
         """A better plan of the restricted problem ``sub`` than ``start`` by ``solver`` (or None,
         or no better one), and whether the solver finished (proved it) rather than ran out of time."""
         if solver.name == "toulbar2":
-            seconds = max(1, min(TOULBAR_SECONDS, int(left)))
+            # in a forked child, killed by the wall clock: toulbar2 counts CPU seconds, and on
+            # one whole run of IOPDDL Q a neighbourhood ended the process itself (exit status 0,
+            # the answer never written), which a child's end cannot do
+            seconds, seed = max(1, min(TOULBAR_SECONDS, int(left))), int(self.rng.integers(1, 2**31))
             began = time.monotonic()
-            choice = improve(sub, start, seconds, int(self.rng.integers(1, 2**31)))
+            choice = call_forked(lambda: improve(sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
             return choice, time.monotonic() - began < 0.75 * seconds
         result = solve_compact_milp(sub, max(1.0, min(MAX_SOLVE, 0.5 * left)))
         return result.choice, result.optimal
