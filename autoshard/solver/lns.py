@@ -11,10 +11,10 @@ edge), up to ``size`` nodes and MAX_COLUMNS ILP variables. The size adapts: it g
 neighbourhoods are solved quickly and shrinks when the solver runs out of time. Two exact
 solvers take turns, each with its own size: toulbar2 (branch and bound with x's cost as its
 bound, the rows as knapsacks) and HiGHS, picked in proportion to what each has been gaining per
-second (``NeighbourhoodSearch.pick``). Strategies are
-not filtered: on V, restricting each node to its locally cheapest strategies let HiGHS take the
-whole core at once but gained only 0.2%, while one full 16-node neighbourhood took the
-Lagrangian plan from 1717287 to 1670166 (z3 neighbourhoods of 40-50 nodes had found nothing).
+second (``NeighbourhoodSearch.pick``). Strategies are not filtered: on V, restricting each
+node to its locally cheapest strategies let HiGHS take the whole core at once but gained only
+0.2%, while one full 16-node neighbourhood took the Lagrangian plan from 1717287 to 1670166
+(z3 neighbourhoods of 40-50 nodes had found nothing).
 """
 
 from __future__ import annotations
@@ -62,11 +62,10 @@ RATE_FLOOR = 0.1
 
 class NeighbourhoodSearch:
     """Re-solves neighbourhoods of a fitting plan of ``comp`` with toulbar2 or HiGHS, whichever
-    has been gaining more per second (adaptive LNS, Ropke and Pisinger 2006): offline from
-    the same plans, toulbar2 gained twice what HiGHS did on IOPDDL R's core (180 s from 4.071e11:
-    3.909e11 against 3.973e11, neighbourhoods of 260-670 nodes against 50-180), while HiGHS did
-    better on K's (90 s from 2.981e9: 2.824e9 against 2.840e9) and they tied on N's. ``run``
-    improves a plan."""
+    has been gaining more per second (adaptive LNS, Ropke and Pisinger 2006); ``run`` improves a
+    plan. Offline from the same plans: on IOPDDL R's core, 180 s from 4.071e11, HiGHS alone
+    reached 3.973e11, toulbar2 wherever it takes the rows 3.909e11, the two taking turns
+    3.804e11; on K's, 90 s from 2.981e9, 2.824e9, 2.840e9 and 2.690e9."""
 
     def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 16) -> None:
         self.comp = comp
