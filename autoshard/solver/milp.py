@@ -37,7 +37,8 @@ from autoshard.solver.memory import attach_memory
 def silenced() -> Iterator[None]:
     """File descriptors 1 and 2 on /dev/null for the duration: HiGHS's C++ code prints debug
     lines of its own (e.g. ``HighsMipSolverData::transformNewIntegerFeasibleSolution``) that
-    ``disp=False`` does not stop, and they must not land in the user's output."""
+    ``disp=False`` does not stop, and they must not land in the user's output; toulbar2
+    (toulbar.py) likewise, and in a worker child fds 1 and 2 are the pipe the parent reads."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]

@@ -20,13 +20,11 @@ Large-neighbourhood search (lns.py, in either process) calls ``improve`` on rest
 from __future__ import annotations
 
 import os
-import sys
-from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 
 from autoshard.solver.core import INF, Compact
+from autoshard.solver.milp import silenced
 
 MAX_ROW_TERMS = 100_000
 """Cores whose memory rows hold more (row, node, strategy) terms in total are not given to
@@ -67,9 +65,7 @@ def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool
     option.showSolutions = 1
     if gap > 0:
         option.relgap = float(gap)
-    _network(cfn, comp, comp.costs)
-    for scope, params in knapsack_rows(comp) if rows else []:
-        cfn.CFN.wcsp.postKnapsackConstraint(scope, params, kp=True)
+    _network(cfn, comp, comp.costs, rows)
     cfn.Solve(showSolutions=1)
     os.write(1, b"\n")
 
@@ -83,7 +79,7 @@ def solve_penalised(comp: Compact, penalty: list[np.ndarray], seconds: int, seed
     import pytoulbar2
 
     unary = [np.where(c < INF, np.round(c.astype(np.float64) + p), INF) for c, p in zip(comp.costs, penalty)]
-    with _silenced():
+    with silenced():
         cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
         _network(cfn, comp, unary)
         found = cfn.Solve(timeLimit=max(1, int(seconds)))
@@ -97,37 +93,16 @@ def improve(comp: Compact, x: np.ndarray, seconds: int, seed: int) -> np.ndarray
     it on restricted problems, which ``can_take`` far more often than the whole core."""
     import pytoulbar2
 
-    with _silenced():
+    with silenced():
         cfn = pytoulbar2.CFN(float(comp.cost(x) - comp.const), verbose=-1, seed=seed)
-        _network(cfn, comp, comp.costs)
-        for scope, params in knapsack_rows(comp):
-            cfn.CFN.wcsp.postKnapsackConstraint(scope, params, kp=True)
+        _network(cfn, comp, comp.costs, rows=True)
         found = cfn.Solve(timeLimit=max(1, int(seconds)))
     return None if found is None else np.asarray(found[0], dtype=np.int64)
 
 
-@contextmanager
-def _silenced() -> Iterator[None]:
-    """fds 1 and 2 on /dev/null while toulbar2 runs: in a worker child they are the pipe whose
-    plan lines the parent reads, and in the main process the user's terminal."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
-
-
-def _network(cfn: object, comp: Compact, unary: list[np.ndarray]) -> None:
+def _network(cfn: object, comp: Compact, unary: list[np.ndarray], rows: bool = False) -> None:
     """Variables, unary costs ``unary`` (entries at INF forbidden) and the edges of ``comp`` in a
-    pytoulbar2 CFN."""
+    pytoulbar2 CFN, with ``rows`` its memory rows as knapsack constraints too."""
     wcsp = cfn.CFN.wcsp  # type: ignore[attr-defined]
     for i, c in enumerate(unary):
         wcsp.makeEnumeratedVariable(f"x{i}", 0, len(c) - 1)
@@ -138,6 +113,8 @@ def _network(cfn: object, comp: Compact, unary: list[np.ndarray]) -> None:
             wcsp.postNullaryConstraint(float(c[0]))
     for u, v, m in comp.edges:
         wcsp.postBinaryConstraint(u, v, _doubles(m.ravel()), False)
+    for scope, params in knapsack_rows(comp) if rows else []:
+        wcsp.postKnapsackConstraint(scope, params, kp=True)
 
 
 def _doubles(costs: np.ndarray) -> list[float]:
