@@ -14,7 +14,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
     most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with its own
     seed whose subproblems toulbar2 also solves; this process runs the LP bound, z3 and the
     Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
-    with large-neighbourhood search when it stalls (lns.py);
+    with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
+    large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py) beside them, with the LP's or TRW-S's dual as a cut, and the z3
   certificate of an optimum another method proved (``_z3_certificate``);
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import queue
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -45,6 +47,7 @@ from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.state import RunState
+from autoshard.solver.subproblem import PenalisedProbe
 from autoshard.solver.toulbar import can_take, row_terms
 from autoshard.solver.workers import EngineEvent, EngineWorker, call_forked
 
@@ -311,6 +314,9 @@ class Portfolio(RunState):
         lag = LagrangianSearch(comp, self.rng, plan=plan)
         stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, self.greedy_time
         lns, since = NeighbourhoodSearch(comp, self.rng), (time.monotonic(), 0)
+        # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
+        probe = PenalisedProbe(comp, self.rng, self.options.seed, back_off=True) \
+            if memory and lag.plan is None and self.options.toulbar and can_take(comp, rows=False) else None
         warmup = self.soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
         if wants_z3 and objective_size(comp) > Z3_MAX_TERMS:  # say so now, before building a cut (S: 2.7 s)
@@ -331,6 +337,8 @@ class Portfolio(RunState):
             last_step = time.monotonic() - began
             own = result.plan is not None and self.offer(result.plan, "lagrange", None)
             self.bound(result.bound, "lagrange")
+            if probe is not None and probe.due(steps):
+                own = self._probe(probe, lag, steps, engines) or own
             self._poll(engines, 0.0)
             if z3_thread is not None:
                 z3_thread.bound = self.best_cost
@@ -349,6 +357,21 @@ class Portfolio(RunState):
             z3_thread.join_until(None)
             self._drain(z3_thread)
         return z3_thread
+
+    def _probe(self, probe: PenalisedProbe, lag: LagrangianSearch, steps: int, engines: list[EngineWorker]) -> bool:
+        """toulbar2 on this step's penalised problem in a forked child (killed at the deadline;
+        the engines are heard while it runs), its plan repaired and polished (subproblem.py);
+        True when that plan is the new best. The child's plain steps and these deflected ones
+        give two draws of the multipliers, which decide most of a call's result."""
+        penalty = lag.penalties()
+        if penalty is None:
+            return False
+
+        def run(call: Callable[[], np.ndarray | None], seconds: float) -> np.ndarray | None:
+            return call_forked(call, self.soon(seconds), lambda: self._poll(engines, 0.0) or self.finished())
+
+        search = probe.plan(penalty, steps, self.best_cost, self.soon(30.0), run)
+        return search is not None and self.offer(search.x, "lagrange", None)
 
     def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on

@@ -36,18 +36,13 @@ METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange")
 neighbourhood search (plans only); relaxed: toulbar2's branch and bound without the memory rows
 (its bounds hold for the problem, and when its optimum fits, that is the optimum); milp: HiGHS on
 the linearised core (exact); lagrange: our Lagrangian/TRW-S search (plain subgradient steps),
-every CFN_EVERY steps toulbar2 on its penalised problem, neighbourhood search when it stalls,
+every few steps toulbar2 on its penalised problem (subproblem.py), neighbourhood search when it stalls,
 with its own seed (plans only: a second, independent search where no exact engine takes the
 core)."""
 LNS_AFTER = 30
 """lagrange: steps without a better plan before a slice of neighbourhood search..."""
 LNS_SLICE = 5.0
 """... of this many seconds."""
-CFN_EVERY = 5
-"""lagrange: steps between toulbar2 searches of the penalised problem (``_lagrange``) ..."""
-CFN_SECONDS = 3
-"""... of this many CPU seconds at first, doubled (up to CFN_MAX_SECONDS) while they find no plan."""
-CFN_MAX_SECONDS = 24
 
 _NEW = re.compile(r"New solution: (-?[0-9.e+]+)")
 _GAP = re.compile(r"Optimality gap: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
@@ -291,8 +286,9 @@ def _milp(worker: EngineWorker) -> None:
 
 def _lagrange(worker: EngineWorker) -> None:
     """Lagrangian steps; every CFN_EVERY steps (with ``worker.toulbar``) toulbar2 on the step's
-    penalised problem, its plan repaired to fit and polished; neighbourhood search after
-    LNS_AFTER steps without progress; until killed. Every better fitting plan is written out.
+    penalised problem, its plan repaired to fit and polished (subproblem.py); neighbourhood
+    search after LNS_AFTER steps without progress; until killed. Every better fitting plan is
+    written out.
 
     Why toulbar2 here: TRW-S's plan read off unconverged messages is a poor minimiser of the
     penalised problem on wide cores. On IOPDDL K after 25 steps its plan (polished) cost 4.70e9
@@ -303,10 +299,9 @@ def _lagrange(worker: EngineWorker) -> None:
 
     import numpy as np
 
-    from autoshard.solver.heuristics import Search
     from autoshard.solver.lagrange import LagrangianSearch
     from autoshard.solver.lns import NeighbourhoodSearch
-    from autoshard.solver.toulbar import solve_penalised
+    from autoshard.solver.subproblem import PenalisedProbe
 
     comp = worker.comp
     rng = np.random.default_rng(worker.seed)
@@ -314,8 +309,9 @@ def _lagrange(worker: EngineWorker) -> None:
     # twice (offline, 30-80 steps: deflected found better plans on S, T and K, as good on R; in
     # whole runs with both deflected K, N and R ended 3-7% worse than with both plain)
     lag, lns = LagrangianSearch(comp, rng, deflect=False), NeighbourhoodSearch(comp, rng)
+    probe = PenalisedProbe(comp, rng, worker.seed) if worker.toulbar else None
     best, x = worker.upper, None if worker.plan is None else np.asarray(worker.plan, dtype=np.int64)
-    stale, steps, seconds = 0, 0, CFN_SECONDS
+    stale, steps = 0, 0
 
     def report(plan: np.ndarray, cost: int) -> None:
         line = f"New solution: {cost - comp.const}\n" + " ".join(map(str, plan.tolist())) + "\n"
@@ -329,19 +325,11 @@ def _lagrange(worker: EngineWorker) -> None:
             report(x, best)
         else:
             stale += 1
-        penalty = lag.penalties() if worker.toulbar and steps % CFN_EVERY == 0 else None
-        y = None if penalty is None else solve_penalised(comp, penalty, seconds, worker.seed + steps)
-        if penalty is not None and y is None:
-            seconds = min(2 * seconds, CFN_MAX_SECONDS)
-        elif y is not None:
-            search = Search(comp, y, rng)
-            if not search.feasible:
-                search.repair(time.monotonic() + 10.0)
-            if search.feasible:
-                search.descend(time.monotonic() + 5.0)
-                if best is None or search.total < best:
-                    best, x, stale = search.total, search.x.copy(), 0
-                    report(x, best)
+        penalty = lag.penalties() if probe is not None and probe.due(steps) else None
+        search = None if penalty is None else probe.plan(penalty, steps, best, time.monotonic() + 30.0, lambda call, _: call())
+        if search is not None and (best is None or search.total < best):
+            best, x, stale = search.total, search.x.copy(), 0
+            report(x, best)
         if stale >= LNS_AFTER and x is not None:
             x = lns.run(x, time.monotonic() + LNS_SLICE, lambda y: report(y, comp.cost(y)))
             best = min(best, comp.cost(x))

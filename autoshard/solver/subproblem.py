@@ -1,0 +1,79 @@
+"""toulbar2 on the Lagrangian subproblem: every CFN_EVERY steps of a Lagrangian search, the core's
+costs plus the step's multipliers times usage (memory rows left out) go to toulbar2's
+neighbourhood search (``toulbar.solve_penalised``); its plan is repaired to fit and polished.
+
+That is the contest winner's method, and TRW-S's plan read off unconverged messages is a poor
+minimiser of the same problem on wide cores (benchmarks/README.md, sixth round). Both Lagrangian
+searches run it (the child's plain steps, workers._lagrange; the main process's deflected ones,
+Portfolio._lagrangian): which multipliers a call sees decides most of its plan's cost. Offline on
+IOPDDL R's core, deflected steps, toulbar2 3 s: at step 5 (4028 multipliers above zero, the plan
+overflowing 7 rows by 3%) five toulbar2 seeds gave 3.83-4.05e11 once repaired and polished; at
+step 10 (67 larger multipliers, every row with slack) 4.17-4.52e11.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from autoshard.solver.core import Compact
+from autoshard.solver.heuristics import Search
+from autoshard.solver.toulbar import solve_penalised
+
+CFN_EVERY = 5
+"""Lagrangian steps between toulbar2 searches of the penalised problem ..."""
+CFN_SECONDS = 3
+"""... of this many CPU seconds at first, doubled (up to CFN_MAX_SECONDS) while they find no plan."""
+CFN_MAX_SECONDS = 24
+REPAIR_SECONDS = 10.0
+"""Longest repair of a penalised plan that overflows."""
+POLISH_SECONDS = 5.0
+"""Longest local search on the repaired plan."""
+
+Runner = Callable[[Callable[[], np.ndarray | None], float], np.ndarray | None]
+"""Runs toulbar2's call (the closure) with a wall-clock limit (seconds): directly in a child
+process that is killed anyway, through ``workers.call_forked`` in the main one."""
+
+
+class PenalisedProbe:
+    """toulbar2 on a Lagrangian search's penalised subproblem every CFN_EVERY steps; ``plan``
+    returns the repaired, polished plan (a Search) or None. After a call that found nothing,
+    toulbar2 gets twice the time (S's and T's cores need more than 3 s for a first plan); with
+    ``back_off`` instead, after a call that did not beat ``best``, the next waits twice as many
+    steps (the main process, whose Lagrangian steps themselves find S's and T's best plans:
+    there every-fifth-step calls of growing length starved them, S 0.998 -> 1.03)."""
+
+    def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, back_off: bool = False) -> None:
+        self.comp = comp
+        self.rng = rng
+        self.seed = seed
+        self.back_off = back_off
+        self.seconds = CFN_SECONDS
+        self.every = CFN_EVERY
+        self.next = CFN_EVERY
+
+    def due(self, steps: int) -> bool:
+        """True on the steps that get a toulbar2 call."""
+        return steps >= self.next
+
+    def plan(self, penalty: list[np.ndarray], steps: int, best: int | None, deadline: float, run: Runner) -> Search | None:
+        """toulbar2's plan for costs plus ``penalty`` (via ``run``), repaired to fit and polished
+        by local search before ``deadline``; None when toulbar2 found none or no repair fits."""
+        comp, seconds, seed = self.comp, self.seconds, self.seed + steps
+        y = run(lambda: solve_penalised(comp, penalty, seconds, seed), 2 * seconds + 1)
+        search = None if y is None else Search(comp, y, self.rng)
+        if search is not None and not search.feasible:
+            search.repair(min(deadline, time.monotonic() + REPAIR_SECONDS))
+        if search is not None and search.feasible:
+            search.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
+        else:
+            search = None
+        if y is None and not self.back_off:
+            self.seconds = min(2 * self.seconds, CFN_MAX_SECONDS)
+        if self.back_off:
+            paid = search is not None and (best is None or search.total < best)
+            self.every = CFN_EVERY if paid else 2 * self.every
+        self.next = steps + self.every
+        return search
