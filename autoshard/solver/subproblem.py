@@ -1,4 +1,4 @@
-"""toulbar2 on the Lagrangian subproblem: every CFN_EVERY steps of a Lagrangian search, the core's
+"""toulbar2 on the Lagrangian subproblem: every few steps of a Lagrangian search, the core's
 costs plus the step's multipliers times usage (memory rows left out) go to toulbar2's
 neighbourhood search (``toulbar.solve_penalised``); its plan is repaired to fit and polished.
 
