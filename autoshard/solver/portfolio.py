@@ -367,8 +367,12 @@ class Portfolio(RunState):
         if penalty is None:
             return False
 
+        def heard() -> bool:
+            self._poll(engines, 0.0)
+            return self.finished()
+
         def run(call: Callable[[], np.ndarray | None], seconds: float) -> np.ndarray | None:
-            return call_forked(call, self.soon(seconds), lambda: self._poll(engines, 0.0) or self.finished())
+            return call_forked(call, self.soon(seconds), heard)
 
         search = probe.plan(penalty, steps, self.best_cost, self.soon(30.0), run)
         return search is not None and self.offer(search.x, "lagrange", None)

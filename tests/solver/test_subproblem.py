@@ -55,15 +55,21 @@ def test_the_probes_plan_fits_and_is_a_local_minimum_and_the_free_optimum_when_t
     assert checked >= 10 and free_fits >= 3
 
 
-def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_every_few_steps():
-    comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory)
-    probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
+def recorder():
+    """A runner that finds nothing, and the wall-clock limits it was given."""
     asked = []
 
     def nothing(call, seconds):
         asked.append(seconds)
         return None
 
+    return asked, nothing
+
+
+def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_every_few_steps():
+    comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory)
+    probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
+    asked, nothing = recorder()
     steps = [s for s in range(1, 6 * CFN_EVERY + 1) if probe.due(s)
              and probe.plan([np.zeros(len(c)) for c in comp.costs], s, None, float("inf"), nothing) is None]
     assert steps == [CFN_EVERY * k for k in range(1, 7)]
@@ -79,12 +85,7 @@ def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_
 
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory and planned(c))
     probe = PenalisedProbe(comp, np.random.default_rng(0), 0, back_off=True)
-    asked = []
-
-    def nothing(call, seconds):
-        asked.append(seconds)
-        return None
-
+    asked, nothing = recorder()
     zero = [np.zeros(len(c)) for c in comp.costs]
     steps = [s for s in range(1, 16 * CFN_EVERY + 1) if probe.due(s) and probe.plan(zero, s, None, float("inf"), nothing) is None]
     assert steps == [CFN_EVERY, 3 * CFN_EVERY, 7 * CFN_EVERY, 15 * CFN_EVERY]
