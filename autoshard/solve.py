@@ -221,8 +221,12 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     options = problem_cli.solve_options(args, default_solve_options(mp, clock.solver_budget()))
     with Live(console=console, transient=True, refresh_per_second=2) if not args.quiet else _NoLive() as live:
         progress = _Progress(mp, console, args.tables, live if not args.quiet else None)
-        listener = problem_cli.LogLines(progress) if args.log else progress
-        result = solve_model_problem(mp, options, listener, loaded.name)
+        log_lines = problem_cli.LogLines(progress) if args.log else None
+        try:
+            result = solve_model_problem(mp, options, log_lines or progress, loaded.name)
+        finally:
+            if log_lines is not None:
+                log_lines.close()
     solution, plan = result.solution, result.plan
     fmt = mp.cost_model.format
     if args.tables == "last" or progress.tables == "lines":

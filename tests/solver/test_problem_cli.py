@@ -11,8 +11,9 @@ from pathlib import Path
 from rich.console import Console
 
 from autoshard.iopddl import load_problem, parse_solution
-from autoshard.problem_cli import Clock, add_solver_arguments, launch_time, main, run, solve_options
-from autoshard.solver import SolveOptions
+from autoshard.problem_cli import (Clock, Heartbeat, _Display, LogLines, add_solver_arguments, launch_time, main, run,
+                                   solve_options)
+from autoshard.solver import Phase, SolveOptions
 
 from helpers import EXAMPLE
 
@@ -137,3 +138,44 @@ def test_model_cli_writes_its_problem_for_other_solvers(tmp_path, capsys):
     proved = err.strip().splitlines()[-1].split()
     assert proved[1] == "optimal" and "proved optimal" in out
     assert problem.num_nodes > 0 and problem.evaluate(problem.check_choice([0] * problem.num_nodes)).cost >= int(proved[2])
+
+
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    until = time.monotonic() + seconds
+    while not condition() and time.monotonic() < until:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_log_prints_a_status_line_after_silence_and_stops_when_closed():
+    stream = io.StringIO()
+    lines = LogLines(stream=stream, every=0.1)
+    lines(Phase("lagrange", "TRW-S", 0.0))
+    assert wait_for(lambda: stream.getvalue().count("searching (lagrange): best - gap -") >= 2)
+    lines.close()
+    time.sleep(0.15)  # a beat already under way may still land
+    quiet = stream.getvalue()
+    time.sleep(0.3)
+    assert stream.getvalue() == quiet
+
+
+def test_heartbeat_beats_only_after_silence():
+    beats: list[float] = []
+    heart = Heartbeat(lambda: beats.append(time.monotonic()), every=1.0)
+    for _ in range(10):  # something printed every 0.05 s: no beat
+        time.sleep(0.05)
+        heart.touch()
+    assert beats == []
+    silent_from = time.monotonic()
+    assert wait_for(lambda: len(beats) == 1)
+    heart.stop()
+    assert beats[0] - silent_from >= 0.99
+
+
+def test_display_without_a_terminal_prints_its_status_after_silence():
+    con, out = console()
+    display = _Display(con, None, every=0.1)
+    display(Phase("lns", "neighbourhood search", 0.0))
+    assert wait_for(lambda: "lns: best -  lower bound -" in out.getvalue())
+    display.close()
+    assert _Display(Console(file=io.StringIO(), force_terminal=True), None).heartbeat is None
