@@ -55,6 +55,12 @@ Z3_MAX_TERMS = 200_000
 """Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
 LNS_AFTER_STEPS = 30
 """Lagrangian steps without a better plan before a slice of neighbourhood search."""
+LNS_STALL_SHARE = 0.1
+"""... or this share of the time limit and LNS_MIN_STEPS steps without one, whichever comes first:
+where Lagrangian steps are slow, thirty of them are a large part of the limit (IOPDDL R: 1.5 s a
+step, its plans stalled at 18.7 s and the first slice waited until 65 s, after which every better
+plan of the run came from neighbourhood search)."""
+LNS_MIN_STEPS = 10
 LNS_SLICE = 5.0
 """Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
 LNS_SHARE = 0.5
@@ -381,8 +387,9 @@ class Portfolio(RunState):
         """True when the last slice of neighbourhood search improved the best plan (it goes on
         while it pays: IOPDDL D's 172-node core went 1.16x -> 1.00x best known in 40 s of it, where
         the Lagrangian plans had stalled), or when this process's Lagrangian plans have not
-        improved the best for LNS_AFTER_STEPS steps and twenty steps' time (``since``: when and
-        how many steps ago they last did) and there is a plan to improve. Plans of the other
+        improved the best for LNS_AFTER_STEPS steps and twenty steps' time, or under a time limit
+        for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit (``since``: when and how many
+        steps ago they last did), and there is a plan to improve. Plans of the other
         engines do not put the slice off: each is a new start for it (IOPDDL R: this process's
         plans stalled at 18 s while the second engine's improved until 89 s, and the first slice
         waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
@@ -390,7 +397,9 @@ class Portfolio(RunState):
         waited = time.monotonic() - when
         if self.best_local is None:
             return False
-        return self.lns_paid or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
+        stalled = self.options.timeout is not None and steps >= LNS_MIN_STEPS \
+            and waited >= LNS_STALL_SHARE * self.options.timeout
+        return self.lns_paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
 
     def _lns(self, lns: NeighbourhoodSearch, engines: list[EngineWorker]) -> None:
         """A slice of large-neighbourhood search from the best plan (lns.py). The engines are

@@ -103,6 +103,28 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
     assert portfolio._lns_due((now, 0), 1.0)
 
 
+def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_plan():
+    """Slow steps (IOPDDL R: 1.5 s each) must not hold neighbourhood search off for thirty of
+    them: LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit without a plan suffice."""
+    from autoshard.solver.portfolio import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE, Portfolio
+    from autoshard.solver.solution import SolveOptions
+
+    problem = random_problem(np.random.default_rng(0), 6)
+    limit = 100.0
+    portfolio = Portfolio(problem, SolveOptions(timeout=limit), lambda event: None)
+    portfolio.best_local, portfolio.best_cost = np.zeros(6, dtype=np.int64), 10
+    now = time.monotonic()
+    waited = LNS_STALL_SHARE * limit + 1.0
+    step = waited / LNS_MIN_STEPS  # twenty steps' time has not passed
+    assert LNS_MIN_STEPS < LNS_AFTER_STEPS
+    assert portfolio._lns_due((now - waited, LNS_MIN_STEPS), step)
+    assert not portfolio._lns_due((now - waited, LNS_MIN_STEPS - 1), step)
+    assert not portfolio._lns_due((now - waited + 2.0, LNS_MIN_STEPS), step)
+    untimed = Portfolio(problem, SolveOptions(), lambda event: None)
+    untimed.best_local, untimed.best_cost = portfolio.best_local, 10
+    assert not untimed._lns_due((now - waited, LNS_MIN_STEPS), step)
+
+
 def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
     """toulbar.improve with a fitting plan: a cheaper fitting plan, the brute-force optimum on
     these small cores, and None from the optimum itself; nothing printed (in the main process
