@@ -119,6 +119,8 @@ class LogLines:
 
     def __call__(self, event: Any) -> None:
         kind = type(event).__name__
+        if isinstance(getattr(event, "elapsed", None), float):  # the status line's clock is the solver's
+            self.start = time.monotonic() - event.elapsed
         if kind == "Phase":
             self.phase = event.name
         elif kind == "Improved":

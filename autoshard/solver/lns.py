@@ -39,6 +39,9 @@ MAX_COLUMNS = 100_000
 """Largest ILP (variables) a neighbourhood may make."""
 MAX_SOLVE = 20.0
 """Longest HiGHS time limit per neighbourhood (seconds)."""
+HIGHS_GRACE = 1.0
+"""Seconds HiGHS's child gets past its time limit before it is killed (IOPDDL N's core, quiet
+machine: up to 0.8 s past it, setting its model up)."""
 TOULBAR_SECONDS = 2
 """toulbar2's CPU-time limit per neighbourhood (whole seconds); the size adapts to it."""
 
@@ -158,8 +161,13 @@ class NeighbourhoodSearch:
             began = time.monotonic()
             choice = call_forked(lambda: improve(sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
             return choice, time.monotonic() - began < 0.75 * seconds
-        result = solve_compact_milp(sub, max(1.0, min(MAX_SOLVE, 0.5 * left)))
-        return result.choice, result.optimal
+        # also in a forked child killed at its time: HiGHS runs past its own limit (IOPDDL Q, at
+        # the end of a 240 s run, the watchdog had to print the answer at 239.3 s), and in this
+        # process its fds 1 and 2 would be on /dev/null while it runs (milp.silenced), taking the
+        # status lines other threads print with them (Q: 42 s without one)
+        limit = max(1.0, min(MAX_SOLVE, 0.5 * left))
+        result = call_forked(lambda: solve_compact_milp(sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
+        return (None, False) if result is None else (result.choice, result.optimal)
 
     def neighbourhood(self, x: np.ndarray, size: int) -> np.ndarray:
         """Up to ``size`` nodes (and MAX_COLUMNS ILP variables) grown breadth-first from a random

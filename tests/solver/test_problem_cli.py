@@ -150,8 +150,9 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
 def test_log_prints_a_status_line_after_silence_and_stops_when_closed():
     stream = io.StringIO()
     lines = LogLines(stream=stream, every=0.1)
-    lines(Phase("lagrange", "TRW-S", 0.0))
+    lines(Phase("lagrange", "TRW-S", 100.0))  # the solver's clock: 100 s in
     assert wait_for(lambda: stream.getvalue().count("searching (lagrange): best - gap -") >= 2)
+    assert 100.0 <= float(stream.getvalue().split("s searching")[0]) < 110.0
     lines.close()
     time.sleep(0.15)  # a beat already under way may still land
     quiet = stream.getvalue()
