@@ -47,7 +47,8 @@ from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Core
 from autoshard.solver.events import Reduced, Started
 from autoshard.solver.memory import attach_memory, smallest_peak
-from autoshard.solver.portfolio import Portfolio, objective_size
+from autoshard.solver.cegis import objective_size
+from autoshard.solver.portfolio import Portfolio
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
 

@@ -33,6 +33,7 @@ import z3
 
 from autoshard.solver.core import INF, Compact
 from autoshard.solver.cut import DualCut
+from autoshard.solver.toulbar import row_terms
 
 _CMAX = 2**31 - 1
 _EXACT_ARITH_MAX_TERMS = 2000
@@ -344,3 +345,9 @@ def _pb_le(row: list[tuple[str, int]], rhs: int) -> str:
         if not row:
             return "true"
     return _pb([lit for lit, _ in row], [w for _, w in row], rhs, "pble")
+
+
+def objective_size(comp: Compact) -> int:
+    """Weighted literals z3 would need: nonzero edge entries, strategies and the memory rows'
+    terms (IOPDDL Q's 175-node core has millions of row terms: z3's formula grew to 6 GB)."""
+    return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs) + row_terms(comp)

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker
+from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker, objective_size
 from autoshard.solver.core import Compact
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
@@ -48,7 +48,7 @@ from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.state import RunState
 from autoshard.solver.subproblem import PenalisedProbe
-from autoshard.solver.toulbar import can_take, row_terms
+from autoshard.solver.toulbar import can_take
 from autoshard.solver.workers import EngineEvent, EngineWorker, call_forked
 
 Z3_MAX_TERMS = 200_000
@@ -61,6 +61,7 @@ where Lagrangian steps are slow, thirty of them are a large part of the limit (I
 step, its plans stalled at 18.7 s and the first slice waited until 65 s, after which every better
 plan of the run came from neighbourhood search)."""
 LNS_MIN_STEPS = 10
+"""The fewest Lagrangian steps without a plan before the share of the limit counts."""
 LNS_SLICE = 5.0
 """Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
 LNS_SHARE = 0.5
@@ -512,8 +513,3 @@ class Portfolio(RunState):
         if result.optimal and result.cost is not None:
             self.bound(int(result.cost), "milp")
 
-
-def objective_size(comp: Compact) -> int:
-    """Weighted literals z3 would need: nonzero edge entries, strategies and the memory rows'
-    terms (IOPDDL Q's 175-node core has millions of row terms: z3's formula grew to 6 GB)."""
-    return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs) + row_terms(comp)
