@@ -35,7 +35,6 @@ from typing import Callable
 import numpy as np
 
 from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker, objective_size
-from autoshard.solver.core import Compact
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.events import Checked, Phase
