@@ -127,9 +127,11 @@ def _cost_text(mp: Any, ticks: int) -> str:
 
 
 class _Progress:
-    """Turns solver events into tables and a live status line."""
+    """Turns solver events into tables and a live status line; on a console that is not a
+    terminal (piped: no live line) the status is printed after HEARTBEAT s without a line."""
 
-    def __init__(self, mp: Any, console: Console, tables: str, live: Live | None) -> None:
+    def __init__(self, mp: Any, console: Console, tables: str, live: Live | None,
+                 every: float = problem_cli.HEARTBEAT) -> None:
         self.mp, self.console, self.tables, self.live = mp, console, tables, live
         if tables == "auto":
             from autoshard.report import cost_rows
@@ -139,6 +141,8 @@ class _Progress:
         self.best: int | None = None
         self.lower: int | None = None
         self.iterations = 0
+        self.heartbeat = None if live is None or console.is_terminal else \
+            problem_cli.Heartbeat(lambda: self._print(self.status().plain), every)
 
     def status(self) -> Text:
         fmt = self.mp.cost_model.format
@@ -153,22 +157,31 @@ class _Progress:
             self.iterations += 1
             self.best = event.cost
             if self.tables == "lines":
-                self.console.print(f"[bold]Iteration {self.iterations}[/] ({event.source}): total "
-                                   f"{_cost_text(self.mp, event.cost)}", highlight=False)
+                self._print(f"[bold]Iteration {self.iterations}[/] ({event.source}): total "
+                            f"{_cost_text(self.mp, event.cost)}", highlight=False)
             elif self.tables == "all":
                 from autoshard.report import iteration_table
                 bound = "" if event.bound is None else f", asked for < {self.mp.cost_model.format(event.bound)}"
-                self.console.print(f"[bold]Iteration {self.iterations}[/] ({event.source}{bound}): "
-                                   f"total {_cost_text(self.mp, event.cost)}", highlight=False)
-                self.console.print(iteration_table(self.mp, list(event.choice), None))
+                self._print(f"[bold]Iteration {self.iterations}[/] ({event.source}{bound}): "
+                            f"total {_cost_text(self.mp, event.cost)}", highlight=False)
+                self._print(iteration_table(self.mp, list(event.choice), None))
         elif kind == "LowerBound":
             self.lower = event.value
         elif kind == "Reduced":
-            self.console.print(f"reduced: {event.nodes_before} nodes / {event.edges_before} edges -> "
-                               f"{event.nodes_after} / {event.edges_after} left for z3")
+            self._print(f"reduced: {event.nodes_before} nodes / {event.edges_before} edges -> "
+                        f"{event.nodes_after} / {event.edges_after} left for z3")
         if self.live is not None:
             self.live.update(self.status())
 
+    def close(self) -> None:
+        """Stop the status lines."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+    def _print(self, *args: Any, **kwargs: Any) -> None:
+        self.console.print(*args, **kwargs)
+        if self.heartbeat is not None:
+            self.heartbeat.touch()
 
 
 def run_model(args: argparse.Namespace, console: Console) -> int:
@@ -225,6 +238,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         try:
             result = solve_model_problem(mp, options, log_lines or progress, loaded.name)
         finally:
+            progress.close()
             if log_lines is not None:
                 log_lines.close()
     solution, plan = result.solution, result.plan

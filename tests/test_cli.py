@@ -140,3 +140,28 @@ def test_says_why_a_plan_has_no_pytorch_tensor_parallel_form(capsys):
     assert code == 0
     assert ("PyTorch-native (torchtitan style): not expressible: input x reaches linear as RSR along mesh axis 0, "
             "which shards no weight: only data parallelism maps there") in out
+
+
+def test_piped_model_solve_prints_its_status_after_silence():
+    """On a console that is not a terminal (no live line) the model path's progress prints its
+    status line after silence, and no more once closed."""
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from autoshard.solve import _Progress
+
+    out = io.StringIO()
+    mp = SimpleNamespace(cost_model=SimpleNamespace(format=str))
+    progress = _Progress(mp, Console(file=out, force_terminal=False), "lines", SimpleNamespace(update=lambda _: None),
+                         every=0.1)
+    until = time.monotonic() + 10.0
+    while "iterations 0  bound < -" not in out.getvalue() and time.monotonic() < until:
+        time.sleep(0.01)
+    progress.close()
+    assert "iterations 0  bound < -" in out.getvalue()
+    live = SimpleNamespace(update=lambda _: None)
+    assert _Progress(mp, Console(file=io.StringIO(), force_terminal=True), "lines", live).heartbeat is None
+    assert _Progress(mp, Console(file=io.StringIO(), force_terminal=False), "lines", None).heartbeat is None  # --quiet
