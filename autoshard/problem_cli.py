@@ -78,14 +78,16 @@ line: between better plans a 240 s search can go a minute without one (IOPDDL R:
 
 class Heartbeat:
     """Calls ``beat`` from a daemon thread whenever ``every`` seconds pass without ``touch``, so
-    long stretches without news still show that the search is alive and where it stands."""
+    long stretches without news still show that the search is alive and where it stands. With
+    ``on`` False (a terminal, where the live line moves anyway) there is no thread."""
 
-    def __init__(self, beat: Callable[[], None], every: float = HEARTBEAT) -> None:
+    def __init__(self, beat: Callable[[], None], every: float = HEARTBEAT, on: bool = True) -> None:
         self.beat, self.every = beat, every
         self.last = time.monotonic()
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True) if on else None
+        if self.thread is not None:
+            self.thread.start()
 
     def touch(self) -> None:
         """Something was just printed: the next beat is ``every`` seconds from now."""
@@ -166,12 +168,11 @@ class _Display:
         self.lower: int | None = None
         self.phase = "starting"
         self.checks = 0
-        self.heartbeat = None if console.is_terminal else Heartbeat(lambda: self._line(self.status().plain), every)
+        self.heartbeat = Heartbeat(lambda: self._line(self.status().plain), every, on=not console.is_terminal)
 
     def close(self) -> None:
         """Stop the status lines."""
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
+        self.heartbeat.stop()
 
     def status(self) -> Text:
         """The live line: phase, best, bound, gap, z3 checks, time."""
@@ -215,8 +216,7 @@ class _Display:
 
     def _line(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-        if self.heartbeat is not None:
-            self.heartbeat.touch()
+        self.heartbeat.touch()
 
 
 def _gap(best: int | None, lower: int | None) -> str:

@@ -141,8 +141,8 @@ class _Progress:
         self.best: int | None = None
         self.lower: int | None = None
         self.iterations = 0
-        self.heartbeat = None if live is None or console.is_terminal else \
-            problem_cli.Heartbeat(lambda: self._print(self.status().plain), every)
+        self.heartbeat = problem_cli.Heartbeat(lambda: self._print(self.status().plain), every,
+                                               on=live is not None and not console.is_terminal)
 
     def status(self) -> Text:
         fmt = self.mp.cost_model.format
@@ -175,13 +175,11 @@ class _Progress:
 
     def close(self) -> None:
         """Stop the status lines."""
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
+        self.heartbeat.stop()
 
     def _print(self, *args: Any, **kwargs: Any) -> None:
         self.console.print(*args, **kwargs)
-        if self.heartbeat is not None:
-            self.heartbeat.touch()
+        self.heartbeat.touch()
 
 
 def run_model(args: argparse.Namespace, console: Console) -> int:

@@ -163,5 +163,6 @@ def test_piped_model_solve_prints_its_status_after_silence():
     progress.close()
     assert "iterations 0  bound < -" in out.getvalue()
     live = SimpleNamespace(update=lambda _: None)
-    assert _Progress(mp, Console(file=io.StringIO(), force_terminal=True), "lines", live).heartbeat is None
-    assert _Progress(mp, Console(file=io.StringIO(), force_terminal=False), "lines", None).heartbeat is None  # --quiet
+    terminal, piped = Console(file=io.StringIO(), force_terminal=True), Console(file=io.StringIO(), force_terminal=False)
+    assert _Progress(mp, terminal, "lines", live).heartbeat.thread is None
+    assert _Progress(mp, piped, "lines", None).heartbeat.thread is None  # --quiet

@@ -179,4 +179,4 @@ def test_display_without_a_terminal_prints_its_status_after_silence():
     display(Phase("lns", "neighbourhood search", 0.0))
     assert wait_for(lambda: "lns: best -  lower bound -" in out.getvalue())
     display.close()
-    assert _Display(Console(file=io.StringIO(), force_terminal=True), None).heartbeat is None
+    assert _Display(Console(file=io.StringIO(), force_terminal=True), None).heartbeat.thread is None
