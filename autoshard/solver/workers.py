@@ -31,14 +31,16 @@ from typing import Callable, TypeVar
 
 from autoshard.solver.core import Compact
 
-METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange")
+METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange", "weights")
 """hbfs: toulbar2's hybrid best-first branch and bound (exact); vns: toulbar2's variable-
 neighbourhood search (plans only); relaxed: toulbar2's branch and bound without the memory rows
 (its bounds hold for the problem, and when its optimum fits, that is the optimum); milp: HiGHS on
 the linearised core (exact); lagrange: our Lagrangian/TRW-S search (plain subgradient steps),
 every few steps toulbar2 on its penalised problem (subproblem.py), neighbourhood search when it stalls,
 with its own seed (plans only: a second, independent search where no exact engine takes the
-core)."""
+core); weights: toulbar2 on the core with per-node usage weights instead of memory rows,
+bisected on its plans (usage_weights.py; plans only, the same role as lagrange where toulbar2
+takes the core without its rows)."""
 LNS_AFTER = 30
 """lagrange: steps without a better plan before a slice of neighbourhood search..."""
 LNS_SLICE = 5.0
@@ -251,6 +253,8 @@ def _child(worker: EngineWorker, write: int) -> None:
             _milp(worker)
         elif worker.method == "lagrange":
             _lagrange(worker)
+        elif worker.method == "weights":
+            _usage_weights(worker)
         else:
             from autoshard.solver.toulbar import solve_cfn
 
@@ -334,6 +338,38 @@ def _lagrange(worker: EngineWorker) -> None:
             x = lns.run(x, time.monotonic() + LNS_SLICE, lambda y: report(y, comp.cost(y)))
             best = min(best, comp.cost(x))
             stale = 0
+
+
+def _usage_weights(worker: EngineWorker) -> None:
+    """toulbar2 on the core with usage weights for its memory rows, the weights bisected on each
+    plan (usage_weights.py); each plan repaired to fit and polished (subproblem.py's limits);
+    every better fitting plan written out, until killed."""
+    import time
+
+    import numpy as np
+
+    from autoshard.solver.heuristics import Search
+    from autoshard.solver.subproblem import POLISH_SECONDS, REPAIR_SECONDS
+    from autoshard.solver.toulbar import solve_penalised
+    from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
+
+    comp = worker.comp
+    rng = np.random.default_rng(worker.seed)
+    weights, best, calls = UsageWeights(comp), worker.upper, 0
+    while True:
+        calls += 1
+        y = solve_penalised(comp, weights.penalty(), TOULBAR_SECONDS, worker.seed + calls)
+        if y is None:
+            continue
+        search = Search(comp, y, rng)
+        if not search.feasible:
+            search.repair(time.monotonic() + REPAIR_SECONDS)
+        if search.feasible:
+            search.descend(time.monotonic() + POLISH_SECONDS)
+            if best is None or search.total < best:
+                best = search.total
+                os.write(1, (f"New solution: {best - comp.const}\n" + " ".join(map(str, search.x.tolist())) + "\n").encode())
+        weights.update(y)
 
 
 def _die_with_parent() -> None:
