@@ -11,9 +11,9 @@ bounds come together (step 2-4 of the pipeline in api.py).
     (bounds; its optimum, if it fits, is optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s,
     where nothing else closed the last 2e-6; stopped sooner once a plan it reported costs less
     than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of at
-    most MILP_MAX_COLUMNS, else (S: 59 million row terms) toulbar2 with per-node usage weights
-    in place of the rows, bisected on its plans (usage_weights.py), or without toulbar2 a second
-    Lagrangian search with its own seed; this process runs the LP bound, z3 and the
+    most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with its own
+    seed, taking turns with toulbar2 on per-node usage weights in place of the rows
+    (second_search.py, usage_weights.py); this process runs the LP bound, z3 and the
     Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
     with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
     large-neighbourhood search when it stalls (lns.py);
@@ -128,10 +128,8 @@ class Portfolio(RunState):
             return
         if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
             second, what = ["milp"], "HiGHS's MILP of the core (child process)"
-        elif comp.has_memory and self.options.toulbar and can_take(comp, rows=False):
-            second, what = ["weights"], "toulbar2 with per-node usage weights (child process)"
         else:
-            second, what = ["lagrange"], "a second Lagrangian search (child process, own seed)"
+            second, what = ["lagrange"], "a second Lagrangian search with usage weights (child process, own seed)"
         if self.finished():
             engines = []
         elif self.options.prove and self.options.toulbar and can_take(comp, rows=False):
@@ -271,7 +269,7 @@ class Portfolio(RunState):
 
     def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
         """A plan from any engine; bounds and proofs only from the exact ones."""
-        source = {"milp": "milp", "lagrange": "lagrange2", "weights": "weights"}.get(engine.method, "toulbar2")
+        source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
         if event.kind == "plan":
             self.offer(event.choice, source, None)
         elif not engine.bounds:

@@ -31,20 +31,14 @@ from typing import Callable, TypeVar
 
 from autoshard.solver.core import Compact
 
-METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange", "weights")
+METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange")
 """hbfs: toulbar2's hybrid best-first branch and bound (exact); vns: toulbar2's variable-
 neighbourhood search (plans only); relaxed: toulbar2's branch and bound without the memory rows
 (its bounds hold for the problem, and when its optimum fits, that is the optimum); milp: HiGHS on
-the linearised core (exact); lagrange: our Lagrangian/TRW-S search (plain subgradient steps),
-every few steps toulbar2 on its penalised problem (subproblem.py), neighbourhood search when it stalls,
-with its own seed (plans only: a second, independent search where no exact engine takes the
-core); weights: toulbar2 on the core with per-node usage weights instead of memory rows,
-bisected on its plans (usage_weights.py; plans only, the same role as lagrange where toulbar2
-takes the core without its rows)."""
-LNS_AFTER = 30
-"""lagrange: steps without a better plan before a slice of neighbourhood search..."""
-LNS_SLICE = 5.0
-"""... of this many seconds."""
+the linearised core (exact); lagrange: our Lagrangian/TRW-S search (plain subgradient steps)
+taking turns with toulbar2 on usage-weighted costs where toulbar2 takes the core without its
+rows (second_search.py), with its own seed (plans only: a second, independent search where no
+exact engine takes the core)."""
 
 _NEW = re.compile(r"New solution: (-?[0-9.e+]+)")
 _GAP = re.compile(r"Optimality gap: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
@@ -69,7 +63,7 @@ class EngineWorker:
     """One engine (``method`` in METHODS) on ``comp`` in a forked child; ``events`` yields
     EngineEvents (costs include ``comp.const``). ``upper``: only plans cheaper than this are
     wanted. ``gap``: stop at this relative gap (0: prove). ``seed``: the engine's random seed.
-    ``toulbar``: the lagrange engine may call toulbar2 on its penalised problems."""
+    ``toulbar``: the lagrange engine may call toulbar2 on its penalised and weighted problems."""
 
     def __init__(self, comp: Compact, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
                  plan: list[int] | None = None, toulbar: bool = False) -> None:
@@ -252,9 +246,9 @@ def _child(worker: EngineWorker, write: int) -> None:
         if worker.method == "milp":
             _milp(worker)
         elif worker.method == "lagrange":
-            _lagrange(worker)
-        elif worker.method == "weights":
-            _usage_weights(worker)
+            from autoshard.solver.second_search import run
+
+            run(worker.comp, worker.seed, worker.upper, worker.plan, worker.toulbar)
         else:
             from autoshard.solver.toulbar import solve_cfn
 
@@ -286,90 +280,6 @@ def _milp(worker: EngineWorker) -> None:
         lower = result.bound - comp.const
         lines.append(f"Optimality gap: [{lower - 1e-6 * abs(lower) - 1:.0f}, 0]")
     os.write(1, ("\n".join(lines) + "\n").encode())
-
-
-def _lagrange(worker: EngineWorker) -> None:
-    """Lagrangian steps; every CFN_EVERY steps (with ``worker.toulbar``) toulbar2 on the step's
-    penalised problem, its plan repaired to fit and polished (subproblem.py); neighbourhood
-    search after LNS_AFTER steps without progress; until killed. Every better fitting plan is
-    written out.
-
-    Why toulbar2 here: TRW-S's plan read off unconverged messages is a poor minimiser of the
-    penalised problem on wide cores. On IOPDDL K after 25 steps its plan (polished) cost 4.70e9
-    penalised, toulbar2's 3 s search 3.45e9 (TRW-S's bound: 3.05e9 after 40 more sweeps);
-    offline over 150-200 s this child's best went 2.52e9 -> 2.34e9 on K and 4.30e11 -> 3.93e11
-    on R, and reached N's final cost ten times sooner."""
-    import time
-
-    import numpy as np
-
-    from autoshard.solver.lagrange import LagrangianSearch
-    from autoshard.solver.lns import NeighbourhoodSearch
-    from autoshard.solver.subproblem import PenalisedProbe
-
-    comp = worker.comp
-    rng = np.random.default_rng(worker.seed)
-    # plain subgradient steps here, deflected ones in the main process: two step rules, not one
-    # twice (offline, 30-80 steps: deflected found better plans on S, T and K, as good on R; in
-    # whole runs with both deflected K, N and R ended 3-7% worse than with both plain)
-    lag, lns = LagrangianSearch(comp, rng, deflect=False), NeighbourhoodSearch(comp, rng)
-    probe = PenalisedProbe(comp, rng, worker.seed) if worker.toulbar else None
-    best, x = worker.upper, None if worker.plan is None else np.asarray(worker.plan, dtype=np.int64)
-    stale, steps = 0, 0
-
-    def report(plan: np.ndarray, cost: int) -> None:
-        line = f"New solution: {cost - comp.const}\n" + " ".join(map(str, plan.tolist())) + "\n"
-        os.write(1, line.encode())
-
-    while True:
-        steps += 1
-        result = lag.step(best, time.monotonic() + 30.0)
-        if result.plan is not None and (best is None or result.cost < best):
-            best, x, stale = result.cost, result.plan, 0
-            report(x, best)
-        else:
-            stale += 1
-        penalty = lag.penalties() if probe is not None and probe.due(steps) else None
-        search = None if penalty is None else probe.plan(penalty, steps, best, time.monotonic() + 30.0, lambda call, _: call())
-        if search is not None and (best is None or search.total < best):
-            best, x, stale = search.total, search.x.copy(), 0
-            report(x, best)
-        if stale >= LNS_AFTER and x is not None:
-            x = lns.run(x, time.monotonic() + LNS_SLICE, lambda y: report(y, comp.cost(y)))
-            best = min(best, comp.cost(x))
-            stale = 0
-
-
-def _usage_weights(worker: EngineWorker) -> None:
-    """toulbar2 on the core with usage weights for its memory rows, the weights bisected on each
-    plan (usage_weights.py); each plan repaired to fit and polished (subproblem.py's limits);
-    every better fitting plan written out, until killed."""
-    import time
-
-    import numpy as np
-
-    from autoshard.solver.heuristics import Search
-    from autoshard.solver.subproblem import POLISH_SECONDS, REPAIR_SECONDS
-    from autoshard.solver.toulbar import solve_penalised
-    from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
-
-    comp = worker.comp
-    rng = np.random.default_rng(worker.seed)
-    weights, best, calls = UsageWeights(comp), worker.upper, 0
-    while True:
-        calls += 1
-        y = solve_penalised(comp, weights.penalty(), TOULBAR_SECONDS, worker.seed + calls)
-        if y is None:
-            continue
-        search = Search(comp, y, rng)
-        if not search.feasible:
-            search.repair(time.monotonic() + REPAIR_SECONDS)
-        if search.feasible:
-            search.descend(time.monotonic() + POLISH_SECONDS)
-            if best is None or search.total < best:
-                best = search.total
-                os.write(1, (f"New solution: {best - comp.const}\n" + " ".join(map(str, search.x.tolist())) + "\n").encode())
-        weights.update(y)
 
 
 def _die_with_parent() -> None:

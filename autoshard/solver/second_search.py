@@ -1,0 +1,190 @@
+"""The second engine's plan search (the ``lagrange`` child of workers.py, where no exact engine
+takes the core): two generators of fitting plans taking turns on one processor, sharing the best
+plan, each better one written out in toulbar2's line format.
+
+- Lagrangian turns: one plain subgradient step (lagrange.py); every few steps toulbar2 on the
+  step's penalised problem (subproblem.py); a slice of neighbourhood search after LNS_AFTER
+  steps without a better plan (lns.py).
+- Usage-weight turns (with toulbar2): one toulbar2 call on the core with per-node usage weights
+  for its rows, the weights bisected on its plan (usage_weights.py), the plan repaired to fit
+  and polished.
+
+Neither kind alone is best everywhere, and a fixed split loses where one kind needs the time:
+offline, one core, best plan after 170 s (U: 280 s), seed 1:
+
+| core | Lagrangian only | usage weights only | half each |
+|---|---:|---:|---:|
+| K | (whole runs: stopped at 2.35e9 in every one) | 2.2401e9 | 2.2887e9 |
+| M | 4.9936e10 | 5.0112e10 | 5.0129e10 |
+| N | 2.0810e11 | 2.0816e11 | 2.0926e11 |
+| U | 2.5387e9 | 2.6074e9 | 2.5112e9 |
+
+So the time follows the gains (``Shares``): the Lagrangian turns get PRIOR's three quarters
+while neither kind gains (M's Lagrangian plans come after 120 s of steps), and a kind that has
+been gaining more per second over the last WINDOW seconds gets the larger share. Whole runs,
+contest limits (benchmarks/README.md, twelfth round): K 0.9979, M 1.0007, N 1.0150, U 0.9317
+of the best known cost, against 1.015-1.026, 1.0004, 1.003-1.019 and 0.956 with Lagrangian
+turns only, and 0.986, 1.0026, 1.018-1.027 and 1.036 with weights only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+import numpy as np
+
+from autoshard.solver.core import Compact
+from autoshard.solver.heuristics import Search
+from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.lns import NeighbourhoodSearch
+from autoshard.solver.subproblem import POLISH_SECONDS, REPAIR_SECONDS, PenalisedProbe
+from autoshard.solver.toulbar import solve_penalised
+from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
+
+LNS_AFTER = 30
+"""Lagrangian steps without a better plan before a slice of neighbourhood search..."""
+LNS_SLICE = 5.0
+"""... of this many seconds."""
+PRIOR = [0.75, 0.25]
+"""Shares of the Lagrangian and usage-weight turns while neither gains (M: the Lagrangian
+child's plans come after 120 s of its steps; with half the time they came too late)."""
+WINDOW = 30.0
+"""Seconds of turns a kind's rate looks back over."""
+RATE_FLOOR = 0.25
+"""The kind gaining less still gets time as if it gained this share of the other's rate."""
+
+
+class Incumbent:
+    """The best fitting plan so far; ``offer`` writes each better one to fd 1 (the pipe the
+    parent reads, workers.EngineWorker) and says whether it was better."""
+
+    def __init__(self, comp: Compact, cost: int | None, plan: list[int] | None) -> None:
+        self.comp = comp
+        self.cost = cost
+        self.x = None if plan is None else np.asarray(plan, dtype=np.int64)
+
+    def offer(self, x: np.ndarray, cost: int) -> bool:
+        if self.cost is not None and cost >= self.cost:
+            return False
+        self.cost, self.x = cost, np.asarray(x, dtype=np.int64).copy()
+        line = f"New solution: {cost - self.comp.const}\n" + " ".join(map(str, self.x.tolist())) + "\n"
+        os.write(1, line.encode())
+        return True
+
+
+class LagrangianTurns:
+    """Plain subgradient steps (the main process takes deflected ones: two step rules, not one
+    twice; offline, 30-80 steps: deflected found better plans on S, T and K, as good on R; in
+    whole runs with both deflected K, N and R ended 3-7% worse than with both plain), with
+    toulbar2 on every CFN_EVERY-th step's penalised problem when ``toulbar``."""
+
+    def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, toulbar: bool, best: Incumbent) -> None:
+        self.comp, self.best = comp, best
+        self.lag = LagrangianSearch(comp, rng, deflect=False)
+        self.lns = NeighbourhoodSearch(comp, rng)
+        self.probe = PenalisedProbe(comp, rng, seed) if toulbar else None
+        self.steps = self.stale = 0
+
+    def turn(self) -> None:
+        """One step, its toulbar2 call when due, and a slice of neighbourhood search when stale."""
+        best = self.best
+        self.steps += 1
+        result = self.lag.step(best.cost, time.monotonic() + 30.0)
+        better = result.plan is not None and best.offer(result.plan, result.cost)
+        probe = self.probe
+        if probe is not None and probe.due(self.steps) and (penalty := self.lag.penalties()) is not None:
+            search = probe.plan(penalty, self.steps, best.cost, time.monotonic() + 30.0, lambda call, _: call())
+            better = (search is not None and best.offer(search.x, search.total)) or better
+        self.stale = 0 if better else self.stale + 1
+        if self.stale >= LNS_AFTER and best.x is not None:
+            self.lns.run(best.x, time.monotonic() + LNS_SLICE, lambda y: best.offer(y, self.comp.cost(y)))
+            self.stale = 0
+
+
+class WeightTurns:
+    """toulbar2 on the core with usage weights in place of its rows (usage_weights.py)."""
+
+    def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, best: Incumbent) -> None:
+        self.comp, self.rng, self.seed, self.best = comp, rng, seed, best
+        self.weights = UsageWeights(comp)
+        self.calls = 0
+
+    def turn(self) -> None:
+        """One call; its plan repaired to fit and polished (subproblem.py's limits); the weights
+        bisected on the raw plan."""
+        self.calls += 1
+        y = solve_penalised(self.comp, self.weights.penalty(), TOULBAR_SECONDS, self.seed + self.calls)
+        if y is None:
+            return
+        search = Search(self.comp, y, self.rng)
+        if not search.feasible:
+            search.repair(time.monotonic() + REPAIR_SECONDS)
+        if search.feasible:
+            search.descend(time.monotonic() + POLISH_SECONDS)
+            self.best.offer(search.x, search.total)
+        self.weights.update(y)
+
+
+def run(comp: Compact, seed: int, upper: int | None, plan: list[int] | None, toulbar: bool) -> None:
+    """Turns until killed: Lagrangian ones only, or with ``toulbar`` (toulbar2 takes the core
+    without its rows) the two kinds sharing the time by ``Shares``. ``upper``/``plan``: the best
+    plan the parent knew."""
+    rng = np.random.default_rng(seed)
+    best = Incumbent(comp, upper, plan)
+    kinds: list[LagrangianTurns | WeightTurns] = [LagrangianTurns(comp, rng, seed, toulbar, best)]
+    if toulbar and comp.has_memory:
+        kinds.append(WeightTurns(comp, rng, seed, best))
+    shares = Shares(PRIOR[: len(kinds)])
+    while True:
+        k = shares.next()
+        before, began = best.cost, time.monotonic()
+        kinds[k].turn()
+        gain = 0.0 if before is None or best.cost is None else (before - best.cost) / max(abs(before), 1)
+        shares.record(k, time.monotonic() - began, gain)
+
+
+class Shares:
+    """Processor time per kind of turn, adapted to what each has been gaining lately: a kind's
+    rate is its relative gain per second of its own turns over the last WINDOW seconds; its
+    share is its rate, floored at RATE_FLOOR of the best rate, over their sum, or ``prior``
+    while no kind gained in the window. The next turn goes to the kind furthest behind its share
+    of the time spent so far (``behind``)."""
+
+    def __init__(self, prior: list[float]) -> None:
+        self.prior = prior
+        self.spent = [0.0] * len(prior)
+        self.turns: deque[tuple[float, int, float, float]] = deque()  # (end, kind, seconds, gain)
+
+    def share(self, now: float | None = None) -> list[float]:
+        """Each kind's share of the time now (time.monotonic())."""
+        now = time.monotonic() if now is None else now
+        while self.turns and self.turns[0][0] < now - WINDOW:
+            self.turns.popleft()
+        gain, seconds = [0.0] * len(self.prior), [0.0] * len(self.prior)
+        for _, k, took, won in self.turns:
+            gain[k] += won
+            seconds[k] += took
+        rate = [g / max(t, 0.01) for g, t in zip(gain, seconds)]
+        top = max(rate)
+        if top <= 0:
+            return list(self.prior)
+        weights = [max(r, RATE_FLOOR * top) for r in rate]
+        return [w / sum(weights) for w in weights]
+
+    def next(self, now: float | None = None) -> int:
+        """The kind that takes the next turn."""
+        return behind(self.spent, self.share(now))
+
+    def record(self, k: int, seconds: float, gain: float, now: float | None = None) -> None:
+        """Kind k's turn ended at ``now`` after ``seconds``, its relative gain ``gain``."""
+        self.spent[k] += seconds
+        self.turns.append((time.monotonic() if now is None else now, k, seconds, gain))
+
+
+def behind(spent: list[float], share: list[float]) -> int:
+    """The kind furthest behind its share of the time spent so far (the first on a tie): so each
+    kind's time stays within one of its turns of its share."""
+    total = sum(spent)
+    return min(range(len(spent)), key=lambda j: spent[j] - share[j] * total)
