@@ -136,7 +136,7 @@ def run(comp: Compact, seed: int, upper: int | None, plan: list[int] | None, tou
     kinds: list[LagrangianTurns | WeightTurns] = [LagrangianTurns(comp, rng, seed, toulbar, best)]
     if toulbar and comp.has_memory:
         kinds.append(WeightTurns(comp, rng, seed, best))
-    shares = Shares(PRIOR[: len(kinds)])
+    shares = Shares(PRIOR if len(kinds) == 2 else [1.0])
     while True:
         k = shares.next()
         before, began = best.cost, time.monotonic()
