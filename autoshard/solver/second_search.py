@@ -36,10 +36,9 @@ from collections import deque
 import numpy as np
 
 from autoshard.solver.core import Compact
-from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
-from autoshard.solver.subproblem import POLISH_SECONDS, REPAIR_SECONDS, PenalisedProbe
+from autoshard.solver.subproblem import PenalisedProbe, fitted
 from autoshard.solver.toulbar import solve_penalised
 from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
 
@@ -118,11 +117,8 @@ class WeightTurns:
         y = solve_penalised(self.comp, self.weights.penalty(), TOULBAR_SECONDS, self.seed + self.calls)
         if y is None:
             return
-        search = Search(self.comp, y, self.rng)
-        if not search.feasible:
-            search.repair(time.monotonic() + REPAIR_SECONDS)
-        if search.feasible:
-            search.descend(time.monotonic() + POLISH_SECONDS)
+        search = fitted(self.comp, y, self.rng)
+        if search is not None:
             self.best.offer(search.x, search.total)
         self.weights.update(y)
 

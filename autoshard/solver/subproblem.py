@@ -13,6 +13,7 @@ step 10 (67 larger multipliers, every row with slack) 4.17-4.52e11.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -64,13 +65,7 @@ class PenalisedProbe:
         by local search before ``deadline``; None when toulbar2 found none or no repair fits."""
         comp, seconds, seed = self.comp, self.seconds, self.seed + steps
         y = run(lambda: solve_penalised(comp, penalty, seconds, seed), 2 * seconds + 1)
-        search = None if y is None else Search(comp, y, self.rng)
-        if search is not None and not search.feasible:
-            search.repair(min(deadline, time.monotonic() + REPAIR_SECONDS))
-        if search is not None and search.feasible:
-            search.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
-        else:
-            search = None
+        search = None if y is None else fitted(comp, y, self.rng, deadline)
         if y is None and not self.back_off:
             self.seconds = min(2 * self.seconds, CFN_MAX_SECONDS)
         if self.back_off:
@@ -78,3 +73,16 @@ class PenalisedProbe:
             self.every = CFN_EVERY if paid else 2 * self.every
         self.next = steps + self.every
         return search
+
+
+def fitted(comp: Compact, y: np.ndarray, rng: np.random.Generator, deadline: float = math.inf) -> Search | None:
+    """Plan ``y`` of a relaxation (memory rows left out) repaired to fit (up to REPAIR_SECONDS)
+    and polished by local search (up to POLISH_SECONDS), neither past ``deadline``; None when no
+    repair fits."""
+    search = Search(comp, y, rng)
+    if not search.feasible:
+        search.repair(min(deadline, time.monotonic() + REPAIR_SECONDS))
+    if not search.feasible:
+        return None
+    search.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
+    return search

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.solver.core import INF, Compact
-from autoshard.solver.heuristics import segment_index
+from autoshard.solver.heuristics import node_blocks, segment_index
 
 STEP = 3.0
 """Factor a weight moves by while only one side of its threshold is known."""
@@ -93,16 +93,12 @@ def bisect(
 
 
 def node_peaks(comp: Compact) -> list[np.ndarray]:
-    """Per node, each strategy's largest usage on any one row, less the smallest such (float)."""
+    """Per node, each strategy's largest usage on any one row, less the smallest such (float):
+    the largest over its disjoint row ranges (heuristics.node_blocks, where overlapping segments
+    add up)."""
     out = []
-    for c, segs in zip(comp.costs, comp.segments):
-        peak = np.zeros(len(c))
-        if segs:
-            cuts = sorted({r for start, stop, _ in segs for r in (start, stop)})
-            for a, b in zip(cuts, cuts[1:]):  # overlapping segments add up on the rows they share
-                parts = [u for start, stop, u in segs if start <= a and b <= stop]
-                if parts:
-                    peak = np.maximum(peak, np.sum(parts, axis=0, dtype=np.float64))
+    for c, blocks in zip(comp.costs, node_blocks(comp)):
+        peak = np.max([u for _, _, u in blocks], axis=0).astype(np.float64) if blocks else np.zeros(len(c))
         out.append(peak - peak.min())
     return out
 
