@@ -387,14 +387,14 @@ class Portfolio(RunState):
 
     def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan and still paid
-        at its end (it goes on while it pays: IOPDDL D's 172-node core went 1.16x -> 1.00x best known in 40 s of it, where
-        the Lagrangian plans had stalled), or when this process's Lagrangian plans have not
-        improved the best for LNS_AFTER_STEPS steps and twenty steps' time, or under a time limit
-        for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit (``since``: when and how many
-        steps ago they last did), and there is a plan to improve. Plans of the other
-        engines do not put the slice off: each is a new start for it (IOPDDL R: this process's
-        plans stalled at 18 s while the second engine's improved until 89 s, and the first slice
-        waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
+        at its end (it goes on while it pays: IOPDDL D's 172-node core went 1.16x -> 1.00x best
+        known in 40 s of it, where the Lagrangian plans had stalled), or when this process's
+        Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps and twenty steps'
+        time, or under a time limit for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit
+        (``since``: when and how many steps ago they last did), and there is a plan to improve.
+        Plans of the other engines do not put the slice off: each is a new start for it (IOPDDL
+        R: this process's plans stalled at 18 s while the second engine's improved until 89 s,
+        and the first slice waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
         when, steps = since
         waited = time.monotonic() - when
         if self.best_local is None:
