@@ -57,27 +57,10 @@ class SubSolver:
     rounds: int = 0
 
 
-PAY_WINDOW = 20.0
-"""Seconds of a slice of neighbourhood search (portfolio.py) over which ``paying`` judges it..."""
-PAY_RATE = 1e-6
-"""... by whether it gained at least this relative share of the cost per second there (0.01% per
-100 s). Relative gains per second of slices, 20 s windows, in whole runs: IOPDDL M 0 to 8e-7
-in most (from 69 s to 140 s, while the Lagrangian steps they held up were closing the gap, and
-their plans came once it was under 1%); K, N, R, S, T and U 1e-6 to 1e-3 in all but a few
-(as low as 1e-7 in one of N's and 6e-7 in one of K's)."""
 RATE_MEMORY = 0.3
 """Weight of the latest neighbourhood in a solver's gain rate."""
 RATE_FLOOR = 0.1
 """The less productive solver is still picked as if its rate were this share of the best one's."""
-
-
-def paying(gains: list[tuple[float, float]], began: float, now: float) -> bool:
-    """Whether a slice that began at ``began`` still pays at ``now``: it has run less than
-    PAY_WINDOW seconds, or its relative gains ``gains`` (time, gain) in the last PAY_WINDOW
-    seconds add up to PAY_RATE per second or more."""
-    if now - began < PAY_WINDOW:
-        return True
-    return sum(gain for when, gain in gains if when >= now - PAY_WINDOW) >= PAY_RATE * PAY_WINDOW
 
 
 class NeighbourhoodSearch:

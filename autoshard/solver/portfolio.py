@@ -41,7 +41,7 @@ from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.events import Checked, Phase
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
-from autoshard.solver.lns import NeighbourhoodSearch, paying
+from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
@@ -106,8 +106,7 @@ class Portfolio(RunState):
     stopgap: int | None = None
     """The cost of the memory-weighted start's plan (penalised_start.py), when that was the start."""
     lns_paid = False
-    """The last slice of neighbourhood search improved the best plan and still paid when it ended
-    (lns.paying): the next one follows at once."""
+    """The last slice of neighbourhood search improved the best plan."""
 
     def _warm_search(self) -> None:
         """Exact elimination when the core is narrow and memory-free; else the greedy start, then
@@ -386,15 +385,15 @@ class Portfolio(RunState):
         return search is not None and self.offer(search.x, "lagrange", None)
 
     def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
-        """True when the last slice of neighbourhood search improved the best plan and still paid
-        at its end (it goes on while it pays: IOPDDL D's 172-node core went 1.16x -> 1.00x best
-        known in 40 s of it, where the Lagrangian plans had stalled), or when this process's
-        Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps and twenty steps'
-        time, or under a time limit for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit
-        (``since``: when and how many steps ago they last did), and there is a plan to improve.
-        Plans of the other engines do not put the slice off: each is a new start for it (IOPDDL
-        R: this process's plans stalled at 18 s while the second engine's improved until 89 s,
-        and the first slice waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
+        """True when the last slice of neighbourhood search improved the best plan (it goes on
+        while it pays: IOPDDL D's 172-node core went 1.16x -> 1.00x best known in 40 s of it, where
+        the Lagrangian plans had stalled), or when this process's Lagrangian plans have not
+        improved the best for LNS_AFTER_STEPS steps and twenty steps' time, or under a time limit
+        for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit (``since``: when and how many
+        steps ago they last did), and there is a plan to improve. Plans of the other
+        engines do not put the slice off: each is a new start for it (IOPDDL R: this process's
+        plans stalled at 18 s while the second engine's improved until 89 s, and the first slice
+        waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
         when, steps = since
         waited = time.monotonic() - when
         if self.best_local is None:
@@ -405,9 +404,8 @@ class Portfolio(RunState):
 
     def _lns(self, lns: NeighbourhoodSearch, engines: list[EngineWorker]) -> None:
         """A slice of large-neighbourhood search from the best plan (lns.py). The engines are
-        heard between neighbourhoods; the slice ends early once the search is finished, an
-        engine's plan beats the slice's (the next slice starts from it) or it no longer pays
-        (lns.paying: the Lagrangian steps get the processor back)."""
+        heard between neighbourhoods; the slice ends early once the search is finished or an
+        engine's plan beats the slice's (the next slice starts from it)."""
         left = self.left()
         if left is not None and left < 2.0:
             return
@@ -415,23 +413,18 @@ class Portfolio(RunState):
         sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in lns.solvers)
         self.emit(Phase("lns", f"neighbourhood search ({sizes})", self.elapsed()))
         own = [self.best_cost]  # the best cost this slice knows of (its own plans, or the start)
-        gains: list[tuple[float, float]] = []  # (when, relative gain) of the slice's own plans
-        began = time.monotonic()
+        self.lns_paid = False
 
         def found(y: np.ndarray) -> None:
-            before = own[0]
             if self.offer(y, "lns", None):
-                if before is not None and self.best_cost is not None:
-                    gains.append((time.monotonic(), (before - self.best_cost) / max(abs(before), 1)))
-                own[0] = self.best_cost
+                own[0], self.lns_paid = self.best_cost, True
 
         def heard() -> bool:
             self._poll(engines, 0.0)
-            return self.finished() or self.best_cost != own[0] or not paying(gains, began, time.monotonic())
+            return self.finished() or self.best_cost != own[0]
 
         with self.timed("lns"):
             lns.run(self.best_local, self.soon(budget), found, heard)
-        self.lns_paid = bool(gains) and paying(gains, began, time.monotonic())
         self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
 
     def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:

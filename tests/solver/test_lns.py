@@ -7,8 +7,6 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from autoshard.solver.core import Core
 from autoshard.solver.heuristics import Search, min_memory_start
@@ -125,65 +123,6 @@ def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_pl
     untimed = Portfolio(problem, SolveOptions(), lambda event: None)
     untimed.best_local, untimed.best_cost = portfolio.best_local, 10
     assert not untimed._lns_due((now - waited, LNS_MIN_STEPS), step)
-
-
-@given(st.lists(st.tuples(st.floats(0.0, 30.0), st.floats(0.0, 1e-3)), max_size=8), st.floats(0.0, 30.0))
-def test_a_slice_pays_while_young_or_while_its_recent_gains_reach_the_rate(gains, now):
-    """``paying`` against its definition summed by hand: within PAY_WINDOW of its start a slice
-    pays; after that only the gains of the last PAY_WINDOW seconds count, against PAY_RATE."""
-    from autoshard.solver.lns import PAY_RATE, PAY_WINDOW, paying
-
-    recent = 0.0
-    for when, gain in gains:
-        if now - PAY_WINDOW <= when:
-            recent += gain
-    assert paying(gains, now - 0.5 * PAY_WINDOW, now)
-    assert paying(gains, now - 2 * PAY_WINDOW, now) == (recent >= PAY_RATE * PAY_WINDOW)
-
-
-def test_a_slice_that_stops_paying_hands_the_processor_back(monkeypatch):
-    """The portfolio ends a slice once ``paying`` says no, long before its budget, and the next
-    slice is then not due at once (the Lagrangian steps resume); one that pays to its end is."""
-    from autoshard.solver.portfolio import Portfolio
-    from autoshard.solver.solution import SolveOptions
-
-    monkeypatch.setattr(lns_module, "PAY_WINDOW", 0.2)
-    problem = random_problem(np.random.default_rng(0), 6)
-    portfolio = Portfolio(problem, SolveOptions(timeout=100.0), lambda event: None)
-    portfolio.best_local, portfolio.best_cost = np.zeros(6, dtype=np.int64), 10
-
-    class Barren:
-        """Neighbourhoods that never find a better plan, asked to stop between them."""
-
-        solvers: list = []
-
-        def run(self, x, deadline, found, stop):
-            while time.monotonic() < deadline and not stop():
-                time.sleep(0.01)
-            return x
-
-    class Fruitful(Barren):
-        """A better plan every 10 ms (a relative gain of 1e-4 per second) for half a second."""
-
-        def run(self, x, deadline, found, stop):
-            ends = time.monotonic() + 0.5
-            while time.monotonic() < ends and not stop():
-                found(x)
-                time.sleep(0.01)
-            return x
-
-    def offer(plan, by, bound):
-        portfolio.best_cost -= 1
-        return True
-
-    began = time.monotonic()
-    portfolio._lns(Barren(), [])
-    assert time.monotonic() - began < 5.0  # the budget was half of the 100 s limit
-    assert not portfolio.lns_paid
-    portfolio.best_cost = 10**6
-    monkeypatch.setattr(portfolio, "offer", offer)
-    portfolio._lns(Fruitful(), [])
-    assert portfolio.lns_paid and portfolio.best_cost < 10**6 - 20
 
 
 def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
