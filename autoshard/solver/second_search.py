@@ -41,6 +41,7 @@ from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.subproblem import PenalisedProbe, fitted
 from autoshard.solver.toulbar import solve_penalised
 from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
+from autoshard.solver.workers import solution_lines
 
 LNS_AFTER = 30
 """Lagrangian steps without a better plan before a slice of neighbourhood search..."""
@@ -68,8 +69,7 @@ class Incumbent:
         if self.cost is not None and cost >= self.cost:
             return False
         self.cost, self.x = cost, np.asarray(x, dtype=np.int64).copy()
-        line = f"New solution: {cost - self.comp.const}\n" + " ".join(map(str, self.x.tolist())) + "\n"
-        os.write(1, line.encode())
+        os.write(1, ("\n".join(solution_lines(cost - self.comp.const, self.x.tolist())) + "\n").encode())
         return True
 
 

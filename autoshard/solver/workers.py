@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 from autoshard.solver.core import Compact
 
@@ -261,6 +261,12 @@ def _child(worker: EngineWorker, write: int) -> None:
         os._exit(status)
 
 
+def solution_lines(cost: int, plan: Iterable[int]) -> list[str]:
+    """A plan in toulbar2's line format, as the parent reads it (``_NEW``): its cost without the
+    core's constant, then its strategies."""
+    return [f"New solution: {cost}", " ".join(map(str, plan))]
+
+
 def _milp(worker: EngineWorker) -> None:
     """HiGHS on the core, its answer written in toulbar2's line format."""
     from autoshard.solver.milp import solve_compact_milp
@@ -270,7 +276,7 @@ def _milp(worker: EngineWorker) -> None:
     lines = []
     if result.choice is not None and comp.is_feasible(result.choice):
         cost = result.cost - comp.const
-        lines += [f"New solution: {cost}", " ".join(map(str, result.choice))]
+        lines += solution_lines(cost, result.choice)
         if result.optimal and worker.gap <= 0:
             lines.append(f"Optimum: {cost}")
     elif (result.optimal or result.infeasible) and not comp.has_memory:
