@@ -167,7 +167,8 @@ class Shares:
         if top <= 0:
             return list(self.prior)
         weights = [max(r, RATE_FLOOR * top) for r in rate]
-        return [w / sum(weights) for w in weights]
+        total = sum(weights)
+        return [w / total for w in weights]
 
     def next(self, now: float | None = None) -> int:
         """The kind that takes the next turn."""
