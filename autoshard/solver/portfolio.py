@@ -17,8 +17,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
     Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
     with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
     large-neighbourhood search when it stalls (lns.py);
-- z3 CEGIS (cegis.py) beside them, with the LP's or TRW-S's dual as a cut, and the z3
-  certificate of an optimum another method proved (``_z3_certificate``);
+- z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
+  and the z3 certificate of an optimum another method proved (``_z3_certificate``);
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
 
 Time: every loop checks the deadline; the C code that does not (HiGHS's LP with its set-up)
@@ -29,16 +29,15 @@ measured for comparable work fits.
 
 from __future__ import annotations
 
-import queue
 import time
 from typing import Callable
 
 import numpy as np
 
-from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker, objective_size
+from autoshard.solver.cegis import Z3Worker
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
-from autoshard.solver.events import Checked, Phase
+from autoshard.solver.events import Phase
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
@@ -46,13 +45,11 @@ from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
-from autoshard.solver.state import RunState
 from autoshard.solver.subproblem import PenalisedProbe
 from autoshard.solver.toulbar import can_take
 from autoshard.solver.workers import EngineEvent, EngineWorker, call_forked
+from autoshard.solver.z3_phases import Z3Phases, z3_takes
 
-Z3_MAX_TERMS = 200_000
-"""Cores whose z3 encoding would have more weighted literals are left to the heuristics."""
 LNS_AFTER_STEPS = 30
 """Lagrangian steps without a better plan before a slice of neighbourhood search."""
 LNS_STALL_SHARE = 0.1
@@ -78,14 +75,6 @@ RELAXED_ALONE = 10.0
 """Seconds toulbar2 on the core without its memory rows runs before the second engine takes its
 processor (LLaMA-3-8B, 2x8, 80 GiB: proved in 1 s; on IOPDDL S, where memory binds, it would only
 have slowed the Lagrangian searches)."""
-Z3_CONFIRM = 0.5
-"""After another method proved the optimum, z3 gets this share of the time so far to certify it."""
-Z3_CONFIRM_MIN = 2.0
-"""... and at least this many seconds."""
-Z3_CERTIFY_MAX_TERMS = 100_000
-"""Cores with more weighted literals are not given to z3 for the certificate: on IOPDDL B (36k)
-it answers UNSAT in under a second; on LLaMA-3-8B 8x8 (160k) it had no verdict after 120 s even
-with a TRW-S cut 4e-7 below the optimum."""
 LP_MIN_TIME = 0.3
 """Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
 LP_GRACE = 0.5
@@ -98,7 +87,7 @@ measured on this machine, so it scales with the load (4000 nodes: 0.1 s quiet, 0
 greedy 0.2 and 0.5 s)."""
 
 
-class Portfolio(RunState):
+class Portfolio(Z3Phases):
     """The search phases of one ``solve`` call on its reduced core ``comp``."""
 
     waiting: tuple[list[str], str, float] | None = None
@@ -141,7 +130,7 @@ class Portfolio(RunState):
             # under a time limit the LP is skipped when its cut has no taker (z3 cannot take the
             # core) and HiGHS solves the same LP at its MILP's root anyway: on IOPDDL D and Q it
             # held this process for 6-8 s of a 60 s / 240 s limit
-            lp_wanted = self.deadline is None or second != ["milp"] or objective_size(comp) <= Z3_MAX_TERMS
+            lp_wanted = self.deadline is None or second != ["milp"] or z3_takes(comp)
             cut = self._lp_phase(engines) if lp_wanted else None
             z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
             if not self.finished():
@@ -194,7 +183,7 @@ class Portfolio(RunState):
         finally:
             self._stop(engines)
         if self.options.prove and self.proof is None and self.best is not None and self.proved():
-            self._z3_certificate()
+            self._z3_certificate(lambda: self.cut or self._z3_cut())
         if not self.finished() and self.deadline is None and self.options.prove:
             self._milp_proof()
 
@@ -326,7 +315,7 @@ class Portfolio(RunState):
             if memory and lag.plan is None and self.options.toulbar and can_take(comp, rows=False) else None
         warmup = self.soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and self.options.prove
-        if wants_z3 and objective_size(comp) > Z3_MAX_TERMS:  # say so now, before building a cut (S: 2.7 s)
+        if wants_z3 and not z3_takes(comp):  # say so now, before building a cut (S: 2.7 s)
             wants_z3 = False
             self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
         while not self.out_of_time() and not self.finished():
@@ -427,56 +416,6 @@ class Portfolio(RunState):
             lns.run(self.best_local, self.soon(budget), found, heard)
         self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
 
-    def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:
-        if objective_size(self.comp) > Z3_MAX_TERMS:
-            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
-            return None
-        with_cut = f" with a dual cut (bound {cut.const})" if cut is not None else ""
-        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} core nodes{with_cut} (background)", self.elapsed()))
-        thread = Z3Worker(self.comp, self.deadline, cut)
-        thread.bound = self.best_cost
-        thread.start()
-        return thread
-
-    def _drain(self, thread: Z3Worker) -> None:
-        """Turn the z3 thread's answers into events (the callback runs on this thread only)."""
-        while True:
-            try:
-                bound, result = thread.results.get_nowait()
-            except queue.Empty:
-                return
-            self._z3_answer(bound, result)
-
-    def _z3_answer(self, bound: int | None, result: CheckResult) -> None:
-        self.iterations += 1
-        self.emit(Checked(self.iterations, bound, result.result, self.elapsed()))
-        if result.result == "sat":
-            self.offer(result.choice, "z3", bound)
-        elif result.result == "unsat":
-            if bound is None or (self.best_cost is not None and bound >= self.best_cost):
-                self.proof = "z3"
-                self.proof_times.setdefault("z3", self.elapsed())
-            if bound is not None:
-                self.bound(bound, "z3")
-
-    def _z3_certificate(self) -> None:
-        """z3 asked for a plan cheaper than the proved optimum, with the best cut we have, for
-        Z3_CONFIRM of the time so far (at least Z3_CONFIRM_MIN s, within the limit): its UNSAT is
-        the certificate the user sees; otherwise the proof stays the other method's."""
-        if objective_size(self.comp) > Z3_CERTIFY_MAX_TERMS:
-            self.emit(Phase("z3", "core too large for a z3 certificate", self.elapsed()))
-            return
-        cut = self.cut or self._z3_cut()
-        until = self.soon(max(Z3_CONFIRM_MIN, Z3_CONFIRM * self.elapsed()))
-        thread = self._start_z3(cut)
-        if thread is None:
-            return
-        thread.deadline = until
-        with self.timed("z3"):
-            thread.join_until(until)
-            thread.stop(self.teardown_by)
-        self._drain(thread)
-
     def _z3_cut(self) -> DualCut | None:
         """The cut z3 gets: the LP's when the core's LP is small enough, else TRW-S's after a
         few sweeps (both valid lower bounds, see cut.py)."""
@@ -488,20 +427,6 @@ class Portfolio(RunState):
             if not lag.mp.sweep(lag.penalties(), deadline):
                 break
         return lag.cut()
-
-    def _cegis_alone(self) -> None:
-        """z3 on its own: ask for any plan, then any plan cheaper than the last, until UNSAT."""
-        if objective_size(self.comp) > Z3_MAX_TERMS:
-            self.emit(Phase("z3", "core too large for z3", self.elapsed()))
-            return
-        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} nodes", self.elapsed()))
-        z3s = Z3Search(self.comp)
-        while not self.out_of_time() and not self.proved():
-            bound = self.best_cost
-            result = z3s.check(bound, self.left())
-            self._z3_answer(bound, result)
-            if result.result != "sat":
-                break
 
     def _milp_proof(self) -> None:
         """Without a time limit the answer must be proved: when z3 could not take the core (too

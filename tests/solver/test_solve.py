@@ -164,9 +164,9 @@ def test_huge_costs_and_usages_stay_exact():
 
 @pytest.mark.parametrize("seed", [204, 226])
 def test_untimed_solve_proves_by_exact_ilp_when_z3_cannot_take_the_core(seed, monkeypatch):
-    import autoshard.solver.portfolio as portfolio
+    import autoshard.solver.z3_phases as z3_phases
 
-    monkeypatch.setattr(portfolio, "Z3_MAX_TERMS", -1)  # z3 refuses the core, as it does cores too large to encode
+    monkeypatch.setattr(z3_phases, "Z3_MAX_TERMS", -1)  # z3 refuses the core, as it does cores too large to encode
     problem = larger_problem(seed)
     reference = solve_problem_milp(problem)
     solution = solve(problem, SolveOptions(toulbar=False))
