@@ -9,7 +9,8 @@ node that absorbed another one carries that node's memory too). Every reduction 
 
 Costs are int64 saturated at ``INF`` (= FORBIDDEN, 10**18): sums of two saturated values never
 overflow, and anything at ``INF`` is forbidden. ``Compact`` is the frozen, 0..n-1 indexed view of
-what is left, with exact (Python int) cost and memory evaluation.
+what is left, with exact (Python int) cost and memory evaluation; ``Compact.arrays`` is the same
+core as flat arrays with offsets, which is what the compiled (numba) loops of the solvers take.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from autoshard.problem import FORBIDDEN, ShardingProblem
 
@@ -162,8 +164,21 @@ class Compact:
         """True when some node has usage on a constrained row."""
         return self.capacity is not None and any(self.segments)
 
+    @property
+    def arrays(self) -> CompactArrays:
+        """This core as flat arrays (built on first use, then kept)."""
+        cached = self.__dict__.get("_arrays")
+        if cached is None:
+            cached = self.__dict__["_arrays"] = CompactArrays.of(self)
+        return cached
+
     def cost(self, x: np.ndarray | list[int]) -> int:
-        """Exact total cost (Python int) including the constant of the reductions."""
+        """Exact total cost (Python int) including the constant of the reductions: compiled,
+        in Python ints when a term is forbidden (sums of those would overflow int64)."""
+        a = self.arrays
+        total, exact = _cost(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats)
+        if exact:
+            return self.const + int(total)
         total = self.const + sum(int(c[s]) for c, s in zip(self.costs, x))
         return total + sum(int(m[x[u], x[v]]) for u, v, m in self.edges)
 
@@ -171,12 +186,8 @@ class Compact:
         """Usage on every row (int64) for assignment x."""
         if self.capacity is None:
             return np.zeros(0, dtype=np.int64)
-        diff = np.zeros(len(self.capacity) + 1, dtype=np.int64)
-        for segs, s in zip(self.segments, x):
-            for start, stop, usage in segs:
-                diff[start] += usage[s]
-                diff[stop] -= usage[s]
-        return np.cumsum(diff[:-1])
+        a = self.arrays
+        return _profile(np.asarray(x, dtype=np.int64), len(self.capacity), *a.segment_args())
 
     def overflow(self, x: np.ndarray | list[int]) -> int:
         """Total usage above capacity over all rows (0 when x fits)."""
@@ -187,3 +198,91 @@ class Compact:
     def is_feasible(self, x: np.ndarray | list[int]) -> bool:
         """True when x avoids forbidden costs and fits in memory."""
         return self.cost(x) < INF and self.overflow(x) == 0
+
+
+@dataclass
+class CompactArrays:
+    """A Compact flat: node i's costs are ``costs[c_off[i]:c_off[i+1]]``; its neighbours are
+    ``nb_other[nb_ptr[i]:nb_ptr[i+1]]``, each with the edge's matrix oriented (i's strategy,
+    the neighbour's) and flattened row-major at ``nb_mats[nb_moff[p]:]`` (every edge twice, once
+    per end); its memory segments are rows ``seg_start..seg_stop`` with usage
+    ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``."""
+
+    c_off: np.ndarray
+    costs: np.ndarray
+    nb_ptr: np.ndarray
+    nb_other: np.ndarray
+    nb_moff: np.ndarray
+    nb_mats: np.ndarray
+    seg_ptr: np.ndarray
+    seg_start: np.ndarray
+    seg_stop: np.ndarray
+    seg_uoff: np.ndarray
+    seg_use: np.ndarray
+
+    @staticmethod
+    def of(comp: Compact) -> CompactArrays:
+        """``comp`` flattened."""
+        nbrs = [(j, m) for row in comp.nbrs for j, m in row]
+        segs = [seg for row in comp.segments for seg in row]
+        return CompactArrays(
+            offsets([len(c) for c in comp.costs]),
+            flat([c for c in comp.costs]),
+            offsets([len(row) for row in comp.nbrs]),
+            np.array([j for j, _ in nbrs], dtype=np.int64),
+            offsets([m.size for _, m in nbrs])[:-1],
+            flat([np.ascontiguousarray(m).ravel() for _, m in nbrs]),
+            offsets([len(row) for row in comp.segments]),
+            np.array([start for start, _, _ in segs], dtype=np.int64),
+            np.array([stop for _, stop, _ in segs], dtype=np.int64),
+            offsets([len(usage) for _, _, usage in segs])[:-1],
+            flat([usage for _, _, usage in segs]),
+        )
+
+    def segment_args(self) -> tuple[np.ndarray, ...]:
+        """What the compiled loops over memory segments take."""
+        return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
+
+
+def offsets(sizes: list[int]) -> np.ndarray:
+    """0 and the running sums of ``sizes`` (int64): where each of a run of pieces starts."""
+    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+
+def flat(pieces: list[np.ndarray]) -> np.ndarray:
+    """The int64 pieces end to end (empty when there are none)."""
+    return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+
+
+@njit(cache=True)
+def _cost(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+    """Sum of x's node costs and edge costs (each edge read at its lower end), and False
+    instead when a term is forbidden or the sum nears int64's range."""
+    total = 0
+    for i in range(len(x)):
+        for p in range(nb_ptr[i] - 1, nb_ptr[i + 1]):  # the node's own cost, then its edges
+            if p < nb_ptr[i]:
+                term = costs[c_off[i] + x[i]]
+            else:
+                j = nb_other[p]
+                if j < i:
+                    continue
+                term = nb_mats[nb_moff[p] + x[i] * (c_off[j + 1] - c_off[j]) + x[j]]
+            if term >= FORBIDDEN or term <= -FORBIDDEN:
+                return 0, False
+            total += term
+            if total >= 2**62 or total <= -(2**62):  # one more term of at most FORBIDDEN cannot overflow
+                return 0, False
+    return total, True
+
+
+@njit(cache=True)
+def _profile(x, rows, c_off, seg_ptr, seg_start, seg_stop, seg_uoff, seg_use):  # pragma: no cover
+    """Usage on each of ``rows`` rows: every segment adds its usage at x over its row range."""
+    diff = np.zeros(rows + 1, dtype=np.int64)
+    for i in range(len(x)):
+        for q in range(seg_ptr[i], seg_ptr[i + 1]):
+            use = seg_use[seg_uoff[q] + x[i]]
+            diff[seg_start[q]] += use
+            diff[seg_stop[q]] -= use
+    return np.cumsum(diff[:-1])

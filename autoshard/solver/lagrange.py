@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from autoshard.solver.core import Compact
 from autoshard.solver.cut import DualCut
@@ -93,13 +94,9 @@ class LagrangianSearch:
         if not len(self.lam) or not self.lam.any():
             return None
         cum = np.concatenate([[0.0], np.cumsum(self.lam)])
-        out = []
-        for c, segs in zip(self.comp.costs, self.comp.segments):
-            pen = np.zeros(len(c))
-            for start, stop, usage in segs:
-                pen += usage * (cum[stop] - cum[start])
-            out.append(pen)
-        return out
+        a = self.comp.arrays
+        pen = _penalties(cum, *a.segment_args())
+        return [pen[start:stop] for start, stop in zip(a.c_off[:-1].tolist(), a.c_off[1:].tolist())]
 
     def step(self, upper: int | None, deadline: float) -> StepResult:
         """One round: sweeps, bound, plan, repair and polish, multiplier update."""
@@ -169,3 +166,16 @@ class LagrangianSearch:
         target = upper if upper is not None else value + abs(value) * 0.05 + 1.0
         step = self.alpha * max(target - value, 1.0) / norm
         self.lam = np.maximum(0.0, self.lam + step * g)
+
+
+@njit(cache=True)
+def _penalties(cum, c_off, seg_ptr, seg_start, seg_stop, seg_uoff, seg_use):  # pragma: no cover
+    """Flat per-strategy penalties: each segment's usage times its rows' summed multipliers
+    (``cum``: their running sums from 0), added segment by segment."""
+    pen = np.zeros(c_off[-1])
+    for i in range(len(c_off) - 1):
+        for q in range(seg_ptr[i], seg_ptr[i + 1]):
+            weight = cum[seg_stop[q]] - cum[seg_start[q]]
+            for s in range(c_off[i + 1] - c_off[i]):
+                pen[c_off[i] + s] += seg_use[seg_uoff[q] + s] * weight
+    return pen

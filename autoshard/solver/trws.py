@@ -7,8 +7,13 @@ the messages of the others) and of lower bounds (``bound``). ``penalty`` adds a 
 to the costs: the Lagrangian term of the memory rows (see lagrange.py).
 
 Arithmetic is float64 with forbidden entries at +inf; the bound is made safe against rounding
-by ``safe_bound``.
+by ``safe_bound``. The node-by-node loops (a pass of message updates, the reparametrised node
+costs, the primal) are compiled by numba over flat arrays: in numpy they cost ~5 us of call
+overhead per message, 0.3 s a step on IOPDDL M's core (8127 edges), most of a Lagrangian step.
+The per-node and per-edge arrays the rest of the solver reads (``to_u``, ``to_v``) are views
+into those flat arrays, so they see every update.
 """
+
 
 from __future__ import annotations
 
@@ -16,11 +21,14 @@ import math
 import time
 
 import numpy as np
+from numba import njit
 
 from autoshard.solver.core import INF, Compact
 from autoshard.solver.cut import DualCut
 
 _CAP = 1e250  # messages are clipped here so inf - inf never appears
+CHUNK = 256
+"""Nodes per compiled call of a pass: the deadline is checked between calls."""
 
 
 class MessagePassing:
@@ -38,59 +46,39 @@ class MessagePassing:
             if u > v:
                 u, v, m = v, u, m.T
             e = len(self.edges)
-            self.edges.append((u, v, np.where(m < INF, m.astype(np.float64), np.inf)))
+            self.edges.append((u, v, np.ascontiguousarray(np.where(m < INF, m.astype(np.float64), np.inf))))
             self.inc[u].append((e, v, True))
             self.inc[v].append((e, u, False))
-        self.to_u = [np.zeros(len(self.theta[u])) for u, _, _ in self.edges]
-        self.to_v = [np.zeros(len(self.theta[v])) for _, v, _ in self.edges]
-        self.gamma = [
+        self.gamma = np.array([
             1.0 / max(1, sum(j < i for _, j, _ in self.inc[i]), sum(j > i for _, j, _ in self.inc[i]))
             for i in range(n)
-        ]
-        self._by_shape: list[tuple[list[int], np.ndarray, float]] | None = None
+        ])
+        self.flat = _FlatGraph(self)
+        self.to_u = _views(self.flat.to_u, self.flat.u_off)
+        self.to_v = _views(self.flat.to_v, self.flat.v_off)
+        self._top: float | None = None
 
-    def _hat(self, i: int, penalty: list[np.ndarray] | None) -> np.ndarray:
-        hat = self.theta[i] if penalty is None else self.theta[i] + penalty[i]
-        for e, _, is_u in self.inc[i]:
-            hat = hat + (self.to_u[e] if is_u else self.to_v[e])
-        return hat
+    def _hats(self, penalty: list[np.ndarray] | None) -> list[np.ndarray]:
+        """Every node's reparametrised costs: its costs, penalty and incoming messages."""
+        f = self.flat
+        return _views(_all_hats(*f.node_args(penalty), *f.message_args()), f.th_off)
 
     def sweep(self, penalty: list[np.ndarray] | None = None, deadline: float | None = None) -> bool:
         """One forward and one backward pass of message updates; False when cut short at
         ``deadline`` (the messages stay valid)."""
-        n = self.comp.n
+        f, n = self.flat, self.comp.n
+        nodes, messages = f.node_args(penalty), f.message_args()
         for forward in (True, False):
-            for i in range(n) if forward else range(n - 1, -1, -1):
-                if deadline is not None and i % 256 == 0 and time.monotonic() > deadline:
+            for start in range(0, n, CHUNK):
+                if deadline is not None and time.monotonic() > deadline:
                     return False
-                hat = self._hat(i, penalty)
-                g = self.gamma[i]
-                for e, j, is_u in self.inc[i]:
-                    if (j > i) != forward:
-                        continue
-                    m = self.edges[e][2]
-                    if is_u:
-                        msg = np.minimum(((g * hat - self.to_u[e])[:, None] + m).min(axis=0), _CAP)
-                        self.to_v[e] = msg - msg.min()
-                    else:
-                        msg = np.minimum(((g * hat - self.to_v[e])[None, :] + m).min(axis=1), _CAP)
-                        self.to_u[e] = msg - msg.min()
+                lo, hi = (start, min(n, start + CHUNK)) if forward else (max(0, n - start - CHUNK), n - start)
+                _pass(lo, hi, forward, self.gamma, *nodes, *messages)
         return True
 
     def primal(self, penalty: list[np.ndarray] | None = None) -> np.ndarray:
         """Decide nodes in order: best strategy given decided neighbours and others' messages."""
-        n = self.comp.n
-        x = np.full(n, -1, dtype=np.int64)
-        for i in range(n):
-            vec = self.theta[i] if penalty is None else self.theta[i] + penalty[i]
-            for e, j, is_u in self.inc[i]:
-                m = self.edges[e][2]
-                if x[j] >= 0:
-                    vec = vec + (m[:, x[j]] if is_u else m[x[j], :])
-                else:
-                    vec = vec + (self.to_u[e] if is_u else self.to_v[e])
-            x[i] = int(np.argmin(vec))
-        return x
+        return _primal(*self.flat.node_args(penalty), *self.flat.message_args())
 
     def _edge_part(self, e: int, hats: list[np.ndarray]) -> np.ndarray:
         """Edge ``e``'s share of the reparametrised costs: its matrix minus the messages, plus an
@@ -99,49 +87,31 @@ class MessagePassing:
         return (m - self.to_u[e][:, None] - self.to_v[e][None, :]
                 + hats[u][:, None] / len(self.inc[u]) + hats[v][None, :] / len(self.inc[v]))
 
-    def _groups(self) -> list[tuple[list[int], np.ndarray, float]]:
-        """The edges grouped by matrix shape: their ids, their matrices stacked, and the sum of
-        their largest finite magnitudes (built on the first ``bound``)."""
-        if self._by_shape is None:
-            ids: dict[tuple[int, int], list[int]] = {}
-            for e, (_, _, m) in enumerate(self.edges):
-                ids.setdefault(m.shape, []).append(e)
-            self._by_shape = []
-            for group in ids.values():
-                mats = np.stack([self.edges[e][2] for e in group])
-                top = sum(float(np.abs(self.edges[e][2][np.isfinite(self.edges[e][2])]).max(initial=0.0)) for e in group)
-                self._by_shape.append((group, mats, top))
-        return self._by_shape
-
     def bound(self, penalty: list[np.ndarray] | None = None) -> tuple[float, float]:
         """A lower bound on min cost + penalty, and the sum of magnitudes for ``safe_bound``.
 
         Any split of the reparametrised costs among nodes and edges bounds the minimum by the
         sum of the parts' minima; each node's reparametrised cost is split evenly over its edges.
         """
-        hats = [self._hat(i, penalty) for i in range(self.comp.n)]
+        f = self.flat
+        nodes, messages = f.node_args(penalty), f.message_args()
+        hats = _all_hats(*nodes, *messages)
         total, scale = 0.0, 0.0
-        for i, hat in enumerate(hats):
-            if not self.inc[i]:
-                low = float(hat.min())
-                total += low
-                scale += abs(low)
-        for ids, mats, top in self._groups():  # edges of one shape at once (S: 365 shapes, 13374 edges)
-            share = [(hats[u] / len(self.inc[u]), hats[v] / len(self.inc[v])) for u, v, _ in (self.edges[e] for e in ids)]
-            rows = np.stack([a for a, _ in share]) - np.stack([self.to_u[e] for e in ids])
-            cols = np.stack([b for _, b in share]) - np.stack([self.to_v[e] for e in ids])
-            low = (mats + rows[:, :, None] + cols[:, None, :]).min(axis=(1, 2))
-            total += float(low.sum())
-            scale += float(np.abs(low).sum()) + top
-        return total, scale
-
+        for i in f.isolated:
+            low = float(hats[f.th_off[i]:f.th_off[i + 1]].min())
+            total += low
+            scale += abs(low)
+        low = _edge_minima(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages)
+        if self._top is None:  # the sum of the edges' largest finite magnitudes
+            self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
+        return total + float(low.sum()), scale + float(np.abs(low).sum()) + self._top
 
     def cut(self, penalty: list[np.ndarray] | None, offset: float) -> DualCut:
         """The split bound as a z3 cut: each edge part's excess over its minimum, floored, on the
         pair's indicator (and isolated nodes' excess on their strategies). For every plan that fits,
         cost >= const + sum of the excesses it uses, where const is the bound plus ``offset``
         (minus lam . capacity for a Lagrangian penalty)."""
-        hats = [self._hat(i, penalty) for i in range(self.comp.n)]
+        hats = self._hats(penalty)
         total, scale = offset, abs(offset)
         node_terms, pair_terms = [], []
         for i, hat in enumerate(hats):
@@ -169,3 +139,188 @@ def safe_bound(value: float, scale: float) -> int:
     if not math.isfinite(value):
         return -(2**62) if value < 0 else 2**62
     return math.ceil(value - 1e-12 * (scale + abs(value)) - 1e-9)
+
+
+def _views(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """Views of ``flat`` cut at ``offsets`` (one per node or edge)."""
+    return [flat[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+class _FlatGraph:
+    """The costs, incidence lists, edge matrices and messages of a MessagePassing as flat
+    arrays with offsets, which is what the compiled loops take."""
+
+    def __init__(self, mp: MessagePassing) -> None:
+        sizes = [len(t) for t in mp.theta]
+        self.th_off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.theta = np.concatenate(mp.theta)
+        self.zeros = np.zeros_like(self.theta)
+        inc = [(e, j, is_u) for row in mp.inc for e, j, is_u in row]
+        self.inc_ptr = np.concatenate([[0], np.cumsum([len(row) for row in mp.inc])]).astype(np.int64)
+        self.inc_edge = np.array([e for e, _, _ in inc], dtype=np.int64)
+        self.inc_other = np.array([j for _, j, _ in inc], dtype=np.int64)
+        self.inc_is_u = np.array([is_u for _, _, is_u in inc], dtype=np.bool_)
+        mats = [m.ravel() for _, _, m in mp.edges]
+        self.mats = np.concatenate(mats) if mats else np.zeros(0)
+        self.m_off = np.concatenate([[0], np.cumsum([len(m) for m in mats])]).astype(np.int64)
+        self.u_off = np.concatenate([[0], np.cumsum([sizes[u] for u, _, _ in mp.edges])]).astype(np.int64)
+        self.v_off = np.concatenate([[0], np.cumsum([sizes[v] for _, v, _ in mp.edges])]).astype(np.int64)
+        self.to_u = np.zeros(self.u_off[-1])
+        self.to_v = np.zeros(self.v_off[-1])
+        self.edge_u = np.array([u for u, _, _ in mp.edges], dtype=np.int64)
+        self.edge_v = np.array([v for _, v, _ in mp.edges], dtype=np.int64)
+        self.degree = np.diff(self.inc_ptr).astype(np.float64)
+        self.isolated = [i for i, row in enumerate(mp.inc) if not row]
+
+    def node_args(self, penalty: list[np.ndarray] | None) -> tuple[np.ndarray, ...]:
+        """Offsets, costs, the penalty (zeros when None) and the incidence lists."""
+        pen = self.zeros if penalty is None else np.concatenate(penalty).astype(np.float64)
+        return self.th_off, self.theta, pen, self.inc_ptr, self.inc_edge, self.inc_other, self.inc_is_u
+
+    def message_args(self) -> tuple[np.ndarray, ...]:
+        """Edge matrices and both directions' messages, with their offsets."""
+        return self.mats, self.m_off, self.to_u, self.u_off, self.to_v, self.v_off
+
+
+@njit(cache=True)
+def _hat_into(i, out, at, th_off, theta, pen, inc_ptr, inc_edge, inc_is_u, to_u, u_off, to_v, v_off):  # pragma: no cover
+    """Node i's costs plus penalty plus incoming messages (in incidence order), into out[at:]."""
+    a, k = th_off[i], th_off[i + 1] - th_off[i]
+    for s in range(k):
+        out[at + s] = theta[a + s] + pen[a + s]
+    for p in range(inc_ptr[i], inc_ptr[i + 1]):
+        e = inc_edge[p]
+        if inc_is_u[p]:
+            b = u_off[e]
+            for s in range(k):
+                out[at + s] += to_u[b + s]
+        else:
+            b = v_off[e]
+            for s in range(k):
+                out[at + s] += to_v[b + s]
+
+
+@njit(cache=True)
+def _all_hats(th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
+    """Every node's reparametrised costs, flat (laid out as ``theta``)."""
+    out = np.empty(len(theta))
+    for i in range(len(th_off) - 1):
+        _hat_into(i, out, th_off[i], th_off, theta, pen, inc_ptr, inc_edge, inc_is_u, to_u, u_off, to_v, v_off)
+    return out
+
+
+@njit(cache=True)
+def _pass(lo, hi, forward, gamma, th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
+    """TRW-S updates of nodes lo..hi-1 (in that order when ``forward``, else the reverse): each
+    node's messages to its later neighbours (earlier ones going backward),
+
+        msg_ij(t) = min_s (gamma_i hat_i(s) - msg_ji(s) + theta_ij(s, t)),  clipped at _CAP,
+
+    less its minimum."""
+    kmax = 0
+    for i in range(len(th_off) - 1):
+        kmax = max(kmax, th_off[i + 1] - th_off[i])
+    hat = np.empty(kmax)
+    w = np.empty(kmax)
+    msg = np.empty(kmax)
+    for step in range(hi - lo):
+        i = lo + step if forward else hi - 1 - step
+        _hat_into(i, hat, 0, th_off, theta, pen, inc_ptr, inc_edge, inc_is_u, to_u, u_off, to_v, v_off)
+        g, ki = gamma[i], th_off[i + 1] - th_off[i]
+        for p in range(inc_ptr[i], inc_ptr[i + 1]):
+            j = inc_other[p]
+            if (j > i) != forward:
+                continue
+            e, j_size = inc_edge[p], th_off[j + 1] - th_off[j]
+            mb, ub, vb = m_off[e], u_off[e], v_off[e]
+            if inc_is_u[p]:  # i is the edge's row node: the message goes to its columns
+                for t in range(j_size):
+                    msg[t] = np.inf
+                for s in range(ki):
+                    h = g * hat[s] - to_u[ub + s]
+                    row = mb + s * j_size
+                    for t in range(j_size):
+                        val = h + mats[row + t]
+                        if val < msg[t]:
+                            msg[t] = val
+                out, ob = to_v, vb
+            else:  # i is the column node: the message goes to the rows
+                for t in range(ki):
+                    w[t] = g * hat[t] - to_v[vb + t]
+                for s in range(j_size):
+                    best = np.inf
+                    row = mb + s * ki
+                    for t in range(ki):
+                        val = w[t] + mats[row + t]
+                        if val < best:
+                            best = val
+                    msg[s] = best
+                out, ob = to_u, ub
+            low = np.inf
+            for t in range(j_size):
+                if msg[t] > _CAP:
+                    msg[t] = _CAP
+                if msg[t] < low:
+                    low = msg[t]
+            for t in range(j_size):
+                out[ob + t] = msg[t] - low
+
+
+@njit(cache=True)
+def _edge_minima(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
+    """Per edge uv, the minimum of its part of the reparametrised costs,
+
+        min_{s,t} theta_uv(s, t) + (hat_u(s) / deg_u - msg_vu(s)) + (hat_v(t) / deg_v - msg_uv(t))."""
+    out = np.empty(len(edge_u))
+    for e in range(len(edge_u)):
+        u, v = edge_u[e], edge_v[e]
+        ku, kv = th_off[u + 1] - th_off[u], th_off[v + 1] - th_off[v]
+        hu, hv, mb = th_off[u], th_off[v], m_off[e]
+        low = np.inf
+        for s in range(ku):
+            row = hats[hu + s] / degree[u] - to_u[u_off[e] + s]
+            for t in range(kv):
+                val = mats[mb + s * kv + t] + row + (hats[hv + t] / degree[v] - to_v[v_off[e] + t])
+                if val < low:
+                    low = val
+        out[e] = low
+    return out
+
+
+@njit(cache=True)
+def _primal(th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
+    """Each node in order on its cheapest strategy, given the decided neighbours' strategies
+    (their edge costs) and the others' messages; ties to the lowest index."""
+    n = len(th_off) - 1
+    x = np.full(n, -1, dtype=np.int64)
+    kmax = 0
+    for i in range(n):
+        kmax = max(kmax, th_off[i + 1] - th_off[i])
+    vec = np.empty(kmax)
+    for i in range(n):
+        a, k = th_off[i], th_off[i + 1] - th_off[i]
+        for s in range(k):
+            vec[s] = theta[a + s] + pen[a + s]
+        for p in range(inc_ptr[i], inc_ptr[i + 1]):
+            e, j = inc_edge[p], inc_other[p]
+            if x[j] >= 0:
+                mb = m_off[e]
+                if inc_is_u[p]:  # i's strategies are the rows: column x[j]
+                    j_size = th_off[j + 1] - th_off[j]
+                    for s in range(k):
+                        vec[s] += mats[mb + s * j_size + x[j]]
+                else:  # i's strategies are the columns: row x[j]
+                    for s in range(k):
+                        vec[s] += mats[mb + x[j] * k + s]
+            elif inc_is_u[p]:
+                for s in range(k):
+                    vec[s] += to_u[u_off[e] + s]
+            else:
+                for s in range(k):
+                    vec[s] += to_v[v_off[e] + s]
+        best = 0
+        for s in range(1, k):
+            if vec[s] < vec[best]:
+                best = s
+        x[i] = best
+    return x

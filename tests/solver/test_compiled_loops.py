@@ -1,0 +1,209 @@
+"""The solver's compiled (numba) loops against plain references on random cores: TRW-S's message
+updates, bound and primal, the local search's descent, the core's cost, memory profile and
+Lagrangian penalties."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoshard.solver.core import INF, Compact, Core
+from autoshard.solver.heuristics import Search
+from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.memory import attach_memory
+from autoshard.solver.trws import _CAP, MessagePassing
+
+from helpers import random_problem
+
+
+def compact(seed: int, nodes: int, forbid: float = 0.1) -> Compact:
+    problem = random_problem(np.random.default_rng(seed), nodes, max_k=5, forbid_prob=forbid)
+    core = Core(problem)
+    attach_memory(core, problem)
+    return core.freeze()
+
+
+def penalty_of(comp: Compact, rng: np.random.Generator) -> list[np.ndarray]:
+    return [rng.random(len(c)) * 40 for c in comp.costs]
+
+
+def reference_sweep(mp: MessagePassing, penalty: list[np.ndarray] | None) -> None:
+    """One forward and one backward TRW-S pass, message by message in numpy."""
+    n = mp.comp.n
+    for forward in (True, False):
+        for i in range(n) if forward else range(n - 1, -1, -1):
+            hat = mp.theta[i] if penalty is None else mp.theta[i] + penalty[i]
+            for e, _, is_u in mp.inc[i]:
+                hat = hat + (mp.to_u[e] if is_u else mp.to_v[e])
+            for e, j, is_u in mp.inc[i]:
+                if (j > i) != forward:
+                    continue
+                m = mp.edges[e][2]
+                if is_u:
+                    msg = np.minimum(((mp.gamma[i] * hat - mp.to_u[e])[:, None] + m).min(axis=0), _CAP)
+                    mp.to_v[e][:] = msg - msg.min()
+                else:
+                    msg = np.minimum(((mp.gamma[i] * hat - mp.to_v[e])[None, :] + m).min(axis=1), _CAP)
+                    mp.to_u[e][:] = msg - msg.min()
+
+
+def reference_bound(mp: MessagePassing, penalty: list[np.ndarray] | None) -> float:
+    """The split bound: isolated nodes' minima plus each edge part's minimum."""
+    hats = []
+    for i in range(mp.comp.n):
+        hat = mp.theta[i] if penalty is None else mp.theta[i] + penalty[i]
+        for e, _, is_u in mp.inc[i]:
+            hat = hat + (mp.to_u[e] if is_u else mp.to_v[e])
+        hats.append(hat)
+    total = sum(float(hats[i].min()) for i in range(mp.comp.n) if not mp.inc[i])
+    for e, (u, v, m) in enumerate(mp.edges):
+        part = (m + (hats[u] / len(mp.inc[u]) - mp.to_u[e])[:, None]) + (hats[v] / len(mp.inc[v]) - mp.to_v[e])[None, :]
+        total += float(part.min())
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), penalised=st.booleans())
+def test_trws_pass_bound_and_primal_match_the_numpy_reference(seed, penalised):
+    """Messages equal to the bit after three sweeps; the bound equal up to the rounding of its
+    sum (clipped messages of forbidden pairs make terms of 1e234 cancel); the primal decided as
+    the reference decides it."""
+    comp = compact(seed, int(np.random.default_rng(seed).integers(2, 10)))
+    rng = np.random.default_rng(seed)
+    penalty = penalty_of(comp, rng) if penalised else None
+    ours, ref = MessagePassing(comp), MessagePassing(comp)
+    for _ in range(3):
+        ours.sweep(penalty)
+        reference_sweep(ref, penalty)
+    for a, b in zip(ours.to_u + ours.to_v, ref.to_u + ref.to_v):
+        np.testing.assert_array_equal(a, b)
+    value, scale = ours.bound(penalty)
+    expected = reference_bound(ref, penalty)
+    if np.isfinite(expected):  # equal within the rounding margin safe_bound allows for
+        assert abs(value - expected) <= 1e-12 * (scale + abs(expected)) + 1e-6
+    else:
+        assert value == expected
+    x = ours.primal(penalty)
+    for i in range(comp.n):  # each node's choice is the cheapest given decided neighbours and messages
+        vec = ref.theta[i] if penalty is None else ref.theta[i] + penalty[i]
+        for e, j, is_u in ref.inc[i]:
+            m = ref.edges[e][2]
+            if j < i:
+                vec = vec + (m[:, x[j]] if is_u else m[x[j], :])
+            else:
+                vec = vec + (ref.to_u[e] if is_u else ref.to_v[e])
+        assert x[i] == int(np.argmin(vec))
+
+
+def test_a_deadline_in_the_past_stops_a_sweep_and_leaves_the_messages():
+    comp = compact(3, 9)
+    mp = MessagePassing(comp)
+    assert not mp.sweep(None, time.monotonic() - 1.0)
+    assert all(not m.any() for m in mp.to_u + mp.to_v)
+
+
+def local_costs(comp: Compact, x: np.ndarray, i: int) -> np.ndarray:
+    vec = comp.costs[i].copy()
+    for j, m in comp.nbrs[i]:
+        vec = np.minimum(vec + m[:, x[j]], INF)
+    return vec
+
+
+def reference_descend(comp: Compact, x: np.ndarray, order: np.ndarray, penalty: list[np.ndarray] | None) -> np.ndarray:
+    """Nodes off a FIFO queue (``order`` first), each to the first of its cheapest strategies
+    (penalised with a penalty; else among those after which every row the node covers fits),
+    its neighbours queued when it moves; memory judged on whole profiles."""
+    x = x.copy()
+    memory = penalty is None and comp.capacity is not None and len(comp.capacity) > 0
+    queue, queued = deque(int(i) for i in order), set(int(i) for i in order)
+    while queue:
+        i = queue.popleft()
+        queued.discard(i)
+        true = local_costs(comp, x, i)
+        vec = true if penalty is None else np.where(true < INF, true + penalty[i], np.inf)
+        rows = [r for start, stop, _ in comp.segments[i] for r in range(start, stop)] if memory else []
+        if rows:
+            allowed = []
+            for s in range(len(true)):
+                y = x.copy()
+                y[i] = s
+                allowed.append(bool((comp.profile(y)[rows] <= comp.capacity[rows]).all()))
+            vec = np.where(allowed, vec, INF)
+        best, now = int(np.argmin(vec)), x[i]
+        if true[best] < INF and (true[now] >= INF or vec[best] < vec[now]):
+            x[i] = best
+            for j, _ in comp.nbrs[i]:
+                if j not in queued:
+                    queued.add(j)
+                    queue.append(j)
+    return x
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), penalised=st.booleans())
+def test_descent_moves_as_the_reference_does_with_exact_cost_and_slack(seed, penalised):
+    """``descend`` ends where the reference ends from the same start and order, with the
+    running total and slack of the final plan; a feasible start stays feasible."""
+    comp = compact(seed, int(np.random.default_rng(seed).integers(2, 12)), forbid=0.15)
+    rng = np.random.default_rng(seed)
+    penalty = penalty_of(comp, rng) if penalised else None
+    start = np.array([rng.integers(len(c)) for c in comp.costs])
+    search = Search(comp, start, np.random.default_rng(seed + 1), penalty=penalty)
+    fitted = search.memory and search.feasible  # (a forbidden strategy is left even for one that overflows)
+    search.descend(time.monotonic() + 10)
+    order = np.random.default_rng(seed + 1).permutation(comp.n)
+    np.testing.assert_array_equal(search.x, reference_descend(comp, start, order, penalty))
+    assert search.total == comp.cost(search.x)
+    if search.memory:
+        np.testing.assert_array_equal(search.slack, comp.capacity - comp.profile(search.x))
+        assert not fitted or search.feasible
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_cost_profile_and_penalties_match_plain_sums(seed):
+    """Compact.cost (exact Python ints, forbidden terms included), Compact.profile and the
+    Lagrangian penalties against per-node, per-edge, per-segment sums."""
+    comp = compact(seed, 8, forbid=0.3)
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        x = [int(rng.integers(len(c))) for c in comp.costs]
+        expected = comp.const + sum(int(c[s]) for c, s in zip(comp.costs, x)) \
+            + sum(int(m[x[u], x[v]]) for u, v, m in comp.edges)
+        assert comp.cost(x) == expected and comp.cost(np.array(x)) == expected
+        if comp.capacity is not None:
+            usage = np.zeros(len(comp.capacity), dtype=np.int64)
+            for segs, s in zip(comp.segments, x):
+                for start, stop, u in segs:
+                    usage[start:stop] += u[s]
+            np.testing.assert_array_equal(comp.profile(x), usage)
+    if comp.capacity is None or not len(comp.capacity):
+        return
+    lag = LagrangianSearch(comp, rng)
+    lag.lam = rng.random(len(lag.lam)) * 3
+    for pen, segs in zip(lag.penalties(), comp.segments):
+        expected = np.zeros(len(pen))
+        for start, stop, u in segs:
+            expected += u * lag.lam[start:stop].sum()
+        np.testing.assert_allclose(pen, expected, rtol=1e-12, atol=1e-9)
+
+
+def test_cost_of_many_forbidden_terms_is_exact_past_int64():
+    """Sums of forbidden terms leave int64's range: the cost falls back to Python ints."""
+    comp = Compact(nodes=list(range(12)), costs=[np.array([INF]) for _ in range(12)], edges=[],
+                   capacity=None, segments=[[] for _ in range(12)])
+    assert comp.cost([0] * 12) == 12 * INF
+
+
+def test_small_problems_are_unchanged_by_the_layout():
+    """Every plan of a small core: the flat cost equals the dict-free definition (brute force)."""
+    comp = compact(11, 5, forbid=0.2)
+    for x in itertools.product(*[range(len(c)) for c in comp.costs]):
+        expected = comp.const + sum(int(c[s]) for c, s in zip(comp.costs, x)) \
+            + sum(int(m[x[u], x[v]]) for u, v, m in comp.edges)
+        assert comp.cost(list(x)) == expected
