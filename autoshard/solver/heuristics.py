@@ -90,6 +90,7 @@ class Search:
         comp, n, a = self.comp, self.comp.n, self.comp.arrays
         blocks = flat_blocks(comp).blocks if self.memory else flat_blocks(comp).none
         pen = np.concatenate(self.penalty).astype(np.float64) if self.penalty is not None else np.zeros(0)
+        widest = int(np.diff(a.c_off).max()) if n else 0
         queue = self.rng.permutation(n).astype(np.int64)
         queued = np.ones(n, dtype=np.bool_)
         head, count = 0, n
@@ -97,7 +98,7 @@ class Search:
         moved = saturated = False
         while count and time.monotonic() < deadline:
             head, count, total, saturated_now, moved_now = _descend(
-                self.x, self.slack, queue, queued, head, count, VISITS, total,
+                self.x, self.slack, queue, queued, head, count, VISITS, total, widest,
                 a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats, *blocks, pen, self.penalty is not None, INF)
             saturated, moved = saturated or saturated_now, moved or moved_now
         if moved:
@@ -223,7 +224,7 @@ def flat_blocks(comp: Compact) -> FlatBlocks:
 
 
 @njit(cache=True)
-def _descend(x, slack, queue, queued, head, count, visits, total,
+def _descend(x, slack, queue, queued, head, count, visits, total, widest,
              c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats,
              blk_ptr, blk_start, blk_stop, blk_uoff, blk_use, pen, use_pen, inf):  # pragma: no cover
     """Up to ``visits`` nodes off the FIFO ring ``queue`` (``head``, ``count``; ``queued`` marks
@@ -231,15 +232,13 @@ def _descend(x, slack, queue, queued, head, count, visits, total,
     neighbours queued when it moves; ``x``, ``slack``, the queue updated in place. The local
     cost of strategy s of node i is c_i(s) + sum_j m_ij(s, x_j), saturated at ``inf``; with
     ``use_pen`` the choice is on that plus ``pen`` (memory unchecked: no blocks then).
-    Returns the ring's head and count, the total moved by the exact deltas, whether a move
-    touched saturated costs (the total must then be recomputed), and whether anything moved."""
+    ``widest``: the most strategies of a node. Returns the ring's head and count, the total
+    moved by the exact deltas, whether a move touched saturated costs (the total must then be
+    recomputed), and whether anything moved."""
     n = len(x)
-    kmax = 0
-    for i in range(n):
-        kmax = max(kmax, c_off[i + 1] - c_off[i])
-    local = np.empty(kmax, dtype=np.int64)
-    vec_int = np.empty(kmax, dtype=np.int64)
-    vec_pen = np.empty(kmax)
+    local = np.empty(widest, dtype=np.int64)
+    vec_int = np.empty(widest, dtype=np.int64)
+    vec_pen = np.empty(widest)
     saturated = moved = False
     done = 0
     while count > 0 and done < visits:

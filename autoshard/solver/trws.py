@@ -14,7 +14,6 @@ The per-node and per-edge arrays the rest of the solver reads (``to_u``, ``to_v`
 into those flat arrays, so they see every update.
 """
 
-
 from __future__ import annotations
 
 import math
@@ -54,6 +53,10 @@ class MessagePassing:
             for i in range(n)
         ])
         self.flat = _FlatGraph(self)
+        # the per-node and per-edge arrays become views of the flat ones: one copy in memory
+        self.theta = _views(self.flat.theta, self.flat.th_off)
+        self.edges = [(u, v, self.flat.mats[a:b].reshape(m.shape))
+                      for (u, v, m), a, b in zip(self.edges, self.flat.m_off[:-1].tolist(), self.flat.m_off[1:].tolist())]
         self.to_u = _views(self.flat.to_u, self.flat.u_off)
         self.to_v = _views(self.flat.to_v, self.flat.v_off)
         self._top: float | None = None
@@ -73,7 +76,7 @@ class MessagePassing:
                 if deadline is not None and time.monotonic() > deadline:
                     return False
                 lo, hi = (start, min(n, start + CHUNK)) if forward else (max(0, n - start - CHUNK), n - start)
-                _pass(lo, hi, forward, self.gamma, *nodes, *messages)
+                _pass(lo, hi, forward, f.widest, self.gamma, *nodes, *messages)
         return True
 
     def primal(self, penalty: list[np.ndarray] | None = None) -> np.ndarray:
@@ -154,6 +157,7 @@ class _FlatGraph:
         sizes = [len(t) for t in mp.theta]
         self.th_off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.theta = np.concatenate(mp.theta)
+        self.widest = max(sizes, default=0)
         self.zeros = np.zeros_like(self.theta)
         inc = [(e, j, is_u) for row in mp.inc for e, j, is_u in row]
         self.inc_ptr = np.concatenate([[0], np.cumsum([len(row) for row in mp.inc])]).astype(np.int64)
@@ -210,19 +214,16 @@ def _all_hats(th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, 
 
 
 @njit(cache=True)
-def _pass(lo, hi, forward, gamma, th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
+def _pass(lo, hi, forward, widest, gamma, th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
     """TRW-S updates of nodes lo..hi-1 (in that order when ``forward``, else the reverse): each
     node's messages to its later neighbours (earlier ones going backward),
 
         msg_ij(t) = min_s (gamma_i hat_i(s) - msg_ji(s) + theta_ij(s, t)),  clipped at _CAP,
 
-    less its minimum."""
-    kmax = 0
-    for i in range(len(th_off) - 1):
-        kmax = max(kmax, th_off[i + 1] - th_off[i])
-    hat = np.empty(kmax)
-    w = np.empty(kmax)
-    msg = np.empty(kmax)
+    less its minimum (``widest``: the most strategies of a node)."""
+    hat = np.empty(widest)
+    w = np.empty(widest)
+    msg = np.empty(widest)
     for step in range(hi - lo):
         i = lo + step if forward else hi - 1 - step
         _hat_into(i, hat, 0, th_off, theta, pen, inc_ptr, inc_edge, inc_is_u, to_u, u_off, to_v, v_off)
