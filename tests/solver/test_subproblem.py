@@ -5,9 +5,13 @@ unconstrained optimum comes back whenever it fits."""
 from __future__ import annotations
 
 import itertools
+import time
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from autoshard.solver import subproblem
 from autoshard.solver.subproblem import CFN_EVERY, CFN_MAX_SECONDS, CFN_SECONDS, PenalisedProbe
 from autoshard.solver.toulbar import can_take
 
@@ -66,7 +70,14 @@ def recorder():
     return asked, nothing
 
 
-def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_every_few_steps():
+@pytest.fixture
+def fast_steps(monkeypatch):
+    """A clock 10 s further on at each reading: the steps between calls always outlast a call."""
+    ticks = itertools.count(time.monotonic(), 10.0)
+    monkeypatch.setattr(subproblem, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+
+
+def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_every_few_steps(fast_steps):
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory)
     probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
     asked, nothing = recorder()
@@ -76,7 +87,7 @@ def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_e
     assert asked == [2 * min(CFN_SECONDS * 2**k, CFN_MAX_SECONDS) + 1 for k in range(6)]
 
 
-def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_pay():
+def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_pay(fast_steps):
     """The main process's probe: calls whose plan is not below ``best`` (or that found none) put
     the next one off by twice the steps, always with the same time; one that pays resets."""
     def planned(comp):
@@ -94,3 +105,26 @@ def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_
     assert search is not None and probe.next == 100 + CFN_EVERY
     probe.plan(zero, 105, search.total, float("inf"), direct)  # the same optimum again: no gain
     assert probe.next == 105 + 2 * CFN_EVERY
+
+
+
+def test_a_call_waits_for_as_much_time_of_steps_as_the_last_call_took(monkeypatch):
+    """The calls take at most half of the time: after a call of t seconds the next is not due,
+    whatever the steps, until t seconds have passed."""
+    now = [time.monotonic()]
+    monkeypatch.setattr(subproblem, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory)
+    probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
+
+    def slow(call, seconds):
+        now[0] += 3.0
+        return None
+
+    zero = [np.zeros(len(c)) for c in comp.costs]
+    assert probe.due(CFN_EVERY)
+    probe.plan(zero, CFN_EVERY, None, float("inf"), slow)
+    assert not probe.due(100 * CFN_EVERY)
+    now[0] += 2.9
+    assert not probe.due(100 * CFN_EVERY)
+    now[0] += 0.2
+    assert probe.due(2 * CFN_EVERY)
