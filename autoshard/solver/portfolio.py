@@ -393,8 +393,10 @@ class Portfolio(Z3Phases):
 
     def _lns(self, lns: NeighbourhoodSearch, engines: list[EngineWorker]) -> None:
         """A slice of large-neighbourhood search from the best plan (lns.py). The engines are
-        heard between neighbourhoods; the slice ends early once the search is finished or an
-        engine's plan beats the slice's (the next slice starts from it)."""
+        heard between neighbourhoods; when one's plan beats the slice's, the slice goes on from
+        that plan (with compiled Lagrangian steps the second engine's plans came every few
+        seconds on IOPDDL R, and slices that ended at each went back to the steps: R 1.0069 of
+        the best known, 0.9940 going on)."""
         left = self.left()
         if left is not None and left < 2.0:
             return
@@ -412,8 +414,13 @@ class Portfolio(Z3Phases):
             self._poll(engines, 0.0)
             return self.finished() or self.best_cost != own[0]
 
+        end = self.soon(budget)
         with self.timed("lns"):
-            lns.run(self.best_local, self.soon(budget), found, heard)
+            while True:
+                lns.run(self.best_local, end, found, heard)
+                if self.finished() or self.best_cost == own[0]:
+                    break  # out of the slice's time (or finished), not stopped by another's plan
+                own[0] = self.best_cost
         self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
 
     def _z3_cut(self) -> DualCut | None:

@@ -146,3 +146,34 @@ def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
     assert checked >= 10
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_comes():
+    """A better plan heard from another engine during a slice does not end it: neighbourhood
+    search starts again from that plan, until it returns with no newer plan than its own."""
+    from autoshard.solver.portfolio import Portfolio
+    from autoshard.solver.solution import SolveOptions
+
+    problem = random_problem(np.random.default_rng(0), 6)
+    portfolio = Portfolio(problem, SolveOptions(), lambda event: None)
+    portfolio.best_local, portfolio.best_cost = np.zeros(6, dtype=np.int64), 10
+
+    class Heard:
+        """Neighbourhood search where another engine's plan arrives during the first run."""
+        solvers: list = []
+
+        def __init__(self) -> None:
+            self.starts: list[list[int]] = []
+
+        def run(self, x, deadline, found, stop):
+            self.starts.append(list(x))
+            if len(self.starts) == 1:
+                portfolio.best_local, portfolio.best_cost = np.ones(6, dtype=np.int64), 7
+                assert stop()  # told to stop: the best plan is not the slice's
+            else:
+                assert not stop()
+            return x
+
+    lns = Heard()
+    portfolio._lns(lns, [])
+    assert lns.starts == [[0] * 6, [1] * 6]
