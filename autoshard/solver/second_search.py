@@ -77,7 +77,8 @@ class LagrangianTurns:
     """Plain subgradient steps (the main process takes deflected ones: two step rules, not one
     twice; offline, 30-80 steps: deflected found better plans on S, T and K, as good on R; in
     whole runs with both deflected K, N and R ended 3-7% worse than with both plain), with
-    toulbar2 on every CFN_EVERY-th step's penalised problem when ``toulbar``."""
+    toulbar2 on the penalised problem when ``toulbar``, every CFN_EVERY-th step at most and
+    after as much time of steps as its last call took (``PenalisedProbe.due``)."""
 
     def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, toulbar: bool, best: Incumbent) -> None:
         self.comp, self.best = comp, best
