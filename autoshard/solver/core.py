@@ -209,6 +209,7 @@ class CompactArrays:
     ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``."""
 
     c_off: np.ndarray
+    widest: int  # the most strategies of a node
     costs: np.ndarray
     nb_ptr: np.ndarray
     nb_other: np.ndarray
@@ -225,9 +226,11 @@ class CompactArrays:
         """``comp`` flattened."""
         nbrs = [(j, m) for row in comp.nbrs for j, m in row]
         segs = [seg for row in comp.segments for seg in row]
+        sizes = [len(c) for c in comp.costs]
         return CompactArrays(
-            offsets([len(c) for c in comp.costs]),
-            flat([c for c in comp.costs]),
+            offsets(sizes),
+            max(sizes, default=0),
+            flat(comp.costs),
             offsets([len(row) for row in comp.nbrs]),
             np.array([j for j, _ in nbrs], dtype=np.int64),
             offsets([m.size for _, m in nbrs])[:-1],
@@ -247,6 +250,11 @@ class CompactArrays:
 def offsets(sizes: list[int]) -> np.ndarray:
     """0 and the running sums of ``sizes`` (int64): where each of a run of pieces starts."""
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+
+def views(whole: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    """The pieces of ``whole`` cut at ``starts`` (as ``offsets`` makes them), as views."""
+    return [whole[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
 
 def flat(pieces: list[np.ndarray]) -> np.ndarray:

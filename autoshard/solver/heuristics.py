@@ -90,7 +90,6 @@ class Search:
         comp, n, a = self.comp, self.comp.n, self.comp.arrays
         blocks = flat_blocks(comp).blocks if self.memory else flat_blocks(comp).none
         pen = np.concatenate(self.penalty).astype(np.float64) if self.penalty is not None else np.zeros(0)
-        widest = int(np.diff(a.c_off).max()) if n else 0
         queue = self.rng.permutation(n).astype(np.int64)
         queued = np.ones(n, dtype=np.bool_)
         head, count = 0, n
@@ -98,7 +97,7 @@ class Search:
         moved = saturated = False
         while count and time.monotonic() < deadline:
             head, count, total, saturated_now, moved_now = _descend(
-                self.x, self.slack, queue, queued, head, count, VISITS, total, widest,
+                self.x, self.slack, queue, queued, head, count, VISITS, total, a.widest,
                 a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats, *blocks, pen, self.penalty is not None, INF)
             saturated, moved = saturated or saturated_now, moved or moved_now
         if moved:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core import Compact
+from autoshard.solver.core import Compact, views
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.heuristics import Search
@@ -95,8 +95,7 @@ class LagrangianSearch:
             return None
         cum = np.concatenate([[0.0], np.cumsum(self.lam)])
         a = self.comp.arrays
-        pen = _penalties(cum, *a.segment_args())
-        return [pen[start:stop] for start, stop in zip(a.c_off[:-1].tolist(), a.c_off[1:].tolist())]
+        return views(_penalties(cum, *a.segment_args()), a.c_off)
 
     def step(self, upper: int | None, deadline: float) -> StepResult:
         """One round: sweeps, bound, plan, repair and polish, multiplier update."""

@@ -22,7 +22,7 @@ import time
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, Compact, offsets, views
 from autoshard.solver.cut import DualCut
 
 _CAP = 1e250  # messages are clipped here so inf - inf never appears
@@ -54,17 +54,17 @@ class MessagePassing:
         ])
         self.flat = _FlatGraph(self)
         # the per-node and per-edge arrays become views of the flat ones: one copy in memory
-        self.theta = _views(self.flat.theta, self.flat.th_off)
+        self.theta = views(self.flat.theta, self.flat.th_off)
         self.edges = [(u, v, self.flat.mats[a:b].reshape(m.shape))
                       for (u, v, m), a, b in zip(self.edges, self.flat.m_off[:-1].tolist(), self.flat.m_off[1:].tolist())]
-        self.to_u = _views(self.flat.to_u, self.flat.u_off)
-        self.to_v = _views(self.flat.to_v, self.flat.v_off)
+        self.to_u = views(self.flat.to_u, self.flat.u_off)
+        self.to_v = views(self.flat.to_v, self.flat.v_off)
         self._top: float | None = None
 
     def _hats(self, penalty: list[np.ndarray] | None) -> list[np.ndarray]:
         """Every node's reparametrised costs: its costs, penalty and incoming messages."""
         f = self.flat
-        return _views(_all_hats(*f.node_args(penalty), *f.message_args()), f.th_off)
+        return views(_all_hats(*f.node_args(penalty), *f.message_args()), f.th_off)
 
     def sweep(self, penalty: list[np.ndarray] | None = None, deadline: float | None = None) -> bool:
         """One forward and one backward pass of message updates; False when cut short at
@@ -144,31 +144,26 @@ def safe_bound(value: float, scale: float) -> int:
     return math.ceil(value - 1e-12 * (scale + abs(value)) - 1e-9)
 
 
-def _views(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    """Views of ``flat`` cut at ``offsets`` (one per node or edge)."""
-    return [flat[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
-
-
 class _FlatGraph:
     """The costs, incidence lists, edge matrices and messages of a MessagePassing as flat
     arrays with offsets, which is what the compiled loops take."""
 
     def __init__(self, mp: MessagePassing) -> None:
         sizes = [len(t) for t in mp.theta]
-        self.th_off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.th_off = offsets(sizes)
         self.theta = np.concatenate(mp.theta)
         self.widest = max(sizes, default=0)
         self.zeros = np.zeros_like(self.theta)
         inc = [(e, j, is_u) for row in mp.inc for e, j, is_u in row]
-        self.inc_ptr = np.concatenate([[0], np.cumsum([len(row) for row in mp.inc])]).astype(np.int64)
+        self.inc_ptr = offsets([len(row) for row in mp.inc])
         self.inc_edge = np.array([e for e, _, _ in inc], dtype=np.int64)
         self.inc_other = np.array([j for _, j, _ in inc], dtype=np.int64)
         self.inc_is_u = np.array([is_u for _, _, is_u in inc], dtype=np.bool_)
         mats = [m.ravel() for _, _, m in mp.edges]
         self.mats = np.concatenate(mats) if mats else np.zeros(0)
-        self.m_off = np.concatenate([[0], np.cumsum([len(m) for m in mats])]).astype(np.int64)
-        self.u_off = np.concatenate([[0], np.cumsum([sizes[u] for u, _, _ in mp.edges])]).astype(np.int64)
-        self.v_off = np.concatenate([[0], np.cumsum([sizes[v] for _, v, _ in mp.edges])]).astype(np.int64)
+        self.m_off = offsets([len(m) for m in mats])
+        self.u_off = offsets([sizes[u] for u, _, _ in mp.edges])
+        self.v_off = offsets([sizes[v] for _, v, _ in mp.edges])
         self.to_u = np.zeros(self.u_off[-1])
         self.to_v = np.zeros(self.v_off[-1])
         self.edge_u = np.array([u for u, _, _ in mp.edges], dtype=np.int64)
