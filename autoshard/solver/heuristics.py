@@ -36,7 +36,7 @@ class Search:
         comp: Compact,
         x: np.ndarray,
         rng: np.random.Generator,
-        penalty: list[np.ndarray] | None = None,
+        penalty: np.ndarray | None = None,
     ) -> None:
         self.comp = comp
         self.rng = rng
@@ -89,7 +89,7 @@ class Search:
         numpy loop's moves per second on IOPDDL M."""
         comp, n, a = self.comp, self.comp.n, self.comp.arrays
         blocks = flat_blocks(comp).blocks if self.memory else flat_blocks(comp).none
-        pen = np.concatenate(self.penalty).astype(np.float64) if self.penalty is not None else np.zeros(0)
+        pen = self.penalty if self.penalty is not None else np.zeros(0)
         queue = self.rng.permutation(n).astype(np.int64)
         queued = np.ones(n, dtype=np.bool_)
         head, count = 0, n

@@ -89,22 +89,23 @@ class LagrangianSearch:
         self.repair_threshold = 0.01
         self.direction: np.ndarray | None = None
 
-    def penalties(self) -> list[np.ndarray] | None:
-        """Per-node penalty vectors: usage of each strategy times the node's summed multipliers."""
+    def penalties(self) -> np.ndarray | None:
+        """The penalty of every strategy, flat (``Compact.arrays.c_off``'s layout, which every
+        consumer takes as is): its usage times the summed multipliers of its rows."""
         if not len(self.lam) or not self.lam.any():
             return None
         cum = np.concatenate([[0.0], np.cumsum(self.lam)])
-        a = self.comp.arrays
-        return views(_penalties(cum, *a.segment_args()), a.c_off)
+        return _penalties(cum, *self.comp.arrays.segment_args())
 
     def step(self, upper: int | None, deadline: float) -> StepResult:
         """One round: sweeps, bound, plan, repair and polish, multiplier update."""
         pen = self.penalties()
         if self.plan is not None:
-            unary = None if pen is None else [c.astype(np.float64) + p for c, p in zip(self.comp.costs, pen)]
+            a = self.comp.arrays
+            unary = None if pen is None else views(a.costs.astype(np.float64) + pen, a.c_off)
             x, value = self.plan.solve(unary)
             x = np.asarray(x, dtype=np.int64)
-            magnitude = abs(float(value)) + (0.0 if pen is None else sum(float(np.abs(p).sum()) for p in pen))
+            magnitude = abs(float(value)) + (0.0 if pen is None else float(np.abs(pen).sum()))
             scale = magnitude * max(1.0, self.comp.n / 100)  # float sums over up to n terms
             value = float(value) + (0.0 if pen is None else self.comp.const)
         else:

@@ -61,7 +61,7 @@ def weighted_start(comp: Compact, rng: np.random.Generator, deadline: float) -> 
     for _ in range(PROBES):
         if time.monotonic() >= deadline:
             break
-        penalty = [weight * a for a in areas]
+        penalty = weight * np.concatenate(areas).astype(np.float64)
         for _ in range(SWEEPS):
             if not mp.sweep(penalty, deadline):
                 return best

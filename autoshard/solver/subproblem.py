@@ -64,7 +64,7 @@ class PenalisedProbe:
         """True on the steps that get a toulbar2 call."""
         return steps >= self.next and time.monotonic() >= self.ready
 
-    def plan(self, penalty: list[np.ndarray], steps: int, best: int | None, deadline: float, run: Runner) -> Search | None:
+    def plan(self, penalty: np.ndarray, steps: int, best: int | None, deadline: float, run: Runner) -> Search | None:
         """toulbar2's plan for costs plus ``penalty`` (via ``run``), repaired to fit and polished
         by local search before ``deadline``; None when toulbar2 found none or no repair fits."""
         comp, seconds, seed = self.comp, self.seconds, self.seed + steps

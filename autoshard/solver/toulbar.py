@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, Compact, views
 from autoshard.solver.milp import silenced
 
 MAX_ROW_TERMS = 100_000
@@ -70,7 +70,7 @@ def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool
     os.write(1, b"\n")
 
 
-def solve_penalised(comp: Compact, penalty: list[np.ndarray], seconds: int, seed: int) -> np.ndarray | None:
+def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
     """The best plan toulbar2's neighbourhood search finds in ``seconds`` (CPU) for the core's
     costs plus ``penalty`` per node, memory rows left out: the Lagrangian subproblem of
     lagrange.py solved as a cost-function network (the contest winner's method), or None when
@@ -78,7 +78,8 @@ def solve_penalised(comp: Compact, penalty: list[np.ndarray], seconds: int, seed
     one left U at 1.0099x best known, 0.9909x without)."""
     import pytoulbar2
 
-    unary = [np.where(c < INF, np.round(c.astype(np.float64) + p), INF) for c, p in zip(comp.costs, penalty)]
+    a = comp.arrays
+    unary = views(np.where(a.costs < INF, np.round(a.costs.astype(np.float64) + penalty), INF), a.c_off)
     with silenced():
         cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
         _network(cfn, comp, unary)

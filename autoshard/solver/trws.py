@@ -61,12 +61,7 @@ class MessagePassing:
         self.to_v = views(self.flat.to_v, self.flat.v_off)
         self._top: float | None = None
 
-    def _hats(self, penalty: list[np.ndarray] | None) -> list[np.ndarray]:
-        """Every node's reparametrised costs: its costs, penalty and incoming messages."""
-        f = self.flat
-        return views(_all_hats(*f.node_args(penalty), *f.message_args()), f.th_off)
-
-    def sweep(self, penalty: list[np.ndarray] | None = None, deadline: float | None = None) -> bool:
+    def sweep(self, penalty: np.ndarray | None = None, deadline: float | None = None) -> bool:
         """One forward and one backward pass of message updates; False when cut short at
         ``deadline`` (the messages stay valid)."""
         f, n = self.flat, self.comp.n
@@ -79,18 +74,11 @@ class MessagePassing:
                 _pass(lo, hi, forward, f.widest, self.gamma, *nodes, *messages)
         return True
 
-    def primal(self, penalty: list[np.ndarray] | None = None) -> np.ndarray:
+    def primal(self, penalty: np.ndarray | None = None) -> np.ndarray:
         """Decide nodes in order: best strategy given decided neighbours and others' messages."""
         return _primal(*self.flat.node_args(penalty), *self.flat.message_args())
 
-    def _edge_part(self, e: int, hats: list[np.ndarray]) -> np.ndarray:
-        """Edge ``e``'s share of the reparametrised costs: its matrix minus the messages, plus an
-        even split of its endpoints' reparametrised node costs."""
-        u, v, m = self.edges[e]
-        return (m - self.to_u[e][:, None] - self.to_v[e][None, :]
-                + hats[u][:, None] / len(self.inc[u]) + hats[v][None, :] / len(self.inc[v]))
-
-    def bound(self, penalty: list[np.ndarray] | None = None) -> tuple[float, float]:
+    def bound(self, penalty: np.ndarray | None = None) -> tuple[float, float]:
         """A lower bound on min cost + penalty, and the sum of magnitudes for ``safe_bound``.
 
         Any split of the reparametrised costs among nodes and edges bounds the minimum by the
@@ -104,29 +92,32 @@ class MessagePassing:
             low = float(hats[f.th_off[i]:f.th_off[i + 1]].min())
             total += low
             scale += abs(low)
-        low = _edge_minima(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages)
+        low = _edge_parts(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages, np.zeros(0))
         if self._top is None:  # the sum of the edges' largest finite magnitudes
             self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
         return total + float(low.sum()), scale + float(np.abs(low).sum()) + self._top
 
-    def cut(self, penalty: list[np.ndarray] | None, offset: float) -> DualCut:
+    def cut(self, penalty: np.ndarray | None, offset: float) -> DualCut:
         """The split bound as a z3 cut: each edge part's excess over its minimum, floored, on the
         pair's indicator (and isolated nodes' excess on their strategies). For every plan that fits,
         cost >= const + sum of the excesses it uses, where const is the bound plus ``offset``
         (minus lam . capacity for a Lagrangian penalty)."""
-        hats = self._hats(penalty)
+        f = self.flat
+        flat_hats = _all_hats(*f.node_args(penalty), *f.message_args())
+        hats = views(flat_hats, f.th_off)
+        parts = np.empty(len(f.mats))
+        lows = _edge_parts(flat_hats, f.th_off, f.degree, f.edge_u, f.edge_v, *f.message_args(), parts)
         total, scale = offset, abs(offset)
         node_terms, pair_terms = [], []
-        for i, hat in enumerate(hats):
-            if not self.inc[i]:
-                low = float(hat.min())
-                total, scale = total + low, scale + abs(low)
-                excess = np.floor(hat - low - 1e-9 * (np.abs(hat) + abs(low)) - 1e-6)
-                for s in np.flatnonzero(np.isfinite(hat) & (excess >= 1)):
-                    node_terms.append((i, int(s), int(excess[s]), True))
+        for i in f.isolated:
+            hat = hats[i]
+            low = float(hat.min())
+            total, scale = total + low, scale + abs(low)
+            excess = np.floor(hat - low - 1e-9 * (np.abs(hat) + abs(low)) - 1e-6)
+            for s in np.flatnonzero(np.isfinite(hat) & (excess >= 1)):
+                node_terms.append((i, int(s), int(excess[s]), True))
         for e, (_, _, m) in enumerate(self.edges):
-            part = self._edge_part(e, hats)
-            low = float(part.min())
+            part, low = parts[f.m_off[e]:f.m_off[e + 1]].reshape(m.shape), float(lows[e])
             total, scale = total + low, scale + abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
             excess = np.where(np.isfinite(part) & (part < _CAP), part - low, 0.0)
             excess = np.floor(excess - 1e-9 * (np.abs(part) + abs(low)) - 1e-6)  # never above the true excess
@@ -171,9 +162,9 @@ class _FlatGraph:
         self.degree = np.diff(self.inc_ptr).astype(np.float64)
         self.isolated = [i for i, row in enumerate(mp.inc) if not row]
 
-    def node_args(self, penalty: list[np.ndarray] | None) -> tuple[np.ndarray, ...]:
+    def node_args(self, penalty: np.ndarray | None) -> tuple[np.ndarray, ...]:
         """Offsets, costs, the penalty (zeros when None) and the incidence lists."""
-        pen = self.zeros if penalty is None else np.concatenate(penalty).astype(np.float64)
+        pen = self.zeros if penalty is None else penalty
         return self.th_off, self.theta, pen, self.inc_ptr, self.inc_edge, self.inc_other, self.inc_is_u
 
     def message_args(self) -> tuple[np.ndarray, ...]:
@@ -263,10 +254,15 @@ def _pass(lo, hi, forward, widest, gamma, th_off, theta, pen, inc_ptr, inc_edge,
 
 
 @njit(cache=True)
-def _edge_minima(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
-    """Per edge uv, the minimum of its part of the reparametrised costs,
+def _edge_parts(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, to_v, v_off, parts):  # pragma: no cover
+    """Per edge uv, the minimum of its part of the reparametrised costs (its matrix less the
+    messages, plus an even split of its ends' reparametrised node costs),
 
-        min_{s,t} theta_uv(s, t) + (hat_u(s) / deg_u - msg_vu(s)) + (hat_v(t) / deg_v - msg_uv(t))."""
+        part_uv(s, t) = theta_uv(s, t) + (hat_u(s) / deg_u - msg_vu(s)) + (hat_v(t) / deg_v - msg_uv(t)),
+
+    and the parts themselves into ``parts`` (laid out as ``mats``) unless it is empty: the bound
+    needs only the minima, the cut every entry."""
+    keep = len(parts) > 0
     out = np.empty(len(edge_u))
     for e in range(len(edge_u)):
         u, v = edge_u[e], edge_v[e]
@@ -277,6 +273,8 @@ def _edge_minima(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off,
             row = hats[hu + s] / degree[u] - to_u[u_off[e] + s]
             for t in range(kv):
                 val = mats[mb + s * kv + t] + row + (hats[hv + t] / degree[v] - to_v[v_off[e] + t])
+                if keep:
+                    parts[mb + s * kv + t] = val
                 if val < low:
                     low = val
         out[e] = low

@@ -60,9 +60,9 @@ class UsageWeights:
         self.lb = np.zeros(comp.n)
         self.ub = np.full(comp.n, np.inf)
 
-    def penalty(self) -> list[np.ndarray]:
-        """Each node's penalty per strategy: w_i (peak_i(s) - min peak_i)."""
-        return [w * p for w, p in zip(self.w, self.peak)]
+    def penalty(self) -> np.ndarray:
+        """Each node's penalty per strategy, w_i (peak_i(s) - min peak_i), flat."""
+        return np.concatenate([w * p for w, p in zip(self.w, self.peak)]).astype(np.float64)
 
     def update(self, y: np.ndarray) -> int:
         """Bisect every weight on plan ``y`` (module docstring); returns how many nodes broke."""

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core import INF, Compact, Core
+from autoshard.solver.core import INF, Compact, Core, views
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.memory import attach_memory
@@ -31,6 +31,11 @@ def compact(seed: int, nodes: int, forbid: float = 0.1) -> Compact:
 
 def penalty_of(comp: Compact, rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.random(len(c)) * 40 for c in comp.costs]
+
+
+def joined(penalty: list[np.ndarray] | None) -> np.ndarray | None:
+    """A per-node penalty as the solver takes it: flat, node after node."""
+    return None if penalty is None else np.concatenate(penalty)
 
 
 def reference_sweep(mp: MessagePassing, penalty: list[np.ndarray] | None) -> None:
@@ -53,19 +58,39 @@ def reference_sweep(mp: MessagePassing, penalty: list[np.ndarray] | None) -> Non
                     mp.to_u[e][:] = msg - msg.min()
 
 
-def reference_bound(mp: MessagePassing, penalty: list[np.ndarray] | None) -> float:
-    """The split bound: isolated nodes' minima plus each edge part's minimum."""
+def reference_parts(mp: MessagePassing, penalty: list[np.ndarray] | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every node's reparametrised costs, and every edge's part of them: its matrix less the
+    messages plus an even split of its ends' reparametrised costs."""
     hats = []
     for i in range(mp.comp.n):
         hat = mp.theta[i] if penalty is None else mp.theta[i] + penalty[i]
         for e, _, is_u in mp.inc[i]:
             hat = hat + (mp.to_u[e] if is_u else mp.to_v[e])
         hats.append(hat)
+    parts = [(m + (hats[u] / len(mp.inc[u]) - mp.to_u[e])[:, None]) + (hats[v] / len(mp.inc[v]) - mp.to_v[e])[None, :]
+             for e, (u, v, m) in enumerate(mp.edges)]
+    return hats, parts
+
+
+def reference_bound(mp: MessagePassing, penalty: list[np.ndarray] | None) -> float:
+    """The split bound: isolated nodes' minima plus each edge part's minimum."""
+    hats, parts = reference_parts(mp, penalty)
     total = sum(float(hats[i].min()) for i in range(mp.comp.n) if not mp.inc[i])
-    for e, (u, v, m) in enumerate(mp.edges):
-        part = (m + (hats[u] / len(mp.inc[u]) - mp.to_u[e])[:, None]) + (hats[v] / len(mp.inc[v]) - mp.to_v[e])[None, :]
-        total += float(part.min())
-    return total
+    return total + sum(float(part.min()) for part in parts)
+
+
+def reference_pair_terms(mp: MessagePassing, penalty: list[np.ndarray] | None) -> dict[tuple[int, int, int], int]:
+    """The cut's pair weights: each edge part's excess over its minimum, floored below by the
+    rounding margin, keyed by edge and the pair in the edge's own orientation."""
+    weights = {}
+    for e, part in enumerate(reference_parts(mp, penalty)[1]):
+        low = float(part.min())
+        excess = np.floor(np.where(np.isfinite(part) & (part < 1e250), part - low, 0.0)
+                          - 1e-9 * (np.abs(part) + abs(low)) - 1e-6)
+        for s, t in zip(*np.nonzero(excess >= 1)):
+            key = (e, int(t), int(s)) if mp.flipped[e] else (e, int(s), int(t))
+            weights[key] = int(excess[s, t])
+    return weights
 
 
 @settings(max_examples=40, deadline=None)
@@ -79,17 +104,19 @@ def test_trws_pass_bound_and_primal_match_the_numpy_reference(seed, penalised):
     penalty = penalty_of(comp, rng) if penalised else None
     ours, ref = MessagePassing(comp), MessagePassing(comp)
     for _ in range(3):
-        ours.sweep(penalty)
+        ours.sweep(joined(penalty))
         reference_sweep(ref, penalty)
     for a, b in zip(ours.to_u + ours.to_v, ref.to_u + ref.to_v):
         np.testing.assert_array_equal(a, b)
-    value, scale = ours.bound(penalty)
+    value, scale = ours.bound(joined(penalty))
     expected = reference_bound(ref, penalty)
     if np.isfinite(expected):  # equal within the rounding margin safe_bound allows for
         assert abs(value - expected) <= 1e-12 * (scale + abs(expected)) + 1e-6
     else:
         assert value == expected
-    x = ours.primal(penalty)
+    cut = ours.cut(joined(penalty), 0.0)
+    assert {(e, s, t): w for e, s, t, w, _ in cut.pair_terms} == reference_pair_terms(ref, penalty)
+    x = ours.primal(joined(penalty))
     for i in range(comp.n):  # each node's choice is the cheapest given decided neighbours and messages
         vec = ref.theta[i] if penalty is None else ref.theta[i] + penalty[i]
         for e, j, is_u in ref.inc[i]:
@@ -154,7 +181,7 @@ def test_descent_moves_as_the_reference_does_with_exact_cost_and_slack(seed, pen
     rng = np.random.default_rng(seed)
     penalty = penalty_of(comp, rng) if penalised else None
     start = np.array([rng.integers(len(c)) for c in comp.costs])
-    search = Search(comp, start, np.random.default_rng(seed + 1), penalty=penalty)
+    search = Search(comp, start, np.random.default_rng(seed + 1), penalty=joined(penalty))
     fitted = search.memory and search.feasible  # (a forbidden strategy is left even for one that overflows)
     search.descend(time.monotonic() + 10)
     order = np.random.default_rng(seed + 1).permutation(comp.n)
@@ -186,7 +213,7 @@ def test_cost_profile_and_penalties_match_plain_sums(seed):
         return
     lag = LagrangianSearch(comp, rng)
     lag.lam = rng.random(len(lag.lam)) * 3
-    for pen, segs in zip(lag.penalties(), comp.segments):
+    for pen, segs in zip(views(lag.penalties(), comp.arrays.c_off), comp.segments):
         expected = np.zeros(len(pen))
         for start, stop, u in segs:
             expected += u * lag.lam[start:stop].sum()

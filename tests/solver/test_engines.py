@@ -120,7 +120,7 @@ def test_toulbar2_minimises_the_penalised_problem_and_prints_nothing(capfd):
         penalty = [rng.integers(0, 50, len(c)).astype(np.float64) for c in comp.costs]
         pen = lambda x: comp.cost(list(x)) + sum(p[s] for p, s in zip(penalty, x))  # noqa: E731
         best = min(pen(x) for x in itertools.product(*[range(len(c)) for c in comp.costs]))
-        x = solve_penalised(comp, penalty, 1, seed)
+        x = solve_penalised(comp, np.concatenate(penalty), 1, seed)
         assert x is not None and pen(x) == best
         checked += 1
     assert checked == 10

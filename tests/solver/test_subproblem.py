@@ -42,15 +42,15 @@ def test_the_probes_plan_fits_and_is_a_local_minimum_and_the_free_optimum_when_t
         plans = list(itertools.product(*[range(len(c)) for c in comp.costs]))
         free = min(comp.cost(list(x)) for x in plans)
         rng = np.random.default_rng(seed)
-        for penalty in ([np.zeros(len(c)) for c in comp.costs],
-                        [rng.integers(0, 50, len(c)).astype(np.float64) for c in comp.costs]):
+        for penalty in (np.zeros(sum(len(c) for c in comp.costs)),
+                        np.concatenate([rng.integers(0, 50, len(c)).astype(np.float64) for c in comp.costs])):
             search = PenalisedProbe(comp, rng, seed).plan(penalty, CFN_EVERY, None, float("inf"), direct)
             if search is None:
                 continue
             x = search.x.tolist()
             assert comp.is_feasible(x) and search.total == comp.cost(x) >= optimum(comp)
             assert all(comp.cost(y) >= search.total for y in single_moves(comp, x) if comp.is_feasible(y))
-        search = PenalisedProbe(comp, rng, seed).plan([np.zeros(len(c)) for c in comp.costs], CFN_EVERY, None,
+        search = PenalisedProbe(comp, rng, seed).plan(np.zeros(sum(len(c) for c in comp.costs)), CFN_EVERY, None,
                                                       float("inf"), direct)
         if any(comp.cost(list(x)) == free and comp.is_feasible(list(x)) for x in plans):
             free_fits += 1
@@ -82,7 +82,7 @@ def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_e
     probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
     asked, nothing = recorder()
     steps = [s for s in range(1, 6 * CFN_EVERY + 1) if probe.due(s)
-             and probe.plan([np.zeros(len(c)) for c in comp.costs], s, None, float("inf"), nothing) is None]
+             and probe.plan(np.zeros(sum(len(c) for c in comp.costs)), s, None, float("inf"), nothing) is None]
     assert steps == [CFN_EVERY * k for k in range(1, 7)]
     assert asked == [2 * min(CFN_SECONDS * 2**k, CFN_MAX_SECONDS) + 1 for k in range(6)]
 
@@ -91,13 +91,13 @@ def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_
     """The main process's probe: calls whose plan is not below ``best`` (or that found none) put
     the next one off by twice the steps, always with the same time; one that pays resets."""
     def planned(comp):
-        zero = [np.zeros(len(c)) for c in comp.costs]
+        zero = np.zeros(sum(len(c) for c in comp.costs))
         return PenalisedProbe(comp, np.random.default_rng(0), 0).plan(zero, 1, None, float("inf"), direct) is not None
 
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory and planned(c))
     probe = PenalisedProbe(comp, np.random.default_rng(0), 0, back_off=True)
     asked, nothing = recorder()
-    zero = [np.zeros(len(c)) for c in comp.costs]
+    zero = np.zeros(sum(len(c) for c in comp.costs))
     steps = [s for s in range(1, 16 * CFN_EVERY + 1) if probe.due(s) and probe.plan(zero, s, None, float("inf"), nothing) is None]
     assert steps == [CFN_EVERY, 3 * CFN_EVERY, 7 * CFN_EVERY, 15 * CFN_EVERY]
     assert asked == [2 * CFN_SECONDS + 1] * 4
@@ -120,7 +120,7 @@ def test_a_call_waits_for_as_much_time_of_steps_as_the_last_call_took(monkeypatc
         now[0] += 3.0
         return None
 
-    zero = [np.zeros(len(c)) for c in comp.costs]
+    zero = np.zeros(sum(len(c) for c in comp.costs))
     assert probe.due(CFN_EVERY)
     probe.plan(zero, CFN_EVERY, None, float("inf"), slow)
     assert not probe.due(100 * CFN_EVERY)
