@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numba import njit
 
 from autoshard.solver.core import INF, Compact
 from autoshard.solver.heuristics import segment_index
@@ -206,13 +207,25 @@ class NeighbourhoodSearch:
 
 
 def node_costs(comp: Compact, x: np.ndarray) -> np.ndarray:
-    """Each node's cost in x plus half of its edges' (float: only for sampling)."""
-    share = np.array([float(c[s]) for c, s in zip(comp.costs, x)])
-    for u, v, m in comp.edges:
-        half = 0.5 * float(m[x[u], x[v]])
-        share[u] += half
-        share[v] += half
-    return np.minimum(share, 1e30)
+    """Each node's cost in x plus half of its edges', at most 1e30 (float: only for sampling).
+    Compiled: on IOPDDL R's core 0.6 ms where a loop over the edges in Python took 12-20 ms, 4%
+    of a slice of neighbourhood search."""
+    a = comp.arrays
+    return _node_costs(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats)
+
+
+@njit(cache=True)
+def _node_costs(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+    """``node_costs`` over the flat arrays: every edge is seen from both ends, half each time."""
+    n = len(c_off) - 1
+    share = np.empty(n)
+    for i in range(n):
+        total = float(costs[c_off[i] + x[i]])
+        for p in range(nb_ptr[i], nb_ptr[i + 1]):
+            j = nb_other[p]
+            total += 0.5 * float(nb_mats[nb_moff[p] + x[i] * (c_off[j + 1] - c_off[j]) + x[j]])
+        share[i] = min(total, 1e30)
+    return share
 
 
 def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:

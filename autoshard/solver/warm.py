@@ -14,6 +14,7 @@ import numpy as np
 from autoshard.solver.core import Compact
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.lns import node_costs
 from autoshard.solver.trws import MessagePassing
 
 
@@ -43,6 +44,7 @@ def warm() -> float:
     Search(comp, x, rng).descend(time.monotonic() + 10.0)
     comp.cost(x)
     comp.profile(x)
+    node_costs(comp, x)
     return time.monotonic() - began
 
 

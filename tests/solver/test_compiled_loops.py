@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from autoshard.solver.core import INF, Compact, Core, views
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
+from autoshard.solver.lns import node_costs
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.trws import _CAP, MessagePassing
 
@@ -194,8 +195,9 @@ def test_descent_moves_as_the_reference_does_with_exact_cost_and_slack(seed, pen
 
 @pytest.mark.parametrize("seed", range(30))
 def test_cost_profile_and_penalties_match_plain_sums(seed):
-    """Compact.cost (exact Python ints, forbidden terms included), Compact.profile and the
-    Lagrangian penalties against per-node, per-edge, per-segment sums."""
+    """Compact.cost (exact Python ints, forbidden terms included), Compact.profile, the nodes'
+    shares of a plan's cost (neighbourhood search's sampling weights) and the Lagrangian
+    penalties against per-node, per-edge, per-segment sums."""
     comp = compact(seed, 8, forbid=0.3)
     rng = np.random.default_rng(seed)
     for _ in range(10):
@@ -203,6 +205,11 @@ def test_cost_profile_and_penalties_match_plain_sums(seed):
         expected = comp.const + sum(int(c[s]) for c, s in zip(comp.costs, x)) \
             + sum(int(m[x[u], x[v]]) for u, v, m in comp.edges)
         assert comp.cost(x) == expected and comp.cost(np.array(x)) == expected
+        share = np.array([float(c[s]) for c, s in zip(comp.costs, x)])
+        for u, v, m in comp.edges:
+            share[u] += 0.5 * float(m[x[u], x[v]])
+            share[v] += 0.5 * float(m[x[u], x[v]])
+        np.testing.assert_allclose(node_costs(comp, np.array(x)), np.minimum(share, 1e30), rtol=1e-12)
         if comp.capacity is not None:
             usage = np.zeros(len(comp.capacity), dtype=np.int64)
             for segs, s in zip(comp.segments, x):
