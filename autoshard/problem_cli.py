@@ -133,6 +133,8 @@ class LogLines:
             if event.elapsed - self.last_bound >= 1.0 or event.value == self.best:
                 self.last_bound = event.elapsed
                 self._write(f"{event.elapsed:.2f}s bound {event.value} by {event.source} gap {_gap(self.best, self.lower)}")
+        elif kind == "EngineFailed":
+            self._write(failure_line(event))
         elif kind == "Finished":
             self.close()
             sol = event.solution
@@ -207,6 +209,8 @@ class _Display:
                        f"gap {_gap(self.best, self.lower)}")
         elif kind == "LowerBound":
             self.lower = event.value
+        elif kind == "EngineFailed":
+            self._line(failure_line(event))
         elif kind == "Checked":
             self.checks += 1
             if event.result == "unsat":
@@ -217,6 +221,11 @@ class _Display:
     def _line(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         self.heartbeat.touch()
+
+
+def failure_line(event: Any) -> str:
+    """An EngineFailed event as one line: which engine, why, and that the search goes on."""
+    return f"{event.elapsed:.2f}s {event.method} engine failed ({event.error}); the search goes on without it"
 
 
 def _gap(best: int | None, lower: int | None) -> str:

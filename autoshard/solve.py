@@ -167,6 +167,8 @@ class _Progress:
                 self._print(iteration_table(self.mp, list(event.choice), None))
         elif kind == "LowerBound":
             self.lower = event.value
+        elif kind == "EngineFailed":
+            self._print(problem_cli.failure_line(event), markup=False, highlight=False)
         elif kind == "Reduced":
             self._print(f"reduced: {event.nodes_before} nodes / {event.edges_before} edges -> "
                         f"{event.nodes_after} / {event.edges_after} left for z3")

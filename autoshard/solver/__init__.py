@@ -2,10 +2,11 @@
 phases are portfolio.py, the run's bookkeeping state.py)."""
 
 from autoshard.solver.api import InfeasibleError, Solution, SolveOptions, solve
-from autoshard.solver.events import Checked, Finished, Improved, LowerBound, Phase, Reduced, Started
+from autoshard.solver.events import Checked, EngineFailed, Finished, Improved, LowerBound, Phase, Reduced, Started
 
 __all__ = [
     "Checked",
+    "EngineFailed",
     "Finished",
     "Improved",
     "InfeasibleError",

@@ -1,7 +1,7 @@
 """What the solver reports while it runs: plain dataclasses passed to ``on_event`` in order.
 
 A run emits ``Started``, ``Reduced``, then any number of ``Improved`` / ``Checked`` /
-``LowerBound`` / ``Phase`` events, and ends with ``Finished``. The core never prints; the CLI
+``LowerBound`` / ``Phase`` / ``EngineFailed`` events, and ends with ``Finished``. The core never prints; the CLI
 renders these and tests read them.
 """
 
@@ -86,11 +86,20 @@ class LowerBound:
 
 
 @dataclass(frozen=True)
+class EngineFailed:
+    """A child-process engine (workers.py) died with ``error``; the search goes on without it."""
+
+    method: str
+    error: str
+    elapsed: float
+
+
+@dataclass(frozen=True)
 class Finished:
     """The final answer."""
 
     solution: Solution
 
 
-Event = Started | Reduced | Phase | Improved | Checked | LowerBound | Finished
+Event = Started | Reduced | Phase | Improved | Checked | LowerBound | EngineFailed | Finished
 EventCallback = Callable[[Any], None]

@@ -37,7 +37,7 @@ import numpy as np
 from autoshard.solver.cegis import Z3Worker
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
-from autoshard.solver.events import Phase
+from autoshard.solver.events import EngineFailed, Phase
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
@@ -257,9 +257,11 @@ class Portfolio(Z3Phases):
             self._poll(engines, 0.0)
 
     def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
-        """A plan from any engine; bounds and proofs only from the exact ones."""
+        """A plan from any engine; bounds and proofs only from the exact ones; a failure said."""
         source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
-        if event.kind == "plan":
+        if event.kind == "error":
+            self.emit(EngineFailed(engine.method, engine.error or "no message", self.elapsed()))
+        elif event.kind == "plan":
             self.offer(event.choice, source, None)
         elif not engine.bounds:
             return

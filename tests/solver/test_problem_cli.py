@@ -13,7 +13,7 @@ from rich.console import Console
 from autoshard.iopddl import load_problem, parse_solution
 from autoshard.problem_cli import (Clock, Heartbeat, _Display, LogLines, add_solver_arguments, launch_time, main, run,
                                    solve_options)
-from autoshard.solver import Phase, SolveOptions
+from autoshard.solver import EngineFailed, Phase, SolveOptions
 
 from helpers import EXAMPLE
 
@@ -158,6 +158,20 @@ def test_log_prints_a_status_line_after_silence_and_stops_when_closed():
     quiet = stream.getvalue()
     time.sleep(0.3)
     assert stream.getvalue() == quiet
+
+
+def test_an_engine_failure_is_one_line_in_the_log_and_on_the_console():
+    stream = io.StringIO()
+    lines = LogLines(stream=stream, every=60.0)
+    failure = EngineFailed("lagrange", "MemoryError: ", 12.5)
+    lines(failure)
+    lines.close()
+    assert stream.getvalue() == "12.50s lagrange engine failed (MemoryError: ); the search goes on without it\n"
+    console = Console(file=io.StringIO(), width=200)
+    display = _Display(console, None, every=60.0)
+    display(failure)
+    display.close()
+    assert "lagrange engine failed (MemoryError: )" in console.file.getvalue()
 
 
 def test_heartbeat_beats_only_after_silence():

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from autoshard.iopddl import load_problem
 from autoshard.problem import FORBIDDEN, ShardingProblem
-from autoshard.solver import Checked, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
+from autoshard.solver import Checked, EngineFailed, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
 from autoshard.solver.milp import solve_problem_milp
 
 from helpers import EXAMPLE, brute_force, random_problem
@@ -172,6 +172,21 @@ def test_untimed_solve_proves_by_exact_ilp_when_z3_cannot_take_the_core(seed, mo
     solution = solve(problem, SolveOptions(toulbar=False))
     assert solution.status == "optimal" and solution.proof == "milp"
     assert reference.optimal and solution.cost == reference.cost
+
+
+def test_a_failing_engine_is_reported_and_the_search_goes_on_without_it(monkeypatch):
+    import autoshard.solver.second_search as second_search
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(second_search, "run", broken)  # the forked child runs this
+    problem = larger_problem(204)  # memory rows: the second Lagrangian search takes a processor
+    events: list[object] = []
+    solution = solve(problem, SolveOptions(timeout=3.0, prove=False, toulbar=False), on_event=events.append)
+    failed = [(e.method, e.error) for e in events if isinstance(e, EngineFailed)]
+    assert failed == [("lagrange", "RuntimeError: boom")]
+    assert solution.cost is not None and problem.evaluate(solution.choice).feasible
 
 
 @pytest.mark.parametrize("seed", [204, 226, 7])
