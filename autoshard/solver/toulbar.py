@@ -72,9 +72,9 @@ def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool
 
 def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
     """The best plan toulbar2's neighbourhood search finds in ``seconds`` (CPU) for the core's
-    costs plus ``penalty`` per node, memory rows left out: the Lagrangian subproblem of
-    lagrange.py solved as a cost-function network (the contest winner's method), or None when
-    it found none in time. No upper bound is given (the best fitting plan's penalised cost as
+    costs plus ``penalty`` (per strategy, flat as in ``Compact.arrays``), memory rows left out:
+    the Lagrangian subproblem of lagrange.py solved as a cost-function network (the contest
+    winner's method), or None when it found none in time. No upper bound is given (the best fitting plan's penalised cost as
     one left U at 1.0099x best known, 0.9909x without)."""
     import pytoulbar2
 
