@@ -128,10 +128,9 @@ def test_toulbar2_minimises_the_penalised_problem_and_prints_nothing(capfd):
     assert out == "" and err == ""
 
 
-def test_knapsack_rows_are_the_memory_rows():
-    """Each row r becomes usage of the scope's strategies <= capacity[r]: the same (capacity,
-    usage) pairs as the core's own profile, for several assignments."""
-    comp = first_core(10)
+def assert_rows_are_the_profile(comp: Compact) -> None:
+    """Each knapsack row r reads as usage of the scope's strategies <= capacity[r]: the same
+    (capacity, usage) pairs as the core's own profile, for several assignments."""
     rows = knapsack_rows(comp)
     live = [r for r in range(len(comp.capacity)) if any(a <= r < b for segs in comp.segments for a, b, _ in segs)]
     rng = np.random.default_rng(0)
@@ -140,6 +139,7 @@ def test_knapsack_rows_are_the_memory_rows():
         profile = comp.profile(x)
         ours = set()
         for scope, params in rows:
+            assert scope == sorted(scope)
             numbers = [int(v) for v in params.split()]
             pos, used = 1, 0
             for node in scope:
@@ -150,6 +150,27 @@ def test_knapsack_rows_are_the_memory_rows():
             assert pos == len(numbers)
             ours.add((-numbers[0], used))
         assert ours == {(int(comp.capacity[r]), int(profile[r])) for r in live}
+
+
+def test_knapsack_rows_are_the_memory_rows():
+    assert_rows_are_the_profile(first_core(10))
+
+
+def test_knapsack_rows_add_a_node_s_overlapping_segments_and_skip_its_gaps():
+    """Node 0's segments overlap on row 2 (their usages add there), node 1's leave rows 2-4 out
+    (it is in no scope there), node 2 has none, and rows 3 and 4 are the same row (kept once)."""
+    u = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    comp = Compact(
+        nodes=[0, 1, 2],
+        costs=[u(0, 1, 2), u(3, 0), u(1, 1)],
+        edges=[],
+        capacity=u(9, 9, 9, 9, 9, 9),
+        segments=[[(0, 3, u(1, 0, 4)), (2, 5, u(2, 2, 0))], [(1, 2, u(5, 0)), (5, 6, u(0, 3))], []],
+    )
+    rows = knapsack_rows(comp)
+    assert [scope for scope, _ in rows] == [[0], [0, 1], [0], [0], [1]]
+    assert rows[2][1] == "-9 3 0 -3 1 -2 2 -4"  # row 2: node 0's two segments added
+    assert_rows_are_the_profile(comp)
 
 
 def _raise() -> None:
