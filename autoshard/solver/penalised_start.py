@@ -58,10 +58,11 @@ def weighted_start(comp: Compact, rng: np.random.Generator, deadline: float) -> 
     mp = MessagePassing(comp)
     best: Search | None = None
     previous: bool | None = None
+    flat_areas = np.concatenate(areas).astype(np.float64)  # the penalty's layout (Compact.arrays)
     for _ in range(PROBES):
         if time.monotonic() >= deadline:
             break
-        penalty = weight * np.concatenate(areas).astype(np.float64)
+        penalty = weight * flat_areas
         for _ in range(SWEEPS):
             if not mp.sweep(penalty, deadline):
                 return best

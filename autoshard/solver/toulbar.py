@@ -74,8 +74,8 @@ def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int)
     """The best plan toulbar2's neighbourhood search finds in ``seconds`` (CPU) for the core's
     costs plus ``penalty`` (per strategy, flat as in ``Compact.arrays``), memory rows left out:
     the Lagrangian subproblem of lagrange.py solved as a cost-function network (the contest
-    winner's method), or None when it found none in time. No upper bound is given (the best fitting plan's penalised cost as
-    one left U at 1.0099x best known, 0.9909x without)."""
+    winner's method), or None when it found none in time. No upper bound is given (the best
+    fitting plan's penalised cost as one left U at 1.0099x best known, 0.9909x without)."""
     import pytoulbar2
 
     a = comp.arrays

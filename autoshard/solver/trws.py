@@ -76,7 +76,7 @@ class MessagePassing:
 
     def primal(self, penalty: np.ndarray | None = None) -> np.ndarray:
         """Decide nodes in order: best strategy given decided neighbours and others' messages."""
-        return _primal(*self.flat.node_args(penalty), *self.flat.message_args())
+        return _primal(self.flat.widest, *self.flat.node_args(penalty), *self.flat.message_args())
 
     def bound(self, penalty: np.ndarray | None = None) -> tuple[float, float]:
         """A lower bound on min cost + penalty, and the sum of magnitudes for ``safe_bound``.
@@ -141,9 +141,8 @@ class _FlatGraph:
 
     def __init__(self, mp: MessagePassing) -> None:
         sizes = [len(t) for t in mp.theta]
-        self.th_off = offsets(sizes)
+        self.th_off, self.widest = mp.comp.arrays.c_off, mp.comp.arrays.widest  # theta is laid out as the costs
         self.theta = np.concatenate(mp.theta)
-        self.widest = max(sizes, default=0)
         self.zeros = np.zeros_like(self.theta)
         inc = [(e, j, is_u) for row in mp.inc for e, j, is_u in row]
         self.inc_ptr = offsets([len(row) for row in mp.inc])
@@ -282,15 +281,13 @@ def _edge_parts(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, 
 
 
 @njit(cache=True)
-def _primal(th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
+def _primal(widest, th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, mats, m_off, to_u, u_off, to_v, v_off):  # pragma: no cover
     """Each node in order on its cheapest strategy, given the decided neighbours' strategies
-    (their edge costs) and the others' messages; ties to the lowest index."""
+    (their edge costs) and the others' messages; ties to the lowest index (``widest``: the most
+    strategies of a node)."""
     n = len(th_off) - 1
     x = np.full(n, -1, dtype=np.int64)
-    kmax = 0
-    for i in range(n):
-        kmax = max(kmax, th_off[i + 1] - th_off[i])
-    vec = np.empty(kmax)
+    vec = np.empty(widest)
     for i in range(n):
         a, k = th_off[i], th_off[i + 1] - th_off[i]
         for s in range(k):
