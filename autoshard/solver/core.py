@@ -154,6 +154,16 @@ class Compact:
             self.nbrs[u].append((v, m))
             self.nbrs[v].append((u, m.T))
 
+    def __getstate__(self) -> dict:
+        """Pickled without what is derived (the neighbour lists hold a transposed copy of every
+        edge matrix, ``arrays`` the whole core again): neighbourhood search sends restricted
+        cores to another process (call_server.py) several times a second."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     @property
     def n(self) -> int:
         """Number of nodes."""

@@ -27,12 +27,12 @@ from typing import Callable
 import numpy as np
 from numba import njit
 
+from autoshard.solver.call_server import CallServer
 from autoshard.solver.core import INF, Compact
 from autoshard.solver.heuristics import segment_index
 from autoshard.solver.memory import merge_rows
 from autoshard.solver.milp import solve_compact_milp
 from autoshard.solver.toulbar import can_take, improve
-from autoshard.solver.workers import call_forked
 
 MIN_SIZE = 6
 """Smallest neighbourhood (nodes)."""
@@ -80,6 +80,7 @@ class NeighbourhoodSearch:
         self.took = 0.0  # seconds the last neighbourhood took
         # who is live on a row, found when asked: a list per row would hold S's 59 million terms (24 s)
         self.owner, self.starts, self.stops = segment_index(comp)
+        self.server = CallServer()  # the exact solvers' child, kept while ``run`` runs
 
     def run(
         self,
@@ -90,7 +91,19 @@ class NeighbourhoodSearch:
     ) -> np.ndarray:
         """Neighbourhood after neighbourhood until ``deadline`` or until ``stop()`` (asked between
         neighbourhoods) is True; the best plan found (x if none), each better one also handed to
-        ``found`` as it comes."""
+        ``found`` as it comes. The solvers run in one child process for the whole call
+        (call_server.py), which ends with it."""
+        with self.server:
+            return self._run(x, deadline, found, stop)
+
+    def _run(
+        self,
+        x: np.ndarray,
+        deadline: float,
+        found: Callable[[np.ndarray], None] | None,
+        stop: Callable[[], bool] | None,
+    ) -> np.ndarray:
+        """``run``'s loop, its server's child started on the first neighbourhood."""
         comp = self.comp
         x = np.asarray(x, dtype=np.int64).copy()
         cost = comp.cost(x)
@@ -155,19 +168,19 @@ class NeighbourhoodSearch:
         """A better plan of the restricted problem ``sub`` than ``start`` by ``solver`` (or None,
         or no better one), and whether the solver finished (proved it) rather than ran out of time."""
         if solver.name == "toulbar2":
-            # in a forked child, killed by the wall clock: toulbar2 counts CPU seconds, and on
-            # one whole run of IOPDDL Q a neighbourhood ended the process itself (exit status 0,
-            # the answer never written), which a child's end cannot do
+            # in the server's child, killed by the wall clock: toulbar2 counts CPU seconds, and
+            # on one whole run of IOPDDL Q a neighbourhood ended the process itself (exit status
+            # 0, the answer never written), which a child's end cannot do
             seconds, seed = max(1, min(TOULBAR_SECONDS, int(left))), int(self.rng.integers(1, 2**31))
             began = time.monotonic()
-            choice = call_forked(lambda: improve(sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
+            choice = self.server.call(improve, (sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
             return choice, time.monotonic() - began < 0.75 * seconds
-        # also in a forked child killed at its time: HiGHS runs past its own limit (IOPDDL Q, at
-        # the end of a 240 s run, the watchdog had to print the answer at 239.3 s), and in this
+        # also in the child, killed at its time: HiGHS runs past its own limit (IOPDDL Q, at the
+        # end of a 240 s run, the watchdog had to print the answer at 239.3 s), and in this
         # process its fds 1 and 2 would be on /dev/null while it runs (milp.silenced), taking the
         # status lines other threads print with them (Q: 42 s without one)
         limit = max(1.0, min(MAX_SOLVE, 0.5 * left))
-        result = call_forked(lambda: solve_compact_milp(sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
+        result = self.server.call(solve_compact_milp, (sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
         return (None, False) if result is None else (result.choice, result.optimal)
 
     def neighbourhood(self, x: np.ndarray, size: int) -> np.ndarray:

@@ -113,7 +113,7 @@ class EngineWorker:
         kernel has freed its memory, which takes a while for gigabytes)."""
         if self.pid is None:
             return
-        _kill(self.pid)
+        kill_and_reap(self.pid)
         self.pid = None
         if self._reader is not None:
             self._reader.join(1.0 if until is None else max(0.0, min(1.0, until - time.monotonic())))
@@ -188,7 +188,7 @@ def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], boo
                 return None
     finally:
         os.close(read)
-        _kill(pid)
+        kill_and_reap(pid)
     try:
         return pickle.loads(b"".join(chunks)) if chunks else None
     except (pickle.UnpicklingError, EOFError):
@@ -199,7 +199,7 @@ def _call_child(fn: Callable[[], object], write: int) -> None:
     """The child of ``call_forked``: run ``fn``, write its pickle, exit without returning."""
     status = 1
     try:
-        _die_with_parent()
+        die_with_parent()
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -211,7 +211,7 @@ def _call_child(fn: Callable[[], object], write: int) -> None:
         os._exit(status)
 
 
-def _kill(pid: int) -> None:
+def kill_and_reap(pid: int) -> None:
     """SIGKILL a child and reap it in a daemon thread: waiting here would take as long as the
     kernel needs to free the child's memory."""
     try:
@@ -237,7 +237,7 @@ def _child(worker: EngineWorker, write: int) -> None:
     """Run the engine with fds 1 and 2 on ``write``; exit without returning."""
     status = 1
     try:
-        _die_with_parent()
+        die_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(write, 1)
@@ -288,7 +288,7 @@ def _milp(worker: EngineWorker) -> None:
     os.write(1, ("\n".join(lines) + "\n").encode())
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to kill this process when its parent ends (an os._exit at the deadline)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
