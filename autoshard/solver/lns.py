@@ -10,8 +10,8 @@ node or from the nodes live on the tightest memory row (memory couples nodes tha
 edge), up to ``size`` nodes and MAX_COLUMNS ILP variables. The size adapts: it grows while
 neighbourhoods are solved quickly and shrinks when the solver runs out of time. Two exact
 solvers take turns, each with its own size: toulbar2 (branch and bound with x's cost as its
-bound, the rows as knapsacks) and HiGHS, picked in proportion to what each has been gaining per
-second (``NeighbourhoodSearch.pick``). Strategies are not filtered: on V, restricting each
+bound, the rows as knapsacks) and HiGHS, each for a share of the time that follows what it has
+been gaining per second (``NeighbourhoodSearch.pick``). Strategies are not filtered: on V, restricting each
 node to its locally cheapest strategies let HiGHS take the whole core at once but gained only
 0.2%, while one full 16-node neighbourhood took the Lagrangian plan from 1717287 to 1670166
 (z3 neighbourhoods of 40-50 nodes had found nothing).
@@ -32,6 +32,7 @@ from autoshard.solver.core import INF, Compact
 from autoshard.solver.heuristics import segment_index
 from autoshard.solver.memory import merge_rows
 from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.shares import Shares
 from autoshard.solver.toulbar import can_take, improve
 
 MIN_SIZE = 6
@@ -49,25 +50,17 @@ TOULBAR_SECONDS = 2
 
 @dataclass
 class SubSolver:
-    """One exact solver of neighbourhoods with its own neighbourhood size and its record: the
-    exponential average (RATE_MEMORY) of the relative gain per second of its neighbourhoods."""
+    """One exact solver of neighbourhoods with its own neighbourhood size."""
 
     name: str
     size: int
-    rate: float = 0.0
     rounds: int = 0
 
 
-RATE_MEMORY = 0.3
-"""Weight of the latest neighbourhood in a solver's gain rate."""
-RATE_FLOOR = 0.1
-"""The less productive solver is still picked as if its rate were this share of the best one's."""
-
-
 class NeighbourhoodSearch:
-    """Re-solves neighbourhoods of a fitting plan of ``comp`` with toulbar2 or HiGHS, whichever
-    has been gaining more per second (adaptive LNS, Ropke and Pisinger 2006); ``run`` improves a
-    plan. Offline from the same plans: on IOPDDL R's core, 180 s from 4.071e11, HiGHS alone
+    """Re-solves neighbourhoods of a fitting plan of ``comp`` with toulbar2 or HiGHS, each for
+    the share of the time its gains per second of late earn (adaptive LNS, Ropke and Pisinger
+    2006; ``pick``); ``run`` improves a plan. Offline from the same plans: on IOPDDL R's core, 180 s from 4.071e11, HiGHS alone
     reached 3.973e11, toulbar2 wherever it takes the rows 3.909e11, the two taking turns
     3.804e11; on K's, 90 s from 2.981e9, 2.824e9, 2.840e9 and 2.690e9."""
 
@@ -76,6 +69,7 @@ class NeighbourhoodSearch:
         self.rng = rng
         size = max(MIN_SIZE, min(size, comp.n))
         self.solvers = [SubSolver("toulbar2", size), SubSolver("highs", size)]
+        self.shares = Shares([0.5, 0.5])
         self.rounds = 0
         self.took = 0.0  # seconds the last neighbourhood took
         # who is live on a row, found when asked: a list per row would hold S's 59 million terms (24 s)
@@ -130,7 +124,7 @@ class NeighbourhoodSearch:
                     x, cost = y, new
                     if found is not None:
                         found(x)
-            solver.rate += RATE_MEMORY * (gain / max(took, 0.01) - solver.rate)
+            self.shares.record(self.solvers.index(solver), took, gain)
             if finished and took < 1.0:
                 solver.size = min(comp.n, int(solver.size * 1.2) + 1)
             elif not finished:
@@ -138,16 +132,16 @@ class NeighbourhoodSearch:
         return x
 
     def pick(self) -> SubSolver:
-        """Each solver twice in turn, then at random in proportion to its gain rate (floored at
-        RATE_FLOOR of the best rate; evenly while neither gains)."""
-        for solver in self.solvers:
-            if solver.rounds < 2:
-                return solver
-        top = max(s.rate for s in self.solvers)
-        if top <= 0:
-            return self.solvers[int(self.rng.integers(len(self.solvers)))]
-        weights = np.array([max(s.rate, RATE_FLOOR * top) for s in self.solvers])
-        return self.solvers[int(self.rng.choice(len(weights), p=weights / weights.sum()))]
+        """The solver furthest behind its share of the search's time (``shares.Shares``: even
+        while neither gained in the last WINDOW seconds, else by relative gain per second,
+        floored). Shares of time, not of picks: a HiGHS neighbourhood takes ~1.3 s where one of
+        toulbar2's takes ~0.1 s, so picking each with a probability by rate, as before, gave
+        HiGHS 60-97% of the time on IOPDDL R, N and K while toulbar2 gained 7x more per second
+        (R, 60 s). Offline from the same plans, 90 s, two seeds each, the best plan by time
+        shares against probabilities: R 3.641e11 and 3.713e11 against 3.737e11 and 3.718e11, N
+        1.993e11 and 1.999e11 against 2.044e11 and 2.008e11, K 2.243e9 and 2.230e9 against
+        2.250e9 and 2.243e9."""
+        return self.solvers[self.shares.next()]
 
     def pose(self, x: np.ndarray) -> tuple[SubSolver, np.ndarray, Compact]:
         """The solver picked, its neighbourhood of x and the restricted problem. toulbar2's

@@ -19,25 +19,25 @@ offline, one core, best plan after 170 s (U: 280 s), seed 1:
 | N | 2.0810e11 | 2.0816e11 | 2.0926e11 |
 | U | 2.5387e9 | 2.6074e9 | 2.5112e9 |
 
-So the time follows the gains (``Shares``): the Lagrangian turns get PRIOR's three quarters
-while neither kind gains (M's Lagrangian plans come after 120 s of steps), and a kind that has
-been gaining more per second over the last WINDOW seconds gets the larger share. Whole runs,
-contest limits (benchmarks/README.md, twelfth round): K 0.9979, M 1.0007, N 1.0150, U 0.9317
-of the best known cost, against 1.015-1.026, 1.0004, 1.003-1.019 and 0.956 with Lagrangian
-turns only, and 0.986, 1.0026, 1.018-1.027 and 1.036 with weights only.
+So the time follows the gains (``shares.Shares``): the Lagrangian turns get PRIOR's three
+quarters while neither kind gains (M's Lagrangian plans come after 120 s of steps), and a kind
+that has been gaining more per second over the last ``shares.WINDOW`` seconds gets the larger
+share. Whole runs, contest limits (benchmarks/README.md, twelfth round): K 0.9979, M 1.0007,
+N 1.0150, U 0.9317 of the best known cost, against 1.015-1.026, 1.0004, 1.003-1.019 and 0.956
+with Lagrangian turns only, and 0.986, 1.0026, 1.018-1.027 and 1.036 with weights only.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections import deque
 
 import numpy as np
 
 from autoshard.solver.core import Compact
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
+from autoshard.solver.shares import Shares
 from autoshard.solver.subproblem import PenalisedProbe, fitted
 from autoshard.solver.toulbar import solve_penalised
 from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
@@ -50,10 +50,6 @@ LNS_SLICE = 5.0
 PRIOR = [0.75, 0.25]
 """Shares of the Lagrangian and usage-weight turns while neither gains (M: the Lagrangian
 child's plans come after 120 s of its steps; with half the time they came too late)."""
-WINDOW = 30.0
-"""Seconds of turns a kind's rate looks back over."""
-RATE_FLOOR = 0.25
-"""The kind gaining less still gets time as if it gained this share of the other's rate."""
 
 
 class Incumbent:
@@ -140,49 +136,3 @@ def run(comp: Compact, seed: int, upper: int | None, plan: list[int] | None, tou
         kinds[k].turn()
         gain = 0.0 if before is None or best.cost is None else (before - best.cost) / max(abs(before), 1)
         shares.record(k, time.monotonic() - began, gain)
-
-
-class Shares:
-    """Processor time per kind of turn, adapted to what each has been gaining lately: a kind's
-    rate is its relative gain per second of its own turns over the last WINDOW seconds; its
-    share is its rate, floored at RATE_FLOOR of the best rate, over their sum, or ``prior``
-    while no kind gained in the window. The next turn goes to the kind furthest behind its share
-    of the time spent so far (``behind``)."""
-
-    def __init__(self, prior: list[float]) -> None:
-        self.prior = prior
-        self.spent = [0.0] * len(prior)
-        self.turns: deque[tuple[float, int, float, float]] = deque()  # (end, kind, seconds, gain)
-
-    def share(self, now: float | None = None) -> list[float]:
-        """Each kind's share of the time now (time.monotonic())."""
-        now = time.monotonic() if now is None else now
-        while self.turns and self.turns[0][0] < now - WINDOW:
-            self.turns.popleft()
-        gain, seconds = [0.0] * len(self.prior), [0.0] * len(self.prior)
-        for _, k, took, won in self.turns:
-            gain[k] += won
-            seconds[k] += took
-        rate = [g / max(t, 0.01) for g, t in zip(gain, seconds)]
-        top = max(rate)
-        if top <= 0:
-            return list(self.prior)
-        weights = [max(r, RATE_FLOOR * top) for r in rate]
-        total = sum(weights)
-        return [w / total for w in weights]
-
-    def next(self, now: float | None = None) -> int:
-        """The kind that takes the next turn."""
-        return behind(self.spent, self.share(now))
-
-    def record(self, k: int, seconds: float, gain: float, now: float | None = None) -> None:
-        """Kind k's turn ended at ``now`` after ``seconds``, its relative gain ``gain``."""
-        self.spent[k] += seconds
-        self.turns.append((time.monotonic() if now is None else now, k, seconds, gain))
-
-
-def behind(spent: list[float], share: list[float]) -> int:
-    """The kind furthest behind its share of the time spent so far (the first on a tie): so each
-    kind's time stays within one of its turns of its share."""
-    total = sum(spent)
-    return min(range(len(spent)), key=lambda j: spent[j] - share[j] * total)

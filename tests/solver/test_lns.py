@@ -177,3 +177,39 @@ def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_com
     lns = Heard()
     portfolio._lns(lns, [])
     assert lns.starts == [[0] * 6, [1] * 6]
+
+
+def test_the_solvers_share_the_time_not_the_picks(monkeypatch):
+    """While neither gains, each solver gets half of the time, however long its neighbourhoods
+    take (picking each half of the time gave the slow one five sixths of it here)."""
+    took = {"toulbar2": 0.01, "highs": 0.05}
+
+    def solve(self, solver, sub, start, left):
+        time.sleep(took[solver.name])
+        return None, True
+
+    monkeypatch.setattr(NeighbourhoodSearch, "solve", solve)
+    comp = compact(5, 9, forbid=0.0)
+    search = NeighbourhoodSearch(comp, np.random.default_rng(0), size=3)
+    search.run(np.zeros(comp.n, dtype=np.int64), time.monotonic() + 3.0)
+    toulbar2, highs = search.shares.spent  # ~1 s each; picks by halves: ~0.33 s and ~1.67 s
+    assert toulbar2 > 0.5 and abs(toulbar2 - highs) <= 0.2
+    assert search.solvers[0].rounds >= 3 * search.solvers[1].rounds
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_neighbourhoods_relative_gain_is_recorded_for_its_solver(seed, monkeypatch):
+    """The gains the shares are computed from chain from the start plan's cost to the result's."""
+    comp = compact(300 + seed, 9, forbid=0.0)
+    start = Search(comp, min_memory_start(comp), np.random.default_rng(seed))
+    start.repair(time.monotonic() + 1.0)
+    if not start.feasible:
+        pytest.skip("no fitting plan")
+    search = NeighbourhoodSearch(comp, np.random.default_rng(seed), size=4)
+    result = search.run(start.x, time.monotonic() + 1.5)
+    cost = float(start.total)
+    for _, kind, _, gain in search.shares.turns:
+        assert kind in (0, 1) and 0.0 <= gain < 1.0
+        cost *= 1.0 - gain
+    assert abs(cost - comp.cost(result)) <= 1e-9 * abs(start.total)
+    assert len(search.shares.turns) == search.rounds == sum(s.rounds for s in search.solvers)

@@ -1,11 +1,12 @@
-"""The second engine's turns (second_search.py): how the two kinds share the time."""
+"""How kinds of work share the time (shares.py): the second engine's turns, neighbourhood
+search's solvers."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.second_search import behind
+from autoshard.solver.shares import behind
 
 
 @settings(max_examples=100, deadline=None)
@@ -35,7 +36,7 @@ def test_the_first_turn_is_the_first_kind_and_an_only_kind_always_turns():
 
 
 def test_shares_follow_the_prior_until_a_kind_gains_then_favour_it_with_a_floor_while_it_lasts():
-    from autoshard.solver.second_search import RATE_FLOOR, WINDOW, Shares
+    from autoshard.solver.shares import RATE_FLOOR, WINDOW, Shares
 
     shares, now = Shares([0.75, 0.25]), 0.0
     for _ in range(20):  # nothing gains: the prior, and the time split by it
