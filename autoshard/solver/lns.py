@@ -20,7 +20,6 @@ node to its locally cheapest strategies let HiGHS take the whole core at once bu
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from autoshard.solver.call_server import CallServer
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, Compact, views
 from autoshard.solver.heuristics import segment_index
 from autoshard.solver.memory import merge_rows
 from autoshard.solver.milp import solve_compact_milp
@@ -195,22 +194,49 @@ class NeighbourhoodSearch:
                 seeds = [int(self.rng.choice(comp.n, p=share / share.sum()))]
             else:
                 seeds = [int(self.rng.integers(comp.n))]
-        chosen: dict[int, None] = {}
-        frontier = deque(int(s) for s in seeds[: max(1, size // 2)])
-        columns = 0
-        while frontier and len(chosen) < size:
-            i = frontier.popleft()
-            if i in chosen:
-                continue
-            more = len(comp.costs[i]) + sum(m.size for j, m in comp.nbrs[i] if j in chosen)
-            if chosen and columns + more > MAX_COLUMNS:
-                continue
-            columns += more
-            chosen[i] = None
-            nbrs = [j for j, _ in comp.nbrs[i] if j not in chosen]
-            if nbrs:
-                frontier.extend(int(j) for j in self.rng.permutation(nbrs))
-        return np.array(sorted(chosen), dtype=np.int64)
+        a = comp.arrays
+        first = np.array(seeds[: max(1, size // 2)], dtype=np.int64)
+        order = self.rng.random(len(a.nb_other))  # each node's neighbours are queued in this order
+        return np.sort(_grow(first, size, MAX_COLUMNS, order, a.c_off, a.nb_ptr, a.nb_other))
+
+
+@njit(cache=True)
+def _grow(first, size, max_columns, order, c_off, nb_ptr, nb_other):  # pragma: no cover
+    """``neighbourhood``'s breadth-first growth from the queue ``first``: a node is taken unless
+    it would bring the ILP past ``max_columns`` variables (its strategies plus its edges to nodes
+    taken), and its neighbours not yet taken are queued by ``order`` (one random key per entry
+    of the neighbour lists); at most ``size`` nodes, in the order taken."""
+    n = len(c_off) - 1
+    taken = np.zeros(n, dtype=np.bool_)
+    queue = np.empty(len(first) + len(nb_other), dtype=np.int64)  # every node is queued by each
+    queue[: len(first)] = first  # neighbour taken before it, at most once per list entry
+    head, tail = 0, len(first)
+    out = np.empty(min(size, n), dtype=np.int64)
+    count = columns = 0
+    while head < tail and count < size:
+        i = queue[head]
+        head += 1
+        if taken[i]:
+            continue
+        k = c_off[i + 1] - c_off[i]
+        more = k
+        for p in range(nb_ptr[i], nb_ptr[i + 1]):
+            j = nb_other[p]
+            if taken[j]:
+                more += k * (c_off[j + 1] - c_off[j])
+        if count > 0 and columns + more > max_columns:
+            continue
+        columns += more
+        taken[i] = True
+        out[count] = i
+        count += 1
+        lo, hi = nb_ptr[i], nb_ptr[i + 1]
+        for q in np.argsort(order[lo:hi]):
+            j = nb_other[lo + q]
+            if not taken[j]:
+                queue[tail] = j
+                tail += 1
+    return out[:count]
 
 
 def node_costs(comp: Compact, x: np.ndarray) -> np.ndarray:
@@ -241,14 +267,17 @@ def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
     nodes and dropped where they cannot overflow (``memory.merge_rows``: on IOPDDL R's core a
     neighbourhood of 300-600 nodes spans ~4600 rows and keeps ~200)."""
     index = {int(v): i for i, v in enumerate(nodes)}
-    costs = []
-    for v in nodes:
-        c = comp.costs[v]
-        for j, m in comp.nbrs[v]:
-            if j not in index:
-                c = np.minimum(c + m[:, x[j]], INF)
-        costs.append(c)
-    edges = [(index[u], index[v], m) for u, v, m in comp.edges if u in index and v in index]
+    a = comp.arrays
+    nodes = np.asarray(nodes, dtype=np.int64)
+    inside = np.zeros(comp.n, dtype=np.bool_)
+    inside[nodes] = True
+    widths = a.c_off[nodes + 1] - a.c_off[nodes]
+    starts = np.concatenate(([0], np.cumsum(widths)))
+    flat = _absorbed_costs(np.asarray(x, dtype=np.int64), nodes, inside, starts, a.c_off, a.costs, a.nb_ptr,
+                           a.nb_other, a.nb_moff, a.nb_mats)
+    costs = views(flat, starts)
+    # each edge inside once, from its end of lower index (oriented that way in its neighbour list)
+    edges = [(i, index[j], m) for i, v in enumerate(nodes.tolist()) for j, m in comp.nbrs[v] if index.get(j, -1) > i]
     capacity, segments = None, [[] for _ in nodes]
     if comp.capacity is not None and len(comp.capacity):
         own = np.zeros(len(comp.capacity) + 1, dtype=np.int64)
@@ -264,3 +293,25 @@ def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
             capacity, segments, _ = merge_rows(free[lo:hi], segments)
     return Compact(nodes=[comp.nodes[v] for v in nodes], costs=costs, edges=edges, capacity=capacity,
                    segments=segments)
+
+
+@njit(cache=True)
+def _absorbed_costs(x, nodes, inside, starts, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+    """``restrict``'s costs, flat at ``starts``: each node's own plus, for every edge to a node
+    outside (not ``inside``), the edge's column at that node's strategy in x, saturated at INF
+    after each addition (both terms are at most INF, so no sum overflows)."""
+    out = np.empty(starts[-1], dtype=np.int64)
+    for a in range(len(nodes)):
+        v = nodes[a]
+        k = c_off[v + 1] - c_off[v]
+        base = starts[a]
+        for s in range(k):
+            out[base + s] = costs[c_off[v] + s]
+        for p in range(nb_ptr[v], nb_ptr[v + 1]):
+            j = nb_other[p]
+            if inside[j]:
+                continue
+            kj = c_off[j + 1] - c_off[j]
+            for s in range(k):
+                out[base + s] = min(out[base + s] + nb_mats[nb_moff[p] + s * kj + x[j]], INF)
+    return out

@@ -14,7 +14,7 @@ import numpy as np
 from autoshard.solver.core import Compact
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
-from autoshard.solver.lns import node_costs
+from autoshard.solver.lns import NeighbourhoodSearch, node_costs, restrict
 from autoshard.solver.trws import MessagePassing
 
 
@@ -45,6 +45,7 @@ def warm() -> float:
     comp.cost(x)
     comp.profile(x)
     node_costs(comp, x)
+    restrict(comp, x, NeighbourhoodSearch(comp, rng).neighbourhood(x, 1))
     return time.monotonic() - began
 
 

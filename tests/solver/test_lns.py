@@ -213,3 +213,34 @@ def test_each_neighbourhoods_relative_gain_is_recorded_for_its_solver(seed, monk
         cost *= 1.0 - gain
     assert abs(cost - comp.cost(result)) <= 1e-9 * abs(start.total)
     assert len(search.shares.turns) == search.rounds == sum(s.rounds for s in search.solvers)
+
+
+def grown_by_the_rule(comp, first, size, max_columns, order):
+    """``lns._grow``'s rule in plain Python over the Compact's own neighbour lists."""
+    taken: list[int] = []
+    queue, columns = list(first), 0
+    while queue and len(taken) < size:
+        i = queue.pop(0)
+        if i in taken:
+            continue
+        more = len(comp.costs[i]) + sum(m.size for j, m in comp.nbrs[i] if j in taken)
+        if taken and columns + more > max_columns:
+            continue
+        columns += more
+        taken.append(i)
+        start = int(comp.arrays.nb_ptr[i])
+        ranked = sorted(range(len(comp.nbrs[i])), key=lambda q: order[start + q])
+        queue += [comp.nbrs[i][q][0] for q in ranked if comp.nbrs[i][q][0] not in taken]
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_neighbourhoods_grow_breadth_first_within_their_size_and_columns(seed):
+    comp = compact(400 + seed, 12, forbid=0.0)
+    rng = np.random.default_rng(seed)
+    for size, max_columns in ((3, 10**6), (12, 10**6), (12, 40), (5, 1)):
+        first = rng.choice(comp.n, size=2, replace=False)
+        order = rng.random(len(comp.arrays.nb_other))
+        grown = lns_module._grow(first, size, max_columns, order, comp.arrays.c_off, comp.arrays.nb_ptr,
+                                 comp.arrays.nb_other)
+        assert grown.tolist() == grown_by_the_rule(comp, first.tolist(), size, max_columns, order)
