@@ -11,10 +11,10 @@ edge), up to ``size`` nodes and MAX_COLUMNS ILP variables. The size adapts: it g
 neighbourhoods are solved quickly and shrinks when the solver runs out of time. Two exact
 solvers take turns, each with its own size: toulbar2 (branch and bound with x's cost as its
 bound, the rows as knapsacks) and HiGHS, each for a share of the time that follows what it has
-been gaining per second (``NeighbourhoodSearch.pick``). Strategies are not filtered: on V, restricting each
-node to its locally cheapest strategies let HiGHS take the whole core at once but gained only
-0.2%, while one full 16-node neighbourhood took the Lagrangian plan from 1717287 to 1670166
-(z3 neighbourhoods of 40-50 nodes had found nothing).
+been gaining per second (``NeighbourhoodSearch.pick``). Strategies are not filtered: on V,
+restricting each node to its locally cheapest strategies let HiGHS take the whole core at once
+but gained only 0.2%, while one full 16-node neighbourhood took the Lagrangian plan from 1717287
+to 1670166 (z3 neighbourhoods of 40-50 nodes had found nothing).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from autoshard.solver.call_server import CallServer
-from autoshard.solver.core import INF, Compact, views
+from autoshard.solver.core import INF, Compact, offsets, views
 from autoshard.solver.heuristics import segment_index
 from autoshard.solver.memory import merge_rows
 from autoshard.solver.milp import solve_compact_milp
@@ -59,9 +59,10 @@ class SubSolver:
 class NeighbourhoodSearch:
     """Re-solves neighbourhoods of a fitting plan of ``comp`` with toulbar2 or HiGHS, each for
     the share of the time its gains per second of late earn (adaptive LNS, Ropke and Pisinger
-    2006; ``pick``); ``run`` improves a plan. Offline from the same plans: on IOPDDL R's core, 180 s from 4.071e11, HiGHS alone
-    reached 3.973e11, toulbar2 wherever it takes the rows 3.909e11, the two taking turns
-    3.804e11; on K's, 90 s from 2.981e9, 2.824e9, 2.840e9 and 2.690e9."""
+    2006; ``pick``); ``run`` improves a plan. Offline from the same plans: on IOPDDL R's core,
+    180 s from 4.071e11, HiGHS alone reached 3.973e11, toulbar2 wherever it takes the rows
+    3.909e11, the two taking turns 3.804e11; on K's, 90 s from 2.981e9, 2.824e9, 2.840e9 and
+    2.690e9."""
 
     def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 16) -> None:
         self.comp = comp
@@ -135,8 +136,8 @@ class NeighbourhoodSearch:
         while neither gained in the last WINDOW seconds, else by relative gain per second,
         floored). Shares of time, not of picks: a HiGHS neighbourhood takes ~1.3 s where one of
         toulbar2's takes ~0.1 s, so picking each with a probability by rate, as before, gave
-        HiGHS 60-97% of the time on IOPDDL R, N and K while toulbar2 gained 7x more per second
-        (R, 60 s). Offline from the same plans, 90 s, two seeds each, the best plan by time
+        HiGHS 84-100% of the time in five of six runs on IOPDDL R, N and K, while on R toulbar2
+        gained 7x more per second. Offline from the same plans, 90 s, two seeds each, the best plan by time
         shares against probabilities: R 3.641e11 and 3.713e11 against 3.737e11 and 3.718e11, N
         1.993e11 and 1.999e11 against 2.044e11 and 2.008e11, K 2.243e9 and 2.230e9 against
         2.250e9 and 2.243e9."""
@@ -271,8 +272,7 @@ def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
     nodes = np.asarray(nodes, dtype=np.int64)
     inside = np.zeros(comp.n, dtype=np.bool_)
     inside[nodes] = True
-    widths = a.c_off[nodes + 1] - a.c_off[nodes]
-    starts = np.concatenate(([0], np.cumsum(widths)))
+    starts = offsets(a.c_off[nodes + 1] - a.c_off[nodes])
     flat = _absorbed_costs(np.asarray(x, dtype=np.int64), nodes, inside, starts, a.c_off, a.costs, a.nb_ptr,
                            a.nb_other, a.nb_moff, a.nb_mats)
     costs = views(flat, starts)
