@@ -3,11 +3,11 @@ runs past its limit or ends the process is killed at a wall-clock deadline, its 
 /dev/null) without a fork per call.
 
 Neighbourhood search (lns.py) makes 4-5 toulbar2 or HiGHS calls a second, each of a few hundred
-nodes. Forked one by one from a process holding IOPDDL R's core (880 MB resident), each paid
-~15 ms more than the same call in the process: the fork, then the copy-on-write faults of both
-processes and the child's exit. Over whole runs of R that was 40 s of system time in 416 s of
-CPU. Here the child is forked once (again only after a call had to be killed); each call costs
-pickling its arguments (the restricted core, 0.2-1.6 MB) and its answer.
+nodes. Forked one by one from a process holding IOPDDL R's core (850 MB resident), each paid
+~13 ms more than the same call in the process: the fork, then the copy-on-write faults of both
+processes and the child's exit; a whole run of R spent 36 s of its 461 s of CPU in the kernel.
+Here the child is forked once (again only after a call had to be killed); each call costs ~3 ms,
+pickling its arguments (the restricted core, 0.2-1.6 MB) and its answer (R: 14 s in the kernel).
 
 The protocol is one pickle each way per call, each behind its length (8 bytes, little endian).
 """
@@ -22,7 +22,7 @@ import time
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
-from autoshard.solver.workers import die_with_parent, kill_and_reap
+from autoshard.solver.workers import kill_and_reap, quiet_child, write_all
 
 T = TypeVar("T")
 _LENGTH = struct.Struct("<Q")
@@ -108,10 +108,7 @@ def _serve(requests: int, answers: int) -> None:
     """The child: answer requests until the parent closes its end, then exit without returning.
     An answer is (True, value) or (False, None) when the call raised."""
     try:
-        die_with_parent()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
+        quiet_child()
         while (request := _read_exactly(requests, _LENGTH.size)) is not None:
             body = _read_exactly(requests, _LENGTH.unpack(request)[0])
             if body is None:
@@ -127,9 +124,8 @@ def _serve(requests: int, answers: int) -> None:
 
 
 def _send(fd: int, body: bytes) -> None:
-    view = memoryview(_LENGTH.pack(len(body)) + body)
-    while len(view):
-        view = view[os.write(fd, view):]
+    """``body`` behind its length."""
+    write_all(fd, _LENGTH.pack(len(body)) + body)
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:

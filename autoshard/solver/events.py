@@ -1,8 +1,8 @@
 """What the solver reports while it runs: plain dataclasses passed to ``on_event`` in order.
 
 A run emits ``Started``, ``Reduced``, then any number of ``Improved`` / ``Checked`` /
-``LowerBound`` / ``Phase`` / ``EngineFailed`` events, and ends with ``Finished``. The core never prints; the CLI
-renders these and tests read them.
+``LowerBound`` / ``Phase`` / ``EngineFailed`` events, and ends with ``Finished``. The core never
+prints; the CLI renders these and tests read them.
 """
 
 from __future__ import annotations

@@ -137,10 +137,10 @@ class NeighbourhoodSearch:
         floored). Shares of time, not of picks: a HiGHS neighbourhood takes ~1.3 s where one of
         toulbar2's takes ~0.1 s, so picking each with a probability by rate, as before, gave
         HiGHS 84-100% of the time in five of six runs on IOPDDL R, N and K, while on R toulbar2
-        gained 7x more per second. Offline from the same plans, 90 s, two seeds each, the best plan by time
-        shares against probabilities: R 3.641e11 and 3.713e11 against 3.737e11 and 3.718e11, N
-        1.993e11 and 1.999e11 against 2.044e11 and 2.008e11, K 2.243e9 and 2.230e9 against
-        2.250e9 and 2.243e9."""
+        gained 7x more per second. Offline from the same plans, 90 s, two seeds each, the best
+        plan by time shares against probabilities: R 3.641e11 and 3.713e11 against 3.737e11 and
+        3.718e11, N 1.993e11 and 1.999e11 against 2.044e11 and 2.008e11, K 2.243e9 and 2.230e9
+        against 2.250e9 and 2.243e9."""
         return self.solvers[self.shares.next()]
 
     def pose(self, x: np.ndarray) -> tuple[SubSolver, np.ndarray, Compact]:

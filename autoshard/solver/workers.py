@@ -199,16 +199,27 @@ def _call_child(fn: Callable[[], object], write: int) -> None:
     """The child of ``call_forked``: run ``fn``, write its pickle, exit without returning."""
     status = 1
     try:
-        die_with_parent()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        view = memoryview(pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
-        while len(view):
-            view = view[os.write(write, view):]
+        quiet_child()
+        write_all(write, pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
         status = 0
     finally:
         os._exit(status)
+
+
+def quiet_child() -> None:
+    """A forked child's set-up for calls whose prints must go nowhere: it dies with its parent
+    and its fds 0-2 are on /dev/null (``call_forked``, call_server.py)."""
+    _die_with_parent()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to fd (a pipe takes it in pieces)."""
+    view = memoryview(data)
+    while len(view):
+        view = view[os.write(fd, view):]
 
 
 def kill_and_reap(pid: int) -> None:
@@ -237,7 +248,7 @@ def _child(worker: EngineWorker, write: int) -> None:
     """Run the engine with fds 1 and 2 on ``write``; exit without returning."""
     status = 1
     try:
-        die_with_parent()
+        _die_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(write, 1)
@@ -288,7 +299,7 @@ def _milp(worker: EngineWorker) -> None:
     os.write(1, ("\n".join(lines) + "\n").encode())
 
 
-def die_with_parent() -> None:
+def _die_with_parent() -> None:
     """Ask Linux to kill this process when its parent ends (an os._exit at the deadline)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
