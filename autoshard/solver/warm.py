@@ -11,10 +11,13 @@ import time
 
 import numpy as np
 
-from autoshard.solver.core import Compact
+from autoshard.problem import ShardingProblem
+from autoshard.solver.core import Compact, Core
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch, node_costs, restrict
+from autoshard.solver.memory import attach_memory, drop_dominated_rows
+from autoshard.solver.reduce import reduce_core
 from autoshard.solver.trws import MessagePassing
 
 
@@ -27,6 +30,14 @@ def tiny_core() -> Compact:
         capacity=np.array([3], dtype=np.int64),
         segments=[[(0, 1, np.array([2, 1], dtype=np.int64))], [(0, 1, np.array([1, 2], dtype=np.int64))]],
     )
+
+
+def tiny_problem(usage_limit: int | None) -> ShardingProblem:
+    """The same two nodes as a problem, live over overlapping intervals (two memory rows)."""
+    costs = [np.array([1, 2], dtype=np.int64), np.array([3, 1], dtype=np.int64)]
+    usages = [np.array([2, 1], dtype=np.int64), np.array([1, 2], dtype=np.int64)]
+    return ShardingProblem(costs, usages, [(0, 2), (1, 3)], [(0, 1)], [np.array([[0, 2], [2, 0]], dtype=np.int64)],
+                           usage_limit=usage_limit, name="tiny")
 
 
 def warm() -> float:
@@ -46,6 +57,11 @@ def warm() -> float:
     comp.profile(x)
     node_costs(comp, x)
     restrict(comp, x, NeighbourhoodSearch(comp, rng).neighbourhood(x, 1))
+    reduce_core(Core(tiny_problem(None)))  # the separability and dominance tests
+    core = Core(tiny_problem(3))
+    attach_memory(core, tiny_problem(3))
+    drop_dominated_rows(core)
+    reduce_core(core)  # dominance with memory segments
     return time.monotonic() - began
 
 

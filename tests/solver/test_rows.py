@@ -43,6 +43,40 @@ def test_dropped_rows_change_no_plan_that_fits(seed, window):
     assert by_problem == by_core
 
 
+def implied_rows(core: Core, window: int) -> list[bool]:
+    """Which rows stay, by the definition on dense per-row usages: in row order, r goes when a
+    row q still kept, at most ``window`` rows away, has sum_i max_s (u_ir[s] - u_iq[s]) <=
+    cap_r - cap_q."""
+    rows, cap = len(core.capacity), core.capacity
+    dense = []
+    for v in sorted(core.alive):
+        if core.segments[v]:
+            u = np.zeros((rows, core.k(v)), dtype=np.int64)
+            for seg in core.segments[v]:
+                u[seg.start:seg.stop] += seg.usage
+            dense.append(u)
+    kept = [True] * rows
+    for r in range(rows):
+        near = [q for q in range(max(0, r - window), min(rows, r + window + 1)) if q != r and kept[q]]
+        if any(sum(int((u[r] - u[q]).max()) for u in dense) <= cap[r] - cap[q] for q in near):
+            kept[r] = False
+    return kept
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), window=st.integers(1, 4))
+def test_the_rows_dropped_are_those_the_definition_drops(seed, window):
+    """Against the definition on dense usages (several segments per node after merging)."""
+    rng = np.random.default_rng(seed)
+    problem = random_problem(rng, int(rng.integers(2, 9)), max_k=3, forbid_prob=0.0)
+    core = Core(problem)
+    attach_memory(core, problem)
+    compress_rows(core)
+    kept, times = implied_rows(core, window), core.row_times.copy()
+    assert drop_dominated_rows(core, window) == kept.count(False)
+    assert core.row_times.tolist() == times[kept].tolist()
+
+
 def test_a_row_whose_tensors_stay_live_at_the_next_row_is_dropped():
     """A long-lived tensor and two short ones: at the second row all three are live, so the first
     row (two of them) can only overflow when the second does."""
