@@ -58,8 +58,9 @@ def warm() -> float:
     node_costs(comp, x)
     restrict(comp, x, NeighbourhoodSearch(comp, rng).neighbourhood(x, 1))
     reduce_core(Core(tiny_problem(None)))  # the separability and dominance tests
-    core = Core(tiny_problem(3))
-    attach_memory(core, tiny_problem(3))
+    problem = tiny_problem(3)
+    core = Core(problem)
+    attach_memory(core, problem)
     drop_dominated_rows(core)
     reduce_core(core)  # dominance with memory segments
     return time.monotonic() - began

@@ -8,13 +8,12 @@ import itertools
 
 import numpy as np
 
+from autoshard.problem import ShardingProblem
 from autoshard.solver.core import INF, Core
 from autoshard.solver.memory import attach_memory
-from autoshard.solver.reduce import MAX_DOMINANCE_DEGREE, prune_dominated
+from autoshard.solver.reduce import _SAFE, prune_dominated
 
 from helpers import random_problem
-
-_SAFE = 2**62 // (MAX_DOMINANCE_DEGREE + 2)
 
 
 def array_formulation(core: Core, v: int) -> np.ndarray | None:
@@ -79,10 +78,8 @@ def test_dropped_strategies_are_never_better_than_a_kept_one():
 
 
 def test_equal_strategies_keep_the_last_and_a_forbidden_partner_blocks():
-    """Two equal strategies: the last stays (each is dropped for a later one still kept). A strategy that forbids a neighbour's pick the other
-    allows dominates nothing, however cheap."""
-    from autoshard.problem import ShardingProblem
-
+    """Two equal strategies: the last stays (each is dropped for a later one still kept). A
+    strategy that forbids a neighbour's pick the other allows dominates nothing, however cheap."""
     costs = [np.array([5, 5, 0], dtype=np.int64), np.array([0, 0], dtype=np.int64)]
     m = np.array([[1, 2], [1, 2], [0, INF]], dtype=np.int64)
     problem = ShardingProblem(costs, [np.zeros(3, dtype=np.int64), np.zeros(2, dtype=np.int64)], [(0, 0)] * 2,

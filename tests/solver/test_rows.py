@@ -28,14 +28,20 @@ def fitting(problem: ShardingProblem, core: Core) -> tuple[set, set]:
     return by_problem, by_core
 
 
-@settings(max_examples=120, deadline=None)
-@given(seed=st.integers(0, 10**6), window=st.integers(1, 6))
-def test_dropped_rows_change_no_plan_that_fits(seed, window):
+def compressed(seed: int, most_nodes: int) -> tuple[ShardingProblem, Core]:
+    """A random problem of 2 to ``most_nodes`` nodes and its core on compressed rows."""
     rng = np.random.default_rng(seed)
-    problem = random_problem(rng, int(rng.integers(2, 7)), max_k=3, forbid_prob=0.0)
+    problem = random_problem(rng, int(rng.integers(2, most_nodes + 1)), max_k=3, forbid_prob=0.0)
     core = Core(problem)
     attach_memory(core, problem)
     compress_rows(core)
+    return problem, core
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 10**6), window=st.integers(1, 6))
+def test_dropped_rows_change_no_plan_that_fits(seed, window):
+    problem, core = compressed(seed, 6)
     rows = len(core.capacity)
     dropped = drop_dominated_rows(core, window)
     assert len(core.capacity) == rows - dropped
@@ -67,11 +73,7 @@ def implied_rows(core: Core, window: int) -> list[bool]:
 @given(seed=st.integers(0, 10**6), window=st.integers(1, 4))
 def test_the_rows_dropped_are_those_the_definition_drops(seed, window):
     """Against the definition on dense usages (several segments per node after merging)."""
-    rng = np.random.default_rng(seed)
-    problem = random_problem(rng, int(rng.integers(2, 9)), max_k=3, forbid_prob=0.0)
-    core = Core(problem)
-    attach_memory(core, problem)
-    compress_rows(core)
+    _, core = compressed(seed, 8)
     kept, times = implied_rows(core, window), core.row_times.copy()
     assert drop_dominated_rows(core, window) == kept.count(False)
     assert core.row_times.tolist() == times[kept].tolist()
