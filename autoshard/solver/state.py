@@ -3,9 +3,9 @@
 With a time limit T the phases work to ``deadline``, a finishing reserve before ``limit``
 (``set_reserve``): stopping the engines and z3 (which waits at most until ``teardown_by``),
 evaluating and returning the answer fit in it. ``timed`` records in ``overruns`` how far a phase
-ended past the deadline. Every plan is expanded to the original nodes (Core.expand) and evaluated
-exactly on the original problem before it is reported (``offer``); lower bounds are kept only
-when they improve (``bound``).
+ended past the deadline. Every plan is expanded to the original nodes and evaluated exactly on
+the original problem before it is reported (``offer``, compiled: evaluation.py); lower bounds are
+kept only when they improve (``bound``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.cut import DualCut
+from autoshard.solver.evaluation import Expansion, FlatProblem
 from autoshard.solver.events import Finished, Improved, LowerBound
 from autoshard.solver.reduce import Size
 from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
@@ -63,6 +64,7 @@ class RunState:
         self.counts: dict[str, int] = {}
         self.proof_times: dict[str, float] = {}
         self.cut: DualCut | None = None
+        self._exact: tuple[Expansion, FlatProblem] | None = None  # built on the first offer
 
     def set_reserve(self, build: float) -> None:
         """Move the phases' deadline a finishing reserve before the limit: FINISH_RESERVE plus
@@ -104,11 +106,14 @@ class RunState:
         local = np.asarray(local, dtype=np.int64)
         if self.comp.cost(local) >= (self.best_cost if self.best_cost is not None else 2**200):
             return False
-        choice = self.core.expand({v: int(s) for v, s in zip(self.comp.nodes, local)})
-        ev = self.problem.evaluate(choice)
+        if self._exact is None:  # the reductions are over: their records no longer change
+            self._exact = Expansion.of(self.core, self.comp.nodes), FlatProblem.of(self.problem)
+        expansion, flat = self._exact
+        choice = expansion.expand(local)
+        ev = flat.evaluate(choice)
         if not ev.feasible or (self.best_cost is not None and ev.cost >= self.best_cost):
             return False
-        self.best, self.best_cost, self.best_local = choice, ev.cost, local
+        self.best, self.best_cost, self.best_local = choice.tolist(), ev.cost, local
         self.improvements += 1
         peak = ev.peak if self.problem.usage_limit is not None else None
         self.emit(Improved(self.improvements, ev.cost, tuple(choice), bound, self.elapsed(), source, peak))

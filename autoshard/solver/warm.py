@@ -13,6 +13,7 @@ import numpy as np
 
 from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Compact, Core
+from autoshard.solver.evaluation import Expansion, FlatProblem
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch, node_costs, restrict
@@ -63,6 +64,8 @@ def warm() -> float:
     attach_memory(core, problem)
     drop_dominated_rows(core)
     reduce_core(core)  # dominance with memory segments
+    frozen = core.freeze()  # an offer's expansion and evaluation
+    FlatProblem.of(problem).evaluate(Expansion.of(core, frozen.nodes).expand(np.zeros(frozen.n, dtype=np.int64)))
     return time.monotonic() - began
 
 
