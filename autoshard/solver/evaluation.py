@@ -22,14 +22,7 @@ import numpy as np
 from numba import njit
 
 from autoshard.problem import FORBIDDEN, Evaluation, ShardingProblem
-from autoshard.solver.core import Core
-
-
-def _offsets(lengths: list[int] | np.ndarray) -> np.ndarray:
-    """Start of each block and the total at the end (int64)."""
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(lengths, dtype=np.int64), out=out[1:])
-    return out
+from autoshard.solver.core import Core, offsets
 
 
 def _flat(arrays: list[np.ndarray]) -> np.ndarray:
@@ -65,14 +58,14 @@ class Expansion:
         return cls(
             num_original=core.num_original,
             nodes=np.array(nodes, dtype=np.int64),
-            strat_off=_offsets([len(core.strategies[v]) for v in nodes]),
+            strat_off=offsets([len(core.strategies[v]) for v in nodes]),
             strats=_flat([core.strategies[v] for v in nodes]),
             rec_node=np.array([rec.node for rec in records], dtype=np.int64),
-            scope_off=_offsets([len(s) for s in scopes]),
+            scope_off=offsets([len(s) for s in scopes]),
             scope=np.array([u for s in scopes for u in s], dtype=np.int64),
-            snap_off=_offsets([len(s) for s in snapshots]),
+            snap_off=offsets([len(s) for s in snapshots]),
             snaps=_flat(snapshots),
-            table_off=_offsets([rec.table.size for rec in records]),
+            table_off=offsets([rec.table.size for rec in records]),
             tables=_flat([rec.table for rec in records]),
         )
 
@@ -134,8 +127,8 @@ class FlatProblem:
             compiled = sum(int(np.max(u, initial=0)) for u in problem.node_usages) < 2**62
         pick = _flat if compiled else (lambda arrays: np.zeros(0, dtype=np.int64))
         return cls(
-            problem=problem, k=k, c_off=_offsets(k), costs=pick(problem.node_costs),
-            eu=edges[:, 0].copy(), ev=edges[:, 1].copy(), m_off=_offsets([m.size for m in problem.edge_costs]),
+            problem=problem, k=k, c_off=offsets(k), costs=pick(problem.node_costs),
+            eu=edges[:, 0].copy(), ev=edges[:, 1].copy(), m_off=offsets([m.size for m in problem.edge_costs]),
             mats=pick(problem.edge_costs), usages=pick(problem.node_usages),
             t_start=t_start, t_end=t_end, times=len(times), compiled=compiled,
         )
