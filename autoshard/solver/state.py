@@ -116,7 +116,7 @@ class RunState:
         self.best, self.best_cost, self.best_local = choice.tolist(), ev.cost, local
         self.improvements += 1
         peak = ev.peak if self.problem.usage_limit is not None else None
-        self.emit(Improved(self.improvements, ev.cost, tuple(choice), bound, self.elapsed(), source, peak))
+        self.emit(Improved(self.improvements, ev.cost, tuple(self.best), bound, self.elapsed(), source, peak))
         return True
 
     def bound(self, value: int | None, source: str) -> None:

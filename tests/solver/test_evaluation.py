@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from autoshard.errors import AutoshardError
 from autoshard.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver.core import Core
+from autoshard.solver.api import solve
 from autoshard.solver.evaluation import Expansion, FlatProblem
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core
+from autoshard.solver.solution import SolveOptions
 
 from helpers import large_problem, random_problem
 
@@ -119,3 +121,15 @@ def test_expansion_replays_many_records() -> None:
         expected = core.expand({v: int(s) for v, s in zip(comp.nodes, local)})
         got = expansion.expand(local)
         assert got.tolist() == expected and (got >= 0).all()
+
+
+def test_offers_report_plain_ints() -> None:
+    """The plans an offer reports (events and the answer) hold Python ints, as their types say,
+    however the compiled expansion computed them."""
+    problem = large_problem(np.random.default_rng(7), 120, max_k=4)
+    events = []
+    solution = solve(problem, SolveOptions(timeout=5.0, prove=False), events.append)
+    plans = [e.choice for e in events if type(e).__name__ == "Improved"]
+    assert plans and plans[-1] == tuple(solution.choice)
+    assert all(type(s) is int for plan in plans for s in plan)
+    assert all(type(s) is int for s in solution.choice)
