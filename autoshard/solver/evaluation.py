@@ -22,14 +22,12 @@ import numpy as np
 from numba import njit
 
 from autoshard.problem import FORBIDDEN, Evaluation, ShardingProblem
-from autoshard.solver.core import Core, offsets
+from autoshard.solver.core import Core, flat, offsets
 
 
 def _flat(arrays: list[np.ndarray]) -> np.ndarray:
-    """The arrays raveled and joined as int64 (empty when there are none)."""
-    if not arrays:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays])
+    """The arrays raveled and joined as int64 (``core.flat`` of their raveled views)."""
+    return flat([np.ravel(a) for a in arrays])
 
 
 @dataclass
