@@ -105,6 +105,9 @@ class _Run(Portfolio):
             self._warm_search()
         elif self.options.prove:
             self._cegis_alone()
+        if self.best is None and self.proof is None and self.options.warm_start and self.options.prove \
+                and not self.out_of_time():
+            self._cegis_alone()  # the engines found no plan and proved nothing: z3 decides whether one exists
         if self.best is None:
             if self.proof is not None:  # z3 UNSAT, an infeasible LP, or an exact minimum that is forbidden
                 return self.infeasible(self._unsat_message())
@@ -115,7 +118,12 @@ class _Run(Portfolio):
                     f"no plan found: z3 alone does not take a core of {self.comp.n} nodes "
                     f"({objective_size(self.comp)} weighted literals); keep the warm start on"
                 )
-            raise AutoshardError("no plan found by the heuristics: let z3 run (drop --no-prove) or give more time")
+            if not self.options.prove:
+                raise AutoshardError("no plan found by the heuristics: let z3 run (drop --no-prove) or give more time")
+            raise AutoshardError(
+                f"no plan found and none proved impossible on the {self.comp.n}-node core (z3 gave no verdict): "
+                "raise the memory budget, or --timeout if one is set"
+            )
         return self.finish()
 
     def _check_peak(self) -> None:

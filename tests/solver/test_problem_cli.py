@@ -10,12 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autoshard.iopddl import load_problem, parse_solution
+from autoshard.iopddl import load_problem, parse_solution, write_problem
 from autoshard.problem_cli import (Clock, Heartbeat, _Display, LogLines, add_solver_arguments, launch_time, main, run,
                                    solve_options)
 from autoshard.solver import EngineFailed, Phase, SolveOptions
 
-from helpers import EXAMPLE
+from tests.solver.helpers import EXAMPLE, infeasible_beyond_the_smallest_peak_bound, needs_shared
 
 
 
@@ -24,6 +24,7 @@ def console() -> tuple[Console, io.StringIO]:
     return Console(file=out, width=60, force_terminal=False), out
 
 
+@needs_shared
 def test_run_prints_improvements_and_the_solution_last():
     con, out = console()
     assert run(str(EXAMPLE), 10.0, con) == 0
@@ -34,6 +35,7 @@ def test_run_prints_improvements_and_the_solution_last():
     assert load_problem(EXAMPLE).evaluate(choice).cost == 445
 
 
+@needs_shared
 def test_raw_z3_mode_prints_every_plan_and_the_unsat():
     con, out = console()
     run(str(EXAMPLE), None, con, options=SolveOptions(reduce=False, warm_start=False))
@@ -41,6 +43,7 @@ def test_raw_z3_mode_prints_every_plan_and_the_unsat():
     assert text.count("by z3") >= 2 and "UNSAT" in text
 
 
+@needs_shared
 def test_quiet_prints_only_the_solution():
     con, out = console()
     run(str(EXAMPLE), None, con, quiet=True)
@@ -48,6 +51,7 @@ def test_quiet_prints_only_the_solution():
     assert len(lines) == 1 and lines[0].startswith("[")
 
 
+@needs_shared
 def test_long_solution_stays_on_one_line(tmp_path):
     data = json.loads(EXAMPLE.read_text())
     nodes = data["problem"]["nodes"]
@@ -63,6 +67,7 @@ def test_long_solution_stays_on_one_line(tmp_path):
     assert len(parse_solution(last, load_problem(path))) == 100
 
 
+@needs_shared
 def test_main_reports_bad_files_in_one_line(tmp_path, capsys):
     path = tmp_path / "broken.json"
     path.write_text(EXAMPLE.read_text()[:200])
@@ -71,6 +76,7 @@ def test_main_reports_bad_files_in_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and "\n" not in err and "not valid JSON" in err
 
 
+@needs_shared
 def test_main_reports_infeasible_limits(tmp_path, capsys):
     data = json.loads(EXAMPLE.read_text())
     data["problem"]["usage_limit"] = 20
@@ -79,6 +85,14 @@ def test_main_reports_infeasible_limits(tmp_path, capsys):
     assert main([str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "smallest achievable peak is 50" in err and "\n" not in err
+
+
+def test_main_exits_2_saying_no_plan_fits_with_every_engine_on(tmp_path, capsys):
+    path = tmp_path / "infeasible.json"
+    write_problem(infeasible_beyond_the_smallest_peak_bound(), path)
+    assert main([str(path), "--no-reduce"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no plan fits" in err and "\n" not in err
 
 
 def test_solver_flags_override_base_options():
@@ -101,12 +115,14 @@ def test_clock_counts_the_time_already_spent_and_keeps_a_reserve():
     assert abs(launch_time() - time.monotonic()) < 0.1  # in-process: counted from the call
 
 
+@needs_shared
 def test_run_with_most_of_the_limit_spent_still_prints_a_plan():
     con, out = console()
     run(str(EXAMPLE), 5.0, con, quiet=True, started=time.monotonic() - 4.9)
     assert out.getvalue().strip().startswith("[")
 
 
+@needs_shared
 def test_log_prints_one_line_per_plan_on_stderr_even_when_quiet(capsys, tmp_path):
     copy = tmp_path / "copy.json.gz"
     assert main([str(EXAMPLE), "--quiet", "--log", "--write-problem", str(copy)]) == 0
@@ -118,6 +134,7 @@ def test_log_prints_one_line_per_plan_on_stderr_even_when_quiet(capsys, tmp_path
     assert back.num_nodes == original.num_nodes and back.edges == original.edges
 
 
+@needs_shared
 def test_gap_flag_is_checked_and_passed_on(capsys):
     parser = argparse.ArgumentParser()
     add_solver_arguments(parser)

@@ -13,7 +13,7 @@ from autoshard.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver import Checked, EngineFailed, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
 from autoshard.solver.milp import solve_problem_milp
 
-from helpers import EXAMPLE, brute_force, random_problem
+from tests.solver.helpers import EXAMPLE, brute_force, infeasible_beyond_the_smallest_peak_bound, needs_shared, random_problem
 
 
 
@@ -23,6 +23,7 @@ def run(problem: ShardingProblem, **options):
     return solution, events
 
 
+@needs_shared
 def test_example_solves_to_its_optimum():
     solution, events = run(load_problem(EXAMPLE))
     assert solution.status == "optimal" and solution.cost == 445
@@ -30,6 +31,7 @@ def test_example_solves_to_its_optimum():
     assert isinstance(events[-1], Finished) and events[-1].solution is solution
 
 
+@needs_shared
 def test_raw_cegis_shows_every_plan_until_unsat():
     """reduce=False, warm_start=False: z3's plans with strictly falling cost, then UNSAT."""
     problem = load_problem(EXAMPLE)
@@ -71,6 +73,14 @@ def test_optimum_matches_brute_force(seed, memory, reduce, warm):
     solution = solve(problem, SolveOptions(reduce=reduce, warm_start=warm))
     assert solution.status == "optimal" and solution.cost == reference[0]
     assert problem.evaluate(solution.choice).cost == solution.cost and problem.is_feasible(solution.choice)
+
+
+def test_no_plan_fits_is_proved_when_the_engines_find_no_plan():
+    problem = infeasible_beyond_the_smallest_peak_bound()
+    assert brute_force(problem) is None
+    with pytest.raises(InfeasibleError) as err:
+        solve(problem, SolveOptions(reduce=False, warm_start=True))
+    assert err.value.solution.status == "infeasible" and "no plan fits" in str(err.value)
 
 
 def larger_problem(seed: int) -> ShardingProblem:
