@@ -16,7 +16,7 @@ from autoshard.solver.reduce import NoAssignment, reduce_core
 from autoshard.solver.relax import lp_bound
 from autoshard.solver.trws import safe_bound
 
-from helpers import random_problem
+from tests.solver.helpers import random_problem
 
 
 def reduced(seed: int, memory: bool) -> Compact | None:

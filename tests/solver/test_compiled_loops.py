@@ -20,7 +20,7 @@ from autoshard.solver.lns import node_costs
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.trws import _CAP, MessagePassing
 
-from helpers import random_problem
+from tests.solver.helpers import random_problem
 
 
 def compact(seed: int, nodes: int, forbid: float = 0.1) -> Compact:

@@ -13,7 +13,7 @@ import numpy as np
 from autoshard.iopddl import load_problem, problem_from_json
 from autoshard.solver import SolveOptions, solve
 
-from helpers import EXAMPLE, large_problem
+from tests.solver.helpers import EXAMPLE, large_problem, needs_shared
 
 SYNTHETIC = Path(__file__).parents[2] / "benchmarks" / "synthetic_iopddl.py"
 
@@ -45,6 +45,7 @@ def _synthetic():
     return module
 
 
+@needs_shared
 def test_synthetic_union_is_feasible_and_keeps_the_tightness(tmp_path):
     source = json.loads(EXAMPLE.read_text())
     one = load_problem(EXAMPLE)

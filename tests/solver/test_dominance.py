@@ -13,7 +13,7 @@ from autoshard.solver.core import INF, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import _SAFE, prune_dominated
 
-from helpers import random_problem
+from tests.solver.helpers import random_problem
 
 
 def array_formulation(core: Core, v: int) -> np.ndarray | None:

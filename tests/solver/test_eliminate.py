@@ -16,7 +16,7 @@ from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.milp import solve_problem_milp
 
-from helpers import brute_force, random_problem
+from tests.solver.helpers import brute_force, random_problem
 
 
 @settings(max_examples=60, deadline=None)

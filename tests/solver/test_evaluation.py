@@ -18,7 +18,7 @@ from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core
 from autoshard.solver.solution import SolveOptions
 
-from helpers import large_problem, random_problem
+from tests.solver.helpers import large_problem, random_problem
 
 
 def reduced(problem: ShardingProblem) -> Core:

@@ -11,7 +11,7 @@ from autoshard.solver.core import INF, Compact, Core
 from autoshard.solver.heuristics import Search
 from autoshard.solver.memory import attach_memory
 
-from helpers import random_problem
+from tests.solver.helpers import random_problem
 
 
 def compact(seed: int, nodes: int) -> Compact:

@@ -15,7 +15,7 @@ from autoshard.errors import AutoshardError
 from autoshard.iopddl import format_solution, load_problem, parse_solution, problem_from_json, write_problem
 from autoshard.problem import FORBIDDEN
 
-from helpers import EXAMPLE, random_problem
+from tests.solver.helpers import EXAMPLE, needs_shared, random_problem
 
 
 
@@ -23,6 +23,7 @@ def example_json() -> dict:
     return json.loads(EXAMPLE.read_text())
 
 
+@needs_shared
 def test_example_loads_with_row_major_edges():
     p = load_problem(EXAMPLE)
     assert p.num_nodes == 5 and len(p.edges) == 5 and p.usage_limit == 50
@@ -30,12 +31,14 @@ def test_example_loads_with_row_major_edges():
     assert p.intervals[0] == (30, 70)
 
 
+@needs_shared
 def test_gzip_file_loads(tmp_path):
     path = tmp_path / "example.json.gz"
     path.write_bytes(gzip.compress(EXAMPLE.read_bytes()))
     assert load_problem(path).num_nodes == 5
 
 
+@needs_shared
 def test_example_cost_and_memory_by_hand():
     p = load_problem(EXAMPLE)
     ev = p.evaluate([0, 0, 2, 1, 0])
@@ -58,11 +61,13 @@ def _one_line_error(path) -> str:
     return message
 
 
+@needs_shared
 def test_truncated_json(tmp_path):
     message = _one_line_error(_write(tmp_path, EXAMPLE.read_text()[:300]))
     assert "not valid JSON" in message and "truncated" in message
 
 
+@needs_shared
 def test_truncated_gzip(tmp_path):
     path = tmp_path / "bad.json.gz"
     path.write_bytes(gzip.compress(EXAMPLE.read_bytes())[:60])
@@ -73,24 +78,28 @@ def test_missing_file(tmp_path):
     assert "cannot read" in _one_line_error(tmp_path / "nope.json")
 
 
+@needs_shared
 def test_wrong_number_of_usages(tmp_path):
     data = example_json()
     data["problem"]["nodes"]["usages"].pop()
     assert "usages has 4 entries" in _one_line_error(_write(tmp_path, data))
 
 
+@needs_shared
 def test_wrong_edge_cost_length(tmp_path):
     data = example_json()
     data["problem"]["edges"]["costs"][2].append(5)
     assert "expected 2 x 2 = 4" in _one_line_error(_write(tmp_path, data))
 
 
+@needs_shared
 def test_negative_values(tmp_path):
     data = example_json()
     data["problem"]["nodes"]["costs"][1][0] = -3
     assert "negative" in _one_line_error(_write(tmp_path, data))
 
 
+@needs_shared
 def test_node_without_strategies(tmp_path):
     data = example_json()
     data["problem"]["nodes"]["costs"][4] = []
@@ -98,6 +107,7 @@ def test_node_without_strategies(tmp_path):
     assert "no strategies" in _one_line_error(_write(tmp_path, data))
 
 
+@needs_shared
 def test_edge_to_missing_node(tmp_path):
     data = example_json()
     data["problem"]["edges"]["nodes"][0] = [0, 9]
@@ -108,6 +118,7 @@ def test_not_a_problem(tmp_path):
     assert "missing 'problem'" in _one_line_error(_write(tmp_path, [1, 2]))
 
 
+@needs_shared
 def test_huge_costs_are_clipped_to_forbidden():
     data = example_json()
     data["problem"]["nodes"]["costs"][1] = [10**30, 65]
@@ -115,6 +126,7 @@ def test_huge_costs_are_clipped_to_forbidden():
     assert int(p.node_costs[1][0]) == FORBIDDEN
 
 
+@needs_shared
 def test_solution_parsing_and_format():
     p = load_problem(EXAMPLE)
     assert parse_solution("[0, 0, 2, 1, 0]", p) == [0, 0, 2, 1, 0]
@@ -168,6 +180,7 @@ def test_write_problem_round_trips(tmp_path, suffix):
             assert np.array_equal(a, b)
 
 
+@needs_shared
 def test_write_problem_to_a_missing_folder_is_one_line(tmp_path):
     with pytest.raises(AutoshardError) as err:
         write_problem(load_problem(EXAMPLE), tmp_path / "no" / "such.json")

@@ -13,7 +13,7 @@ from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.penalised_start import weighted_start
 
-from helpers import brute_force, random_problem
+from tests.solver.helpers import brute_force, random_problem
 
 
 def compact(problem: ShardingProblem):

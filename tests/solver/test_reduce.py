@@ -14,7 +14,7 @@ from autoshard.solver.core import Core
 from autoshard.solver.memory import attach_memory, compress_rows, smallest_peak
 from autoshard.solver.reduce import NoAssignment, reduce_core
 
-from helpers import brute_force, random_problem
+from tests.solver.helpers import brute_force, random_problem
 
 
 def core_optimum(problem: ShardingProblem) -> tuple[int | None, Core]:

@@ -12,7 +12,7 @@ from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Core
 from autoshard.solver.memory import attach_memory, compress_rows, drop_dominated_rows, merge_rows
 
-from helpers import random_problem
+from tests.solver.helpers import random_problem
 
 
 def fitting(problem: ShardingProblem, core: Core) -> tuple[set, set]:

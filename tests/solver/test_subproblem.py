@@ -14,8 +14,9 @@ import pytest
 from autoshard.solver import subproblem
 from autoshard.solver.subproblem import CFN_EVERY, CFN_MAX_SECONDS, CFN_SECONDS, PenalisedProbe
 from autoshard.solver.toulbar import can_take
+from tests.solver.helpers import core_of, optimum
 
-from test_engines import core_of, optimum
+
 
 
 def direct(call, seconds):

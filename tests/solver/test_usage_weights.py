@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from autoshard.solver.heuristics import segment_index
 from autoshard.solver.usage_weights import NEAR, STEP, UsageWeights, bisect, broken_nodes, can_overflow, node_peaks
+from tests.solver.helpers import core_of
 
-from test_engines import core_of
+
 
 
 def row_usage(comp, i: int, row: int) -> np.ndarray:
