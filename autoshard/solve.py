@@ -188,6 +188,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     """Solve a model file end to end and print everything a user needs."""
     from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
     from autoshard.frontend.load import load_model
+    from autoshard.frontend.loss import check_loss_output
     from autoshard.frontend.table import graph_table
     from autoshard.frontend.trace import trace
     from autoshard.lower.dtensor import export_dtensor
@@ -201,10 +202,13 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     pins = _pins(args.pin)
     clock = problem_cli.Clock(args.timeout, problem_cli.launch_time())
     loaded = load_model(args.path)
-    if args.mode == "training":  # a training plan shards the model's loss too (model file convention)
+    with_loss = args.mode == "training" and loaded.loss is not None
+    if with_loss:  # a training plan shards the model's loss too (model file convention)
         loaded = loaded.for_training()
     with console.status(f"tracing {args.path}") if not args.quiet else _NoLive():
         graph = trace(loaded.model, loaded.example_inputs, args.frontend)
+    if with_loss:
+        check_loss_output(graph, loaded.name)
     console.print(_frontend_line(graph), highlight=False, markup=False)
     if args.graph or not args.quiet and len(graph) <= GRAPH_TABLE_MAX_NODES:
         console.print(graph_table(graph))

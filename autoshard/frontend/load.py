@@ -28,6 +28,7 @@ examples are reproducible only if the file seeds. Every problem is reported as a
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 import traceback
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ class LoadedModel:
         """The model a training plan is made for: with its loss when the file defines one."""
         if self.loss is None:
             return self
+        _check_loss_arguments(self.name, self.loss, len(self.example_targets))
         model = with_loss(self.model, self.loss, len(self.example_inputs), len(self.example_targets))
         return LoadedModel(model, self.example_inputs + self.example_targets, self.name, None, (), self.batch)
 
@@ -83,6 +85,28 @@ class LoadedModel:
                                  f"not tensors of the example shapes {[tuple(t.shape) for t in expected]} "
                                  "(inputs, then targets)")
         return got
+
+
+def _check_loss_arguments(name: str, loss: Callable[..., Any], targets: int) -> None:
+    """Refuse a ``loss`` that cannot take the outputs and the ``targets`` example targets, naming the fix."""
+    try:
+        signature = inspect.signature(loss)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: its call will tell
+    try:
+        signature.bind(None, *([None] * targets))
+    except TypeError:
+        params = list(signature.parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p.name for p in positional[1:] if p.default is p.empty]
+        shown = f"loss({', '.join(p.name for p in params)})"
+        if targets == 0:
+            raise AutoshardError(f"the {name} model file defines {shown} but no `example_targets`: define "
+                                 f"example_targets = the tensors passed to loss after the outputs "
+                                 f"({', '.join(required) or 'one per argument after outputs'})") from None
+        takes = f"{len(required)} target{'s' if len(required) != 1 else ''}"
+        raise AutoshardError(f"the {name} model file's {shown} takes {takes} after the outputs, but example_targets "
+                             f"holds {targets}: make example_targets match loss's arguments") from None
 
 
 def load_model(path: str) -> LoadedModel:

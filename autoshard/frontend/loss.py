@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from autoshard.errors import AutoshardError
+from autoshard.graph import NodeKind, OpGraph
 
 
 def _argument_names(function: Callable, skip: int, count: int, fallback: str, taken: set[str]) -> list[str]:
@@ -40,6 +41,20 @@ def _argument_names(function: Callable, skip: int, count: int, fallback: str, ta
     return names
 
 
+_NAME = "_autoshard_name"
+"""Class attribute of a model-with-loss class: the name messages use (``ResMLP with its loss``)."""
+
+
+def model_name(model: nn.Module) -> str:
+    """The model's class name for messages; a model wrapped by :func:`with_loss` reads ``Net with its loss``."""
+    return getattr(type(model), _NAME, type(model).__name__)
+
+
+def includes_loss(model: nn.Module) -> bool:
+    """Whether ``model`` is a model with its loss made by :func:`with_loss`."""
+    return hasattr(type(model), _NAME)
+
+
 def with_loss(model: nn.Module, loss: Callable[..., torch.Tensor], n_inputs: int, n_targets: int) -> nn.Module:
     """``model`` whose forward takes ``n_inputs`` inputs and ``n_targets`` targets and returns the loss."""
     if not callable(loss):
@@ -54,7 +69,20 @@ def with_loss(model: nn.Module, loss: Callable[..., torch.Tensor], n_inputs: int
     namespace: dict = {"_loss": loss, "_forward": cls.forward}
     exec(compile(source, f"<{cls.__name__} with its loss>", "exec"), namespace)
     subclass = type(f"{cls.__name__}WithLoss", (cls,), {"forward": namespace["forward"],
-                                                          "__module__": cls.__module__})
+                                                          "__module__": cls.__module__,
+                                                          _NAME: f"{cls.__name__} with its loss"})
     wrapped = copy.copy(model)
     wrapped.__class__ = subclass
     return wrapped
+
+
+def check_loss_output(graph: OpGraph, name: str) -> None:
+    """Refuse a model traced with its loss whose output is not one floating-point scalar: backward
+    needs a scalar to start from."""
+    output = next(node for node in graph if node.kind is NodeKind.OUTPUT)
+    metas = [graph[source].tensor for source in output.inputs]
+    if len(metas) == 1 and metas[0] is not None and metas[0].shape == () and metas[0].is_float:
+        return
+    got = ", ".join("a non-tensor" if meta is None else f"{meta.dtype} {list(meta.shape)}" for meta in metas)
+    raise AutoshardError(f"loss in the {name} model file returns {got or 'nothing'}, not a floating-point scalar: "
+                         "reduce it to one (e.g. .mean() or .sum())")

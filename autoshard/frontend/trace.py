@@ -37,7 +37,9 @@ from autoshard.frontend.convert import GraphConverter
 from autoshard.frontend.experts import fuse_experts
 from autoshard.frontend.functionalize import InPlaceProxy, MutationError, functionalize_fx, has_mutations
 from autoshard.frontend.gradients import mark_gradients
+from autoshard.frontend.eager import mixed_dtypes, quiet_fake_tensor_logs, raise_if_forward_fails
 from autoshard.frontend.load import describe_error
+from autoshard.frontend.loss import model_name
 from autoshard.frontend.profile import profile_graph
 from autoshard.graph import OpGraph
 
@@ -48,39 +50,52 @@ _SET_GRAD_ENABLED = torch.ops.higher_order.wrap_with_set_grad_enabled
 def trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], frontend: str = "auto") -> OpGraph:
     """Trace ``model(*example_inputs)`` into an OpGraph with the chosen frontend.
 
-    ``auto`` tries fx and falls back to export; the frontend used is ``OpGraph.frontend``.
+    ``auto`` tries fx and falls back to export; the frontend used is ``OpGraph.frontend``. When
+    tracing fails because forward itself fails on the example inputs (a shape mismatch, an
+    exception of the user's), the error says so instead of blaming the tracer.
     """
     if frontend not in FRONTENDS:
         raise AutoshardError(f"unknown frontend {frontend!r}; use one of {', '.join(FRONTENDS)}")
-    name = type(model).__name__
-    with _eval_mode(model):
-        if frontend == "fx":
-            try:
-                return trace_fx(model, example_inputs)
-            except MutationError as error:
-                raise AutoshardError(f"torch.fx cannot trace {name}: {error}") from error
-            except Exception as error:
-                raise AutoshardError(f"torch.fx cannot trace {name}: {describe_error(error)}; "
-                                     "try --frontend export") from error
-        if frontend == "export":
-            try:
-                return trace_export(model, example_inputs)
-            except Exception as error:
-                raise AutoshardError(f"torch.export cannot trace {name}: {describe_error(error)}; "
-                                     "make forward traceable (no data-dependent Python control flow)") from error
+    with _eval_mode(model), quiet_fake_tensor_logs():
+        graph = _trace(model, example_inputs, frontend)
+        if mixed_dtypes(graph):  # shape propagation does not check dtypes; the real kernels will
+            raise_if_forward_fails(model, example_inputs)
+    return graph
+
+
+def _trace(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], frontend: str) -> OpGraph:
+    """:func:`trace` in eval mode: the chosen frontend, then why it failed in one line."""
+    name = model_name(model)
+    if frontend == "fx":
         try:
             return trace_fx(model, example_inputs)
-        except Exception as fx_error:
-            try:
-                graph = trace_export(model, example_inputs)
-            except Exception as export_error:
-                raise AutoshardError(
-                    f"cannot trace {name}: torch.fx failed ({describe_error(fx_error)}) and torch.export failed "
-                    f"({describe_error(export_error)}); make forward traceable (tensor-only inputs and outputs, "
-                    "no data-dependent Python control flow) or pass inputs that match forward's signature"
-                ) from export_error
-            graph.frontend_note = f"torch.fx failed: {describe_error(fx_error)}"
-            return graph
+        except MutationError as error:
+            raise AutoshardError(f"torch.fx cannot trace {name}: {error}") from error
+        except Exception as error:
+            raise_if_forward_fails(model, example_inputs)
+            raise AutoshardError(f"torch.fx cannot trace {name}: {describe_error(error)}; "
+                                 "try --frontend export") from error
+    if frontend == "export":
+        try:
+            return trace_export(model, example_inputs)
+        except Exception as error:
+            raise_if_forward_fails(model, example_inputs)
+            raise AutoshardError(f"torch.export cannot trace {name}: {describe_error(error)}; "
+                                 "make forward traceable (no data-dependent Python control flow)") from error
+    try:
+        return trace_fx(model, example_inputs)
+    except Exception as fx_error:
+        try:
+            graph = trace_export(model, example_inputs)
+        except Exception as export_error:
+            raise_if_forward_fails(model, example_inputs)
+            raise AutoshardError(
+                f"cannot trace {name}: torch.fx failed ({describe_error(fx_error)}) and torch.export failed "
+                f"({describe_error(export_error)}); make forward traceable (tensor-only inputs and outputs, "
+                "no data-dependent Python control flow) or pass inputs that match forward's signature"
+            ) from export_error
+        graph.frontend_note = f"torch.fx failed: {describe_error(fx_error)}"
+        return graph
 
 
 @contextlib.contextmanager
