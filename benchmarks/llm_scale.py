@@ -39,7 +39,7 @@ DEFAULT_CASES = (
 
 
 def reference(problem: ShardingProblem, method: str, limit: float) -> str:
-    """``method`` (hbfs: toulbar2, milp: HiGHS) alone on the unreduced problem: proof time or gap."""
+    """``method`` (toulbar2: branch and bound, highs: HiGHS) alone on the unreduced problem: proof time or gap."""
     core = Core(problem)
     attach_memory(core, problem)
     comp = core.freeze()
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_reference:
             row += " - | - |"
         else:
-            row += f" {reference(mp.problem, 'hbfs', args.limit)} | {reference(mp.problem, 'milp', args.limit)} |"
+            row += f" {reference(mp.problem, 'toulbar2', args.limit)} | {reference(mp.problem, 'highs', args.limit)} |"
         print(row, flush=True)
     return 0
 

@@ -116,13 +116,13 @@ class Portfolio(Z3Phases):
             self._toulbar_search()
             return
         if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
-            second, what = ["milp"], "HiGHS's MILP of the core (child process)"
+            second, what = ["highs"], "HiGHS's MILP of the core (child process)"
         else:
-            second, what = ["lagrange"], "a second Lagrangian search with usage weights (child process, own seed)"
+            second, what = ["second-search"], "a second Lagrangian search with usage weights (child process, own seed)"
         if self.finished():
             engines = []
         elif self.options.prove and self.options.toulbar and can_take(comp, rows=False):
-            engines = self._start_engines(["relaxed"], "toulbar2 on the core without memory rows (child process)")
+            engines = self._start_engines(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
             self.waiting = (second, what, time.monotonic() + RELAXED_ALONE)
         else:
             engines = self._start_engines(second, what)
@@ -130,7 +130,7 @@ class Portfolio(Z3Phases):
             # under a time limit the LP is skipped when its cut has no taker (z3 cannot take the
             # core) and HiGHS solves the same LP at its MILP's root anyway: on IOPDDL D and Q it
             # held this process for 6-8 s of a 60 s / 240 s limit
-            lp_wanted = self.deadline is None or second != ["milp"] or z3_takes(comp)
+            lp_wanted = self.deadline is None or second != ["highs"] or z3_takes(comp)
             cut = self._lp_phase(engines) if lp_wanted else None
             z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
             if not self.finished():
@@ -177,7 +177,7 @@ class Portfolio(Z3Phases):
         if self.options.prove and lp_columns(self.comp) <= LP_FIRST_COLUMNS:
             self.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
         engines = [] if self.finished() else self._start_engines(
-            ["hbfs", "vns"], "toulbar2: branch and bound + neighbourhood search (child processes)")
+            ["toulbar2", "toulbar2-vns"], "toulbar2: branch and bound + neighbourhood search (child processes)")
         try:
             self._await(engines)
         finally:
@@ -192,7 +192,7 @@ class Portfolio(Z3Phases):
         self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
         plan = None if self.best_local is None else self.best_local.tolist()
         # only the lagrange engine calls toulbar2 on its subproblems (penalised costs, no rows)
-        toulbar = "lagrange" in methods and self.options.toulbar and can_take(self.comp, rows=False)
+        toulbar = "second-search" in methods and self.options.toulbar and can_take(self.comp, rows=False)
         engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan, toulbar)
                    for k, m in enumerate(methods)]
         for engine in engines:
@@ -258,9 +258,9 @@ class Portfolio(Z3Phases):
 
     def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
         """A plan from any engine; bounds and proofs only from the exact ones; a failure said."""
-        source = {"milp": "milp", "lagrange": "lagrange2"}.get(engine.method, "toulbar2")
+        source = {"highs": "milp", "second-search": "second-search"}.get(engine.method, "toulbar2")
         if event.kind == "error":
-            self.emit(EngineFailed(engine.method, engine.error or "no message", self.elapsed()))
+            self.emit(EngineFailed(engine.method, event.message or "no message", self.elapsed()))
         elif event.kind == "plan":
             self.offer(event.choice, source, None)
         elif not engine.bounds:

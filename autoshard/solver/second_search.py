@@ -1,6 +1,6 @@
-"""The second engine's plan search (the ``lagrange`` child of workers.py, where no exact engine
-takes the core): two generators of fitting plans taking turns on one processor, sharing the best
-plan, each better one written out in toulbar2's line format.
+"""The second-search engine (workers.py; run where no exact engine takes the core): two
+generators of fitting plans taking turns on one processor, sharing the best plan, each better
+one reported as an event.
 
 - Lagrangian turns: one plain subgradient step (lagrange.py); every few steps toulbar2 on the
   step's penalised problem (subproblem.py); a slice of neighbourhood search after LNS_AFTER
@@ -9,39 +9,27 @@ plan, each better one written out in toulbar2's line format.
   for its rows, the weights bisected on its plan (usage_weights.py), the plan repaired to fit
   and polished.
 
-Neither kind alone is best everywhere, and a fixed split loses where one kind needs the time:
-offline, one core, best plan after 170 s (U: 280 s), seed 1:
-
-| core | Lagrangian only | usage weights only | half each |
-|---|---:|---:|---:|
-| K | (whole runs: stopped at 2.35e9 in every one) | 2.2401e9 | 2.2887e9 |
-| M | 4.9936e10 | 5.0112e10 | 5.0129e10 |
-| N | 2.0810e11 | 2.0816e11 | 2.0926e11 |
-| U | 2.5387e9 | 2.6074e9 | 2.5112e9 |
-
-So the time follows the gains (``shares.Shares``): the Lagrangian turns get PRIOR's three
-quarters while neither kind gains (M's Lagrangian plans come after 120 s of steps), and a kind
-that has been gaining more per second over the last ``shares.WINDOW`` seconds gets the larger
-share. Whole runs, contest limits (benchmarks/README.md, twelfth round): K 0.9979, M 1.0007,
-N 1.0150, U 0.9317 of the best known cost, against 1.015-1.026, 1.0004, 1.003-1.019 and 0.956
-with Lagrangian turns only, and 0.986, 1.0026, 1.018-1.027 and 1.036 with weights only.
+Neither kind is best on every core and a fixed split loses where one kind needs the time, so
+the time follows the gains (``shares.Shares``): the Lagrangian turns get PRIOR's share while
+neither kind gains, and a kind that has been gaining more per second over the last
+``shares.WINDOW`` seconds gets the larger share (measurements: benchmarks/README.md).
 """
 
 from __future__ import annotations
 
-import os
 import time
+from typing import Callable
 
 import numpy as np
 
 from autoshard.solver.core import Compact
+from autoshard.solver.engine_events import EngineEvent
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.shares import Shares
 from autoshard.solver.subproblem import PenalisedProbe, fitted
 from autoshard.solver.toulbar import solve_penalised
 from autoshard.solver.usage_weights import TOULBAR_SECONDS, UsageWeights
-from autoshard.solver.workers import solution_lines
 
 LNS_AFTER = 30
 """Lagrangian steps without a better plan before a slice of neighbourhood search..."""
@@ -53,19 +41,21 @@ child's plans come after 120 s of its steps; with half the time they came too la
 
 
 class Incumbent:
-    """The best fitting plan so far; ``offer`` writes each better one to fd 1 (the pipe the
-    parent reads, workers.EngineWorker) and says whether it was better."""
+    """The best fitting plan so far; ``offer`` reports each better one (to the parent, through
+    workers.EngineWorker's event pipe) and says whether it was better."""
 
-    def __init__(self, comp: Compact, cost: int | None, plan: list[int] | None) -> None:
-        self.comp = comp
+    def __init__(self, comp: Compact, cost: int | None, plan: list[int] | None,
+                 report: Callable[[EngineEvent], None]) -> None:
+        self.comp, self.report = comp, report
         self.cost = cost
         self.x = None if plan is None else np.asarray(plan, dtype=np.int64)
 
     def offer(self, x: np.ndarray, cost: int) -> bool:
+        """Keep and report ``x`` (costing ``cost``) if it is cheaper than the best so far."""
         if self.cost is not None and cost >= self.cost:
             return False
         self.cost, self.x = cost, np.asarray(x, dtype=np.int64).copy()
-        os.write(1, ("\n".join(solution_lines(cost - self.comp.const, self.x.tolist())) + "\n").encode())
+        self.report(EngineEvent("plan", int(cost), self.x.tolist()))
         return True
 
 
@@ -120,12 +110,13 @@ class WeightTurns:
         self.weights.update(y)
 
 
-def run(comp: Compact, seed: int, upper: int | None, plan: list[int] | None, toulbar: bool) -> None:
+def run(comp: Compact, seed: int, upper: int | None, plan: list[int] | None, toulbar: bool,
+        report: Callable[[EngineEvent], None]) -> None:
     """Turns until killed: Lagrangian ones only, or with ``toulbar`` (toulbar2 takes the core
     without its rows) the two kinds sharing the time by ``Shares``. ``upper``/``plan``: the best
-    plan the parent knew."""
+    plan the parent knew; ``report`` takes each better plan's event."""
     rng = np.random.default_rng(seed)
-    best = Incumbent(comp, upper, plan)
+    best = Incumbent(comp, upper, plan, report)
     kinds: list[LagrangianTurns | WeightTurns] = [LagrangianTurns(comp, rng, seed, toulbar, best)]
     if toulbar and comp.has_memory:
         kinds.append(WeightTurns(comp, rng, seed, best))

@@ -11,7 +11,7 @@ not given to it. Its search (hybrid best-first with soft arc consistency bounds,
 elimination, variable elimination of small degree) is what our TRW-S / elimination / z3 portfolio
 approximates, and it is much faster on every core that fits (benchmarks/README.md).
 
-It runs in a child process (workers.py), which calls ``solve_cfn``; the lagrange engine there
+It runs in a child process (workers.py), which calls ``solve_cfn``; the second-search engine there
 also calls ``solve_penalised`` on its Lagrangian subproblems (costs plus multipliers times
 usage, no rows), which toulbar2 minimises far better than TRW-S's rounded plan on wide cores.
 Large-neighbourhood search (lns.py, in either process) calls ``improve`` on restricted problems.
@@ -52,11 +52,13 @@ def can_take(comp: Compact, rows: bool = True) -> bool:
     return top < MAX_EXACT_COST
 
 
-def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool = False, rows: bool = True) -> None:
-    """Build the network of ``comp`` and let toulbar2 search it (prints as it goes): hybrid
-    best-first branch and bound (exact), or with ``vns`` variable-neighbourhood search from its
-    first depth-first plan (plans only); without ``rows`` the memory rows are left out (a
-    relaxation)."""
+def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool = False,
+              rows: bool = True) -> list[int] | None:
+    """Build the network of ``comp`` and let toulbar2 search it, printing each better plan and
+    bound as it goes: hybrid best-first branch and bound (exact), or with ``vns`` variable-
+    neighbourhood search from its first depth-first plan (plans only); without ``rows`` the
+    memory rows are left out (a relaxation). Returns the best plan (local strategies) when the
+    search ends, or None when it found none cheaper than ``upper`` (none at all without it)."""
     import pytoulbar2
 
     ub = None if upper is None else float(upper - comp.const)
@@ -66,8 +68,9 @@ def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool
     if gap > 0:
         option.relgap = float(gap)
     _network(cfn, comp, comp.costs, rows)
-    cfn.Solve(showSolutions=1)
-    os.write(1, b"\n")
+    found = cfn.Solve(showSolutions=1)
+    os.write(1, b"\n")  # ends toulbar2's last progress line
+    return None if found is None else [int(v) for v in found[0]]
 
 
 def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:

@@ -1,18 +1,14 @@
-"""Exact engines in forked child processes: toulbar2 (branch and bound, neighbourhood search) and
-HiGHS's MILP on the reduced core, reporting plans and bounds through a pipe.
+"""Engines in forked child processes: toulbar2 (branch and bound, neighbourhood search), HiGHS's
+MILP and a second Lagrangian search on the reduced core, each started, polled and stopped the
+same way (``EngineWorker``) and reporting typed ``EngineEvent``s (engine_events.py).
 
-Why processes: both are C++ code that holds the GIL while it searches, counts time limits in CPU
-seconds (toulbar2) and prints to the C stdout and stderr. A child is forked after the core is
-frozen (nothing is pickled), points its fds 1 and 2 at a pipe, dies with its parent
-(PR_SET_PDEATHSIG) and is killed at the wall-clock deadline; a thread of the parent parses the
-pipe into ``EngineEvent``s. Two children use the two cores while the parent keeps its own search
-(Lagrangian, z3) going. Every engine speaks toulbar2's line format (costs without the core's
-constant, which ``_read`` adds back):
-
-    New solution: C ...          followed by a line of the plan's local strategies
-    Optimality gap: [L, U] ...   every plan costs at least L
-    Optimum: C ...               the last plan is optimal
-    No solution ...              no plan is cheaper than the upper bound the engine was given
+Why processes: toulbar2 and HiGHS are C++ code that holds the GIL while it searches, counts time
+limits in CPU seconds and prints to the C stdout and stderr. A child is forked after the core is
+frozen (nothing is pickled), dies with its parent (PR_SET_PDEATHSIG) and is killed at the
+wall-clock deadline. It sends its events pickled on a pipe of its own; toulbar2's engines also
+have their fds 1 and 2 on a second pipe, whose progress lines (plans and bounds as the search
+finds them) a thread of the parent turns into the same events. Two children use the two cores
+while the parent keeps its own search (Lagrangian, z3) going.
 """
 
 from __future__ import annotations
@@ -21,49 +17,37 @@ import ctypes
 import os
 import pickle
 import queue
-import re
 import select
 import signal
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, TypeVar
 
 from autoshard.solver.core import Compact
+from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send, write_all
 
-METHODS = ("hbfs", "vns", "relaxed", "milp", "lagrange")
-"""hbfs: toulbar2's hybrid best-first branch and bound (exact); vns: toulbar2's variable-
-neighbourhood search (plans only); relaxed: toulbar2's branch and bound without the memory rows
-(its bounds hold for the problem, and when its optimum fits, that is the optimum); milp: HiGHS on
-the linearised core (exact); lagrange: our Lagrangian/TRW-S search (plain subgradient steps)
-taking turns with toulbar2 on usage-weighted costs where toulbar2 takes the core without its
-rows (second_search.py), with its own seed (plans only: a second, independent search where no
-exact engine takes the core)."""
-
-_NEW = re.compile(r"New solution: (-?[0-9.e+]+)")
-_GAP = re.compile(r"Optimality gap: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
-_BOUNDS = re.compile(r"Initial lower and upper bounds: \[(-?[0-9.e+]+), (-?[0-9.e+]+)\]")
-_OPTIMUM = re.compile(r"^Optimum: (-?[0-9.e+]+)")
+METHODS = {
+    "toulbar2": "toulbar2's hybrid best-first branch and bound with the memory rows as knapsack "
+                "constraints (exact: proves the optimum or that no plan fits)",
+    "toulbar2-vns": "toulbar2's variable-neighbourhood search from its first depth-first plan (plans only)",
+    "toulbar2-no-rows": "toulbar2's branch and bound on the core without its memory rows: a relaxation, "
+                        "whose bounds hold for the problem and whose optimum is the answer when it fits",
+    "highs": "HiGHS on the linearised core (exact; its infeasibility with memory rows is no proof: "
+             "its tolerances on byte-sized rows)",
+    "second-search": "a second Lagrangian search (plain subgradient steps, its own seed) taking turns with "
+                     "toulbar2 on usage-weighted costs (second_search.py): plans only, where no exact "
+                     "engine takes the core",
+}
+"""Every engine, by the name its events and plans are reported under."""
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class EngineEvent:
-    """What a child reported: ``kind`` is "plan" (``choice``, local strategies, costing ``cost``
-    on the core), "bound" (every plan costs at least ``cost``), "optimal" (the last plan is
-    optimal), "none" (no plan cheaper than the upper bound it was given), "error" (the child
-    failed: ``EngineWorker.error`` says why) or "end"."""
-
-    kind: str
-    cost: int | None = None
-    choice: list[int] | None = None
-
-
 class EngineWorker:
-    """One engine (``method`` in METHODS) on ``comp`` in a forked child; ``events`` yields
-    EngineEvents (costs include ``comp.const``). ``upper``: only plans cheaper than this are
-    wanted. ``gap``: stop at this relative gap (0: prove). ``seed``: the engine's random seed.
-    ``toulbar``: the lagrange engine may call toulbar2 on its penalised and weighted problems."""
+    """One engine (a key of METHODS) on ``comp`` in a forked child; ``poll`` returns its
+    EngineEvents. ``upper``: only plans cheaper than this are wanted. ``gap``: stop at this
+    relative gap (0: prove). ``seed``: the engine's random seed. ``plan``: the plan costing
+    ``upper``, where one is known. ``toulbar``: the second search may call toulbar2 on its
+    penalised and weighted problems."""
 
     def __init__(self, comp: Compact, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
                  plan: list[int] | None = None, toulbar: bool = False) -> None:
@@ -71,52 +55,68 @@ class EngineWorker:
             raise ValueError(f"unknown engine {method!r}")
         self.comp, self.method, self.upper, self.gap, self.seed = comp, method, upper, gap, seed
         self.toulbar = toulbar
-        self.plan = plan  # the plan costing ``upper`` (local strategies), where one is known
+        self.plan = plan
         self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.pid: int | None = None
         self.done = False
         self.error: str | None = None
         self.cheapest: int | None = None  # the cheapest plan it reported (fitting or not)
-        self._reader: threading.Thread | None = None
+        self._readers: list[threading.Thread] = []
+        self._open = 0
+        self._lock = threading.Lock()
 
     @property
     def exact(self) -> bool:
         """True when the engine ends by proving the optimum (or that there is no plan)."""
-        return self.method in ("hbfs", "milp")
+        return self.method in ("toulbar2", "highs")
 
     @property
     def relaxation(self) -> bool:
         """True when the engine searches a relaxation (the core without memory rows): its plans
         need not fit, and the optimum it converges to is at most the cheapest plan it reported."""
-        return self.method == "relaxed"
+        return self.method == "toulbar2-no-rows"
 
     @property
     def bounds(self) -> bool:
         """True when the engine's bounds and verdicts are lower bounds of the problem."""
-        return self.method in ("hbfs", "milp", "relaxed")
+        return self.method in ("toulbar2", "highs", "toulbar2-no-rows")
+
+    @property
+    def prints(self) -> bool:
+        """True for toulbar2's engines, whose progress is the text their search prints."""
+        return self.method.startswith("toulbar2")
 
     def start(self) -> None:
-        """Fork the child and start reading what it prints."""
-        read, write = os.pipe()
+        """Fork the child and start reading what it reports."""
+        events_read, events_write = os.pipe()
+        text_read, text_write = os.pipe() if self.prints else (None, None)
         pid = os.fork()
         if pid == 0:  # the child: never returns
-            os.close(read)
-            _child(self, write)
-        os.close(write)
+            os.close(events_read)
+            if text_read is not None:
+                os.close(text_read)
+            _child(self, events_write, text_write)
+        os.close(events_write)
+        if text_write is not None:
+            os.close(text_write)
         self.pid = pid
-        self._reader = threading.Thread(target=self._read, args=(read,), daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._read_events, args=(events_read,), daemon=True)]
+        if text_read is not None:
+            self._readers.append(threading.Thread(target=self._read_text, args=(text_read,), daemon=True))
+        self._open = len(self._readers)
+        for reader in self._readers:
+            reader.start()
 
     def stop(self, until: float | None = None) -> None:
-        """Kill the child (if still running); wait for the reader to take in what the child said
+        """Kill the child (if still running); wait for the readers to take in what the child said
         last, but not past ``until`` (time.monotonic; a killed child's pipe closes only once the
         kernel has freed its memory, which takes a while for gigabytes)."""
         if self.pid is None:
             return
         kill_and_reap(self.pid)
         self.pid = None
-        if self._reader is not None:
-            self._reader.join(1.0 if until is None else max(0.0, min(1.0, until - time.monotonic())))
+        for reader in self._readers:
+            reader.join(1.0 if until is None else max(0.0, min(1.0, until - time.monotonic())))
 
     def poll(self, timeout: float) -> list[EngineEvent]:
         """Events available within ``timeout`` seconds (one wait, then whatever is queued)."""
@@ -131,33 +131,36 @@ class EngineWorker:
             except queue.Empty:
                 return out
 
-    def _read(self, fd: int) -> None:
-        """Parse the child's output into events (runs in a thread of the parent)."""
-        const = self.comp.const
-        pending: int | None = None
+    def _read_events(self, fd: int) -> None:
+        """Take in the child's typed events (a thread of the parent)."""
+        for event in receive(fd):
+            self._put(event)
+        self._closed()
+
+    def _read_text(self, fd: int) -> None:
+        """Turn toulbar2's progress lines into events (a thread of the parent)."""
+        text = ToulbarText(self.comp.n, self.comp.const)
         with os.fdopen(fd, "r", errors="replace") as pipe:
             for line in pipe:
-                if pending is not None:
-                    values = line.split()
-                    if len(values) == self.comp.n and all(v.isdigit() for v in values):
-                        cost = pending + const
-                        self.cheapest = cost if self.cheapest is None else min(self.cheapest, cost)
-                        self.events.put(EngineEvent("plan", cost, [int(v) for v in values]))
-                    pending = None
-                    continue
-                if m := _NEW.search(line):
-                    pending = round(float(m.group(1)))
-                elif m := _GAP.search(line) or _BOUNDS.search(line):
-                    self.events.put(EngineEvent("bound", _ceil(m.group(1)) + const))
-                elif m := _OPTIMUM.search(line):
-                    self.events.put(EngineEvent("optimal", round(float(m.group(1))) + const))
-                elif line.startswith("No solution"):
-                    self.events.put(EngineEvent("none"))
-                elif line.startswith("error: "):
-                    self.error = line[7:].strip()
-                    self.events.put(EngineEvent("error"))
-        self.done = True
-        self.events.put(EngineEvent("end"))
+                if (event := text.line(line)) is not None:
+                    self._put(event)
+        self._closed()
+
+    def _put(self, event: EngineEvent) -> None:
+        if event.kind == "plan" and event.cost is not None:
+            self.cheapest = event.cost if self.cheapest is None else min(self.cheapest, event.cost)
+        elif event.kind == "error":
+            self.error = event.message
+        self.events.put(event)
+
+    def _closed(self) -> None:
+        """One pipe closed; after the last, the engine is done and "end" is queued."""
+        with self._lock:
+            self._open -= 1
+            last = self._open == 0
+        if last:
+            self.done = True
+            self.events.put(EngineEvent("end"))
 
 
 def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None) -> T | None:
@@ -215,13 +218,6 @@ def quiet_child() -> None:
         os.dup2(null, fd)
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """All of ``data`` to fd (a pipe takes it in pieces)."""
-    view = memoryview(data)
-    while len(view):
-        view = view[os.write(fd, view):]
-
-
 def kill_and_reap(pid: int) -> None:
     """SIGKILL a child and reap it in a daemon thread: waiting here would take as long as the
     kernel needs to free the child's memory."""
@@ -239,64 +235,64 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _ceil(text: str) -> int:
-    value = float(text)
-    return int(value) if value == int(value) else int(value) + 1
-
-
-def _child(worker: EngineWorker, write: int) -> None:
-    """Run the engine with fds 1 and 2 on ``write``; exit without returning."""
+def _child(worker: EngineWorker, events: int, text: int | None) -> None:
+    """Run the engine, its events on ``events`` and fds 1 and 2 on ``text`` (toulbar2's) or
+    /dev/null; exit without returning."""
     status = 1
     try:
         _die_with_parent()
-        null = os.open(os.devnull, os.O_RDONLY)
+        null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
-        os.dup2(write, 1)
-        os.dup2(write, 2)
-        os.close(write)
-        if worker.method == "milp":
-            _milp(worker)
-        elif worker.method == "lagrange":
-            from autoshard.solver.second_search import run
+        os.dup2(null if text is None else text, 1)
+        os.dup2(null if text is None else text, 2)
 
-            run(worker.comp, worker.seed, worker.upper, worker.plan, worker.toulbar)
-        else:
-            from autoshard.solver.toulbar import solve_cfn
+        def report(event: EngineEvent) -> None:
+            send(events, event)
 
-            solve_cfn(worker.comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "vns",
-                      rows=worker.method != "relaxed")
+        _run_engine(worker, report)
         status = 0
-    except BaseException as err:  # report and leave: the parent reads "error" and then the end
-        os.write(1, f"\nerror: {type(err).__name__}: {err}\n".encode())
+    except BaseException as err:  # noqa: BLE001 - reported as an event; the parent then sees the end
+        send(events, EngineEvent("error", message=f"{type(err).__name__}: {err}"))
     finally:
         os._exit(status)
 
 
-def solution_lines(cost: int, plan: Iterable[int]) -> list[str]:
-    """A plan in toulbar2's line format, as the parent reads it (``_NEW``): its cost without the
-    core's constant, then its strategies."""
-    return [f"New solution: {cost}", " ".join(map(str, plan))]
+def _run_engine(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
+    """The engine's own search, in the child."""
+    comp = worker.comp
+    if worker.method == "highs":
+        _highs(worker, report)
+    elif worker.method == "second-search":
+        from autoshard.solver.second_search import run
+
+        run(comp, worker.seed, worker.upper, worker.plan, worker.toulbar, report)
+    else:
+        from autoshard.solver.toulbar import solve_cfn
+
+        found = solve_cfn(comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "toulbar2-vns",
+                          rows=worker.method != "toulbar2-no-rows")
+        if found is not None:
+            report(EngineEvent("plan", comp.cost(found), list(found)))
+        if worker.method != "toulbar2-vns" and worker.gap <= 0:  # its search ended: the answer is proved
+            report(EngineEvent("optimal", comp.cost(found)) if found is not None else EngineEvent("none"))
 
 
-def _milp(worker: EngineWorker) -> None:
-    """HiGHS on the core, its answer written in toulbar2's line format."""
+def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
+    """HiGHS on the core: its plan, its verdict and its dual bound (less a margin for HiGHS's
+    floating-point tolerances)."""
     from autoshard.solver.milp import solve_compact_milp
 
     comp = worker.comp
     result = solve_compact_milp(comp, None, exact=worker.gap <= 0, gap=worker.gap)
-    lines = []
-    if result.choice is not None and comp.is_feasible(result.choice):
-        cost = result.cost - comp.const
-        lines += solution_lines(cost, result.choice)
+    if result.choice is not None and result.cost is not None and comp.is_feasible(result.choice):
+        report(EngineEvent("plan", result.cost, list(result.choice)))
         if result.optimal and worker.gap <= 0:
-            lines.append(f"Optimum: {cost}")
+            report(EngineEvent("optimal", result.cost))
     elif (result.optimal or result.infeasible) and not comp.has_memory:
-        lines.append("No solution")  # with memory rows HiGHS's tolerances on byte-sized rows are no proof:
-        # on LLaMA-3-8B (eager, 8 devices, 80 GiB) it called a core infeasible that has plans
+        report(EngineEvent("none"))
     if result.bound is not None:
         lower = result.bound - comp.const
-        lines.append(f"Optimality gap: [{lower - 1e-6 * abs(lower) - 1:.0f}, 0]")
-    os.write(1, ("\n".join(lines) + "\n").encode())
+        report(EngineEvent("bound", round(lower - 1e-6 * abs(lower) - 1) + comp.const))
 
 
 def _die_with_parent() -> None:

@@ -4,16 +4,19 @@ random reduced cores: optima equal brute force, plans are exact, verdicts hold."
 from __future__ import annotations
 
 import itertools
+import os
 import time
 
 import numpy as np
 import pytest
 
-from autoshard.solver.core import Compact
+from autoshard.solver.core import Compact, Core
+from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
+from autoshard.solver.memory import attach_memory
 from autoshard.solver.toulbar import can_take, knapsack_rows, solve_penalised
 from autoshard.solver.workers import EngineWorker, call_forked
 
-from tests.solver.helpers import core_of, optimum, random_problem
+from tests.solver.helpers import core_of, infeasible_beyond_the_smallest_peak_bound, optimum, random_problem
 
 
 def run(comp: Compact, method: str, upper: int | None = None, limit: float = 20.0, toulbar: bool = False) -> list:
@@ -30,7 +33,7 @@ def run(comp: Compact, method: str, upper: int | None = None, limit: float = 20.
     return events
 
 
-@pytest.mark.parametrize("method", ["hbfs", "milp"])
+@pytest.mark.parametrize("method", ["toulbar2", "highs"])
 def test_exact_engines_prove_the_brute_force_optimum(method):
     checked = 0
     for seed in range(40):
@@ -47,7 +50,7 @@ def test_exact_engines_prove_the_brute_force_optimum(method):
                 assert best is None or e.cost <= best
         if best is None:  # HiGHS's infeasibility under memory rows is no proof (its tolerances on bytes)
             proved = any(e.kind == "none" for e in events)
-            assert not plans and proved == (method == "hbfs" or not comp.has_memory)
+            assert not plans and proved == (method == "toulbar2" or not comp.has_memory)
         else:
             assert plans[-1].cost == best and any(e.kind == "optimal" and e.cost == best for e in events)
         checked += 1
@@ -60,7 +63,7 @@ def test_an_upper_bound_at_the_optimum_gets_no_plan_and_says_so():
     for seed in range(40):
         comp = core_of(seed)
         if comp is not None and comp.n >= 2 and can_take(comp) and (best := optimum(comp)) is not None:
-            events = run(comp, "hbfs", upper=best)
+            events = run(comp, "toulbar2", upper=best)
             assert not [e for e in events if e.kind == "plan"] and any(e.kind == "none" for e in events)
             return
     pytest.fail("no feasible core among the seeds")
@@ -75,7 +78,7 @@ def first_core(nodes: int) -> Compact:
     raise AssertionError("no core among the seeds")
 
 
-@pytest.mark.parametrize("method, toulbar", [("vns", False), ("lagrange", False), ("lagrange", True)])
+@pytest.mark.parametrize("method, toulbar", [("toulbar2-vns", False), ("second-search", False), ("second-search", True)])
 def test_plan_only_engines_give_exact_fitting_plans(method, toulbar):
     comp = first_core(12)
     best = optimum(comp)
@@ -184,7 +187,7 @@ def test_a_relaxation_is_stopped_once_its_plans_cost_less_than_the_lower_bound()
         if comp is None or comp.n < 2 or not comp.has_memory or optimum(comp) is None:
             continue
         free = min(comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs]))
-        worker = EngineWorker(comp, "relaxed", None)
+        worker = EngineWorker(comp, "toulbar2-no-rows", None)
         worker.start()
         deadline = time.monotonic() + 20.0
         while not worker.done and time.monotonic() < deadline:
@@ -198,3 +201,32 @@ def test_a_relaxation_is_stopped_once_its_plans_cost_less_than_the_lower_bound()
         worker.stop()
         checked += 1
     assert checked >= 5
+
+
+def test_toulbar2_proves_no_plan_fits_where_its_search_prints_nothing():
+    """toulbar2 finds the network contradictory before searching and prints no verdict; the value
+    its Solve returns is the verdict."""
+    problem = infeasible_beyond_the_smallest_peak_bound()
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    events = run(comp, "toulbar2")
+    assert [e.kind for e in events] == ["none", "end"]
+
+
+def test_toulbar2_progress_lines_become_events_with_the_constant_added_back():
+    text = ToulbarText(n=3, const=100)
+    lines = ["Initial lower and upper bounds: [7, 50] 86%", "New solution: 42 (0 backtracks)", "0 2 1",
+             "Optimality gap: [12.5, 42] 70 %", "New solution: 40", "not a plan", "junk"]
+    events = [e for e in map(text.line, lines) if e is not None]
+    assert events == [EngineEvent("bound", 107), EngineEvent("plan", 142, [0, 2, 1]), EngineEvent("bound", 113)]
+
+
+def test_events_cross_the_pipe_typed_and_a_cut_frame_ends_the_stream():
+    read, write = os.pipe()
+    sent = [EngineEvent("plan", 5, [1, 0]), EngineEvent("error", message="MemoryError: ")]
+    for event in sent:
+        send(write, event)
+    os.write(write, b"\x40\x00\x00\x00\x00\x00\x00\x00abc")  # a frame of 64 bytes cut after 3
+    os.close(write)
+    assert list(receive(read)) == sent
