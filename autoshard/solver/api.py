@@ -38,14 +38,13 @@ made whatever the time: it comes early even on 60k-node instances.
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import numpy as np
 
 from autoshard.errors import AutoshardError
 from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Core
-from autoshard.solver.events import Reduced, Started
+from autoshard.solver.events import EventCallback, Reduced, Started
 from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.cegis import objective_size
 from autoshard.solver.portfolio import Portfolio
@@ -62,7 +61,7 @@ still exact; the first plan must come early on large instances)."""
 def solve(
     problem: ShardingProblem,
     options: SolveOptions | None = None,
-    on_event: Callable[[object], None] | None = None,
+    on_event: EventCallback | None = None,
 ) -> Solution:
     """Find the cheapest plan of ``problem`` (anytime); raise InfeasibleError when none exists."""
     return _Run(problem, options or SolveOptions(), on_event or (lambda event: None)).run()

@@ -9,7 +9,7 @@ processes and the child's exit; a whole run of R spent 36 s of its 461 s of CPU 
 Here the child is forked once (again only after a call had to be killed); each call costs ~3 ms,
 pickling its arguments (the restricted core, 0.2-1.6 MB) and its answer (R: 14 s in the kernel).
 
-The protocol is one pickle each way per call, each behind its length (8 bytes, little endian).
+The protocol is one frame each way per call (forks.py: a pickle behind its length).
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ from __future__ import annotations
 import os
 import pickle
 import select
-import struct
 import time
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
-from autoshard.solver.workers import kill_and_reap, quiet_child, write_all
+from autoshard.solver.forks import LENGTH, kill_and_reap, quiet_child, read_frame, send_frame
 
 T = TypeVar("T")
-_LENGTH = struct.Struct("<Q")
 
 
 class CallServer:
@@ -51,7 +49,7 @@ class CallServer:
         if self.pid is None:
             self._start()
         try:
-            _send(self._request, pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL))
+            send_frame(self._request, (fn, args))
             answer = self._receive(until)
         except OSError:  # the child died: a broken pipe
             answer = None
@@ -99,9 +97,9 @@ class CallServer:
                 return None
             chunks.append(chunk)
             have += len(chunk)
-            if need is None and have >= _LENGTH.size:
-                need = _LENGTH.size + _LENGTH.unpack(b"".join(chunks)[: _LENGTH.size])[0]
-        return b"".join(chunks)[_LENGTH.size:]
+            if need is None and have >= LENGTH.size:
+                need = LENGTH.size + LENGTH.unpack(b"".join(chunks)[: LENGTH.size])[0]
+        return b"".join(chunks)[LENGTH.size:]
 
 
 def _serve(requests: int, answers: int) -> None:
@@ -109,32 +107,15 @@ def _serve(requests: int, answers: int) -> None:
     An answer is (True, value) or (False, None) when the call raised."""
     try:
         quiet_child()
-        while (request := _read_exactly(requests, _LENGTH.size)) is not None:
-            body = _read_exactly(requests, _LENGTH.unpack(request)[0])
-            if body is None:
+        while True:
+            whole, request = read_frame(requests)
+            if not whole:
                 break
             try:
-                fn, args = pickle.loads(body)
+                fn, args = request
                 answer = (True, fn(*args))
-            except Exception:
+            except Exception:  # noqa: BLE001 - the call failed: the caller gets no value
                 answer = (False, None)
-            _send(answers, pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+            send_frame(answers, answer)
     finally:
         os._exit(0)
-
-
-def _send(fd: int, body: bytes) -> None:
-    """``body`` behind its length."""
-    write_all(fd, _LENGTH.pack(len(body)) + body)
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    """``size`` bytes from fd, or None when it closes first."""
-    chunks, have = [], 0
-    while have < size:
-        chunk = os.read(fd, min(1 << 20, size - have))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        have += len(chunk)
-    return b"".join(chunks)

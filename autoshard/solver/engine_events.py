@@ -1,7 +1,7 @@
 """What an engine child tells the portfolio, and how it reaches the parent.
 
-Every engine (engines.py) reports typed ``EngineEvent``s, pickled one per length-prefixed frame
-on a pipe of its own (``send`` in the child, ``receive`` in the parent). Costs are whole costs
+Every engine (workers.py) reports typed ``EngineEvent``s, pickled one per length-prefixed frame
+(forks.py) on a pipe of its own (``send`` in the child, ``receive`` in the parent). Costs are whole costs
 of the core (``Compact.const`` included). toulbar2 is the one engine whose progress exists only
 as the text its C++ search prints; ``ToulbarText`` turns those lines into the same events on the
 parent's side, and the final answer of its search (the value ``CFN.Solve`` returns) is sent as
@@ -11,16 +11,13 @@ typed events like every other engine's.
 from __future__ import annotations
 
 import os
-import pickle
 import re
-import struct
 from dataclasses import dataclass
 from typing import Iterator, Literal
 
+from autoshard.solver.forks import read_frame, send_frame
+
 EventKind = Literal["plan", "bound", "optimal", "none", "error", "end"]
-
-_LENGTH = struct.Struct("<Q")
-
 
 @dataclass(frozen=True)
 class EngineEvent:
@@ -41,31 +38,21 @@ class EngineEvent:
 
 
 def send(fd: int, event: EngineEvent) -> None:
-    """Write one event to the pipe ``fd`` as a length-prefixed pickle (child side)."""
-    data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
-    write_all(fd, _LENGTH.pack(len(data)) + data)
+    """Write one event to the pipe ``fd`` (child side)."""
+    send_frame(fd, event)
 
 
 def receive(fd: int) -> Iterator[EngineEvent]:
     """The events written to the pipe ``fd`` until it closes (parent side); a frame cut short by a
     killed child ends the stream."""
-    with os.fdopen(fd, "rb") as pipe:
+    try:
         while True:
-            head = pipe.read(_LENGTH.size)
-            if len(head) < _LENGTH.size:
+            whole, event = read_frame(fd)
+            if not whole:
                 return
-            (size,) = _LENGTH.unpack(head)
-            body = pipe.read(size)
-            if len(body) < size:
-                return
-            yield pickle.loads(body)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """All of ``data`` to fd (a pipe takes it in pieces)."""
-    view = memoryview(data)
-    while len(view):
-        view = view[os.write(fd, view):]
+            yield event
+    finally:
+        os.close(fd)
 
 
 _NEW = re.compile(r"New solution: (-?[0-9.e+]+)")

@@ -8,10 +8,9 @@ prints; the CLI renders these and tests read them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Callable
 
-if TYPE_CHECKING:
-    from autoshard.solver.api import Solution
+from autoshard.solver.solution import Solution
 
 
 @dataclass(frozen=True)
@@ -102,4 +101,6 @@ class Finished:
 
 
 Event = Started | Reduced | Phase | Improved | Checked | LowerBound | EngineFailed | Finished
-EventCallback = Callable[[Any], None]
+"""Any event a run emits."""
+EventCallback = Callable[[Event], None]
+"""What ``solve(..., on_event=...)`` calls with each event, in order."""

@@ -22,7 +22,7 @@ bounds come together (step 2-4 of the pipeline in api.py).
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
 
 Time: every loop checks the deadline; the C code that does not (HiGHS's LP with its set-up)
-runs in a child process killed at its time (workers.call_forked); steps that can neither be cut
+runs in a child process killed at its time (forks.call_forked); steps that can neither be cut
 nor killed (the Lagrangian set-up, reading a bound and plan off TRW-S) start only when the time
 measured for comparable work fits.
 """
@@ -47,7 +47,9 @@ from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.subproblem import PenalisedProbe
 from autoshard.solver.toulbar import can_take
-from autoshard.solver.workers import EngineEvent, EngineWorker, call_forked
+from autoshard.solver.engine_events import EngineEvent
+from autoshard.solver.forks import call_forked
+from autoshard.solver.workers import EngineWorker
 from autoshard.solver.z3_phases import Z3Phases, z3_takes
 
 LNS_AFTER_STEPS = 30

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from autoshard.problem import ShardingProblem
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.cut import DualCut
 from autoshard.solver.evaluation import Expansion, FlatProblem
-from autoshard.solver.events import Finished, Improved, LowerBound
+from autoshard.solver.events import EventCallback, Finished, Improved, LowerBound
 from autoshard.solver.reduce import Size
 from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
 
@@ -42,7 +42,7 @@ class RunState:
     core: Core
     comp: Compact
 
-    def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: Callable[[object], None]) -> None:
+    def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: EventCallback) -> None:
         self.problem, self.options, self.emit = problem, options, emit
         self.start = time.monotonic()
         self.limit = None if options.timeout is None else self.start + options.timeout

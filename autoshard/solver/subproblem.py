@@ -37,7 +37,7 @@ POLISH_SECONDS = 5.0
 
 Runner = Callable[[Callable[[], np.ndarray | None], float], np.ndarray | None]
 """Runs toulbar2's call (the closure) with a wall-clock limit (seconds): directly in a child
-process that is killed anyway, through ``workers.call_forked`` in the main one."""
+process that is killed anyway, through ``forks.call_forked`` in the main one."""
 
 
 class PenalisedProbe:

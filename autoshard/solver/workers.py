@@ -13,18 +13,15 @@ while the parent keeps its own search (Lagrangian, z3) going.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import pickle
 import queue
-import select
-import signal
 import threading
 import time
-from typing import Callable, TypeVar
+from typing import Callable
 
 from autoshard.solver.core import Compact
-from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send, write_all
+from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
+from autoshard.solver.forks import die_with_parent, kill_and_reap
 
 METHODS = {
     "toulbar2": "toulbar2's hybrid best-first branch and bound with the memory rows as knapsack "
@@ -39,7 +36,6 @@ METHODS = {
                      "engine takes the core",
 }
 """Every engine, by the name its events and plans are reported under."""
-T = TypeVar("T")
 
 
 class EngineWorker:
@@ -163,84 +159,12 @@ class EngineWorker:
             self.events.put(EngineEvent("end"))
 
 
-def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None) -> T | None:
-    """``fn()`` in a forked child (fds 0-2 on /dev/null), its result pickled back through a pipe:
-    a call the caller can abandon at ``until`` (time.monotonic), for C code (HiGHS) that runs
-    past its own time limit and cannot be interrupted. None when the child failed, ``until``
-    came first or ``idle()`` (called every 50 ms of waiting) returned True; the child is then
-    killed."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        _call_child(fn, write)
-    os.close(write)
-    chunks: list[bytes] = []
-    try:
-        while True:
-            left = None if until is None else until - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            ready, _, _ = select.select([read], [], [], 0.05 if left is None else min(0.05, left))
-            if ready:
-                chunk = os.read(read, 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            elif idle is not None and idle():
-                return None
-    finally:
-        os.close(read)
-        kill_and_reap(pid)
-    try:
-        return pickle.loads(b"".join(chunks)) if chunks else None
-    except (pickle.UnpicklingError, EOFError):
-        return None  # the child died while writing
-
-
-def _call_child(fn: Callable[[], object], write: int) -> None:
-    """The child of ``call_forked``: run ``fn``, write its pickle, exit without returning."""
-    status = 1
-    try:
-        quiet_child()
-        write_all(write, pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
-        status = 0
-    finally:
-        os._exit(status)
-
-
-def quiet_child() -> None:
-    """A forked child's set-up for calls whose prints must go nowhere: it dies with its parent
-    and its fds 0-2 are on /dev/null (``call_forked``, call_server.py)."""
-    _die_with_parent()
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-
-
-def kill_and_reap(pid: int) -> None:
-    """SIGKILL a child and reap it in a daemon thread: waiting here would take as long as the
-    kernel needs to free the child's memory."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    threading.Thread(target=_reap, args=(pid,), daemon=True).start()
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-
-
 def _child(worker: EngineWorker, events: int, text: int | None) -> None:
     """Run the engine, its events on ``events`` and fds 1 and 2 on ``text`` (toulbar2's) or
     /dev/null; exit without returning."""
     status = 1
     try:
-        _die_with_parent()
+        die_with_parent()
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null if text is None else text, 1)
@@ -293,14 +217,3 @@ def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
     if result.bound is not None:
         lower = result.bound - comp.const
         report(EngineEvent("bound", round(lower - 1e-6 * abs(lower) - 1) + comp.const))
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent ends (an os._exit at the deadline)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:
-        os._exit(1)

@@ -14,7 +14,8 @@ from autoshard.solver.core import Compact, Core
 from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.toulbar import can_take, knapsack_rows, solve_penalised
-from autoshard.solver.workers import EngineWorker, call_forked
+from autoshard.solver.forks import call_forked
+from autoshard.solver.workers import EngineWorker
 
 from tests.solver.helpers import core_of, infeasible_beyond_the_smallest_peak_bound, optimum, random_problem
 

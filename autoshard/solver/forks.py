@@ -1,0 +1,139 @@
+"""Forked children and the pipes between them and the parent: the one place the solver forks.
+
+C code (toulbar2, HiGHS) holds the GIL, runs past its own limits and prints to the C stdout; in
+a forked child it can be killed at a wall-clock deadline and its prints sent nowhere. Three
+users: ``call_forked`` (one call, abandoned at a deadline), call_server.py (a child kept for call
+after call) and workers.py (the engines). Messages on a pipe are pickles behind their length
+(8 bytes, little endian): ``send_frame`` and ``read_frame``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import select
+import signal
+import struct
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+LENGTH = struct.Struct("<Q")
+"""The length prefix of a frame."""
+
+
+def send_frame(fd: int, value: Any) -> None:
+    """``value`` pickled behind its length, all of it, to the pipe fd."""
+    body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    write_all(fd, LENGTH.pack(len(body)) + body)
+
+
+def read_frame(fd: int) -> tuple[bool, Any]:
+    """(True, the next frame's value), or (False, None) when the pipe closes before a whole frame."""
+    head = read_exactly(fd, LENGTH.size)
+    body = None if head is None else read_exactly(fd, LENGTH.unpack(head)[0])
+    return (False, None) if body is None else (True, pickle.loads(body))
+
+
+def read_exactly(fd: int, size: int) -> bytes | None:
+    """``size`` bytes from fd, or None when it closes first."""
+    chunks, have = [], 0
+    while have < size:
+        chunk = os.read(fd, min(1 << 20, size - have))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        have += len(chunk)
+    return b"".join(chunks)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to fd (a pipe takes it in pieces)."""
+    view = memoryview(data)
+    while len(view):
+        view = view[os.write(fd, view):]
+
+
+def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None) -> T | None:
+    """``fn()`` in a forked child (fds 0-2 on /dev/null), its result pickled back through a pipe:
+    a call the caller can abandon at ``until`` (time.monotonic), for C code (HiGHS) that runs
+    past its own time limit and cannot be interrupted. None when the child failed, ``until``
+    came first or ``idle()`` (called every 50 ms of waiting) returned True; the child is then
+    killed."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        _call_child(fn, write)
+    os.close(write)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            left = None if until is None else until - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            ready, _, _ = select.select([read], [], [], 0.05 if left is None else min(0.05, left))
+            if ready:
+                chunk = os.read(read, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif idle is not None and idle():
+                return None
+    finally:
+        os.close(read)
+        kill_and_reap(pid)
+    try:
+        return pickle.loads(b"".join(chunks)) if chunks else None
+    except (pickle.UnpicklingError, EOFError):
+        return None  # the child died while writing
+
+
+def _call_child(fn: Callable[[], object], write: int) -> None:
+    """The child of ``call_forked``: run ``fn``, write its pickle, exit without returning."""
+    status = 1
+    try:
+        quiet_child()
+        write_all(write, pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def quiet_child() -> None:
+    """A forked child's set-up for calls whose prints must go nowhere: it dies with its parent
+    and its fds 0-2 are on /dev/null (``call_forked``, call_server.py)."""
+    die_with_parent()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+
+
+def kill_and_reap(pid: int) -> None:
+    """SIGKILL a child and reap it in a daemon thread: waiting here would take as long as the
+    kernel needs to free the child's memory."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    threading.Thread(target=_reap, args=(pid,), daemon=True).start()
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent ends (an os._exit at the deadline)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        os._exit(1)
