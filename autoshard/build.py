@@ -169,8 +169,12 @@ class ModelProblem:
 
 
 def graph_signature(graph: OpGraph) -> list[str]:
-    """One ``name:op:shape`` line per node: what a plan is valid for (hashed by :func:`fingerprint`)."""
-    return [f"{n.name}:{n.op}:{getattr(n.tensor, 'shape', None)}" for n in graph]
+    """One ``name:op:shape`` line per node: what a plan is valid for (hashed by :func:`fingerprint`).
+
+    A frozen parameter's op is ``frozen``: a plan made with it frozen has no gradient steps for it.
+    """
+    ops = {n.name: "frozen" if n.kind == NodeKind.PARAM and not n.requires_grad else n.op for n in graph}
+    return [f"{n.name}:{ops[n.name]}:{getattr(n.tensor, 'shape', None)}" for n in graph]
 
 
 def fingerprint(graph: OpGraph) -> str:

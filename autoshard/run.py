@@ -117,19 +117,22 @@ def _loss_weights(outputs: Sequence[torch.Tensor], device: torch.device) -> list
 
 
 def _reference(prep: Prepared, training: bool) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Outputs and parameter gradients of the unsharded model under the same loss."""
+    """Outputs and gradients of the unsharded model's trainable parameters under the same loss (a frozen
+    parameter has none to compare)."""
     with torch.set_grad_enabled(training):
         outputs = pytree.tree_leaves(prep.model(*prep.inputs))
     if training:
         weights = _loss_weights(outputs, prep.device)
         sum((o * w).sum() for o, w in zip(outputs, weights) if w is not None).backward()
-    grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in prep.model.named_parameters()}
+    grads = {name: p.grad if p.grad is not None else torch.zeros_like(p)
+             for name, p in prep.model.named_parameters() if p.requires_grad}
     return outputs, grads
 
 
 def _sharded_step(prep: Prepared, parallel: ParallelModule, groups: MeshGroups, training: bool
                   ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """One forward (and backward) on local pieces; returns whole outputs and gradients (collective)."""
+    """One forward (and backward) on local pieces; returns whole outputs and the trainable parameters'
+    gradients (collective)."""
     local = parallel(*prep.inputs)
     local = list(local) if isinstance(local, tuple) else [local]
     specs = parallel.output_specs
@@ -139,7 +142,7 @@ def _sharded_step(prep: Prepared, parallel: ParallelModule, groups: MeshGroups, 
         weights = _loss_weights(outputs, prep.device)
         loss = sum((o * distribute(w, s, groups)).sum() for o, w, s in zip(local, weights, specs) if w is not None)
         loss.backward()
-        for name, p in parallel.named_parameters():
+        for name, p in ((n, p) for n, p in parallel.named_parameters() if p.requires_grad):
             grad = local_of(p.grad) if p.grad is not None else torch.zeros_like(local_of(p))
             grads[name] = gather_full(grad, parallel.param_specs[name], groups)
     return outputs, grads

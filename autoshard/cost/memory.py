@@ -5,7 +5,8 @@ The items follow what one training (or inference) step really allocates, on the 
 
 - **parameter** stored in layout ``L`` (its strategy): its value, ``optimizer_slots`` AdamW
   moments for the whole step, and its gradient from its last reader's backward to the optimizer
-  step, at the bytes ``--precision`` gives (``ParamPrecision``); during the optimizer step one
+  step, at the bytes ``--precision`` gives (``ParamPrecision``; a frozen parameter, one that
+  does not require grad, has only its value); during the optimizer step one
   more parameter-sized buffer (AdamW's multi-tensor step, CUDA's default, materialises the
   square root of the second moments of all parameters at once: measured with MemTracker). Where the op that reads it (its
   owner) uses another layout ``U`` — the plan gathers it before use, FSDP-style — or computes
@@ -107,10 +108,11 @@ def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[P
     (``recomputed``: the owner's block is recomputed, so the use copy is made again then)."""
     meta = node.tensor
     bytes_of = param_precision(precision, meta.itemsize) if training else ParamPrecision(meta.itemsize, None, 0, 0)
-    stored = [local_bytes(l, meta, mesh, bytes_of.value) + optimizer_slots * training * local_bytes(l, meta, mesh, bytes_of.optimizer)
+    slots = optimizer_slots if training and node.requires_grad else 0  # a frozen parameter is not optimised
+    stored = [local_bytes(l, meta, mesh, bytes_of.value) + slots * local_bytes(l, meta, mesh, bytes_of.optimizer)
               for l in layouts]
     items = [MemoryItem(node.name, "parameter", (0, life.end), tuple(stored))]
-    if training and optimizer_slots:
+    if slots:
         items.append(MemoryItem(node.name, "optimizer step", (life.end - 1, life.end),
                                 tuple(local_bytes(l, meta, mesh, bytes_of.optimizer) for l in layouts)))
     if training and node.name in life.gradient:

@@ -95,11 +95,16 @@ class GraphConverter:
                                qualname=qualname))
 
     def add_state(self, node: torch.fx.Node, qualname: str, is_param: bool, fetch: NodeCall) -> None:
-        """A parameter or buffer/constant; ``fetch`` returns its live tensor."""
+        """A parameter or buffer/constant; ``fetch`` returns its live tensor.
+
+        A parameter requires grad as the live one does: a frozen one (``requires_grad=False``) gets
+        no gradient, so nothing on its path is differentiated, stored or optimised for it.
+        """
         kind = NodeKind.PARAM if is_param else NodeKind.BUFFER
         owner = qualname.rpartition(".")[0]
+        requires_grad = is_param and bool(fetch([], {}).requires_grad)
         self._add(node, OpNode(node.name, kind, qualname, out=_tensor_meta(node.meta["val"]), module=owner,
-                               qualname=qualname, requires_grad=is_param))
+                               qualname=qualname, requires_grad=requires_grad))
         self.calls[node.name] = fetch
 
     def add_call(self, node: torch.fx.Node, name: str | None = None, grad_enabled: bool = True) -> None:
