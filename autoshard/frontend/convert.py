@@ -17,7 +17,7 @@ from torch.fx.node import _get_qualified_name
 from torch.utils import _pytree as pytree
 
 from autoshard.frontend.call import NodeCall, Operand
-from autoshard.frontend.functionalize import OUT_OF_PLACE
+from autoshard.frontend.functionalize import DIFFERENTIABLE, OUT_OF_PLACE
 from autoshard.frontend.schema import bind_call
 from autoshard.graph import NodeKind, OpNode, TensorMeta
 
@@ -179,7 +179,8 @@ class GraphConverter:
                 attrs[name] = _plain(value)
         call_args = pytree.tree_map(marker, tuple(call_args))  # tensors in Python-only arguments
         call_kwargs = pytree.tree_map(marker, call_kwargs)
-        call = NodeCall(node.target, call_args, call_kwargs, slots=dict(bound.slots), method=method)
+        target = DIFFERENTIABLE.get(node.target, node.target)
+        call = NodeCall(target, call_args, call_kwargs, slots=dict(bound.slots), method=method)
         return bound.op, operands, attrs, call
 
     def _element(self, target: Any, args: tuple[Any, ...], marker: Callable[[Any], Any]

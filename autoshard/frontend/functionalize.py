@@ -14,7 +14,9 @@ graph computes with the unmasked value. Two repairs, one per frontend:
 - export: torch.export's training IR keeps in-place ATen ops (``aten.masked_fill_``,
   ``aten.zero_`` on a ``select`` view); :func:`has_mutations` finds them and the caller runs
   ``ExportedProgram.run_decompositions({})``, torch's own functionalisation (views written
-  through become ``select_scatter``/``slice_scatter``), only for such programs.
+  through become ``select_scatter``/``slice_scatter``), only for such programs. Its functional
+  ops that autograd cannot differentiate (``aten.copy``, from ``key[..., :n].copy_(k)`` or
+  ``x[:, 0] = y``) replay as the equivalents in :data:`DIFFERENTIABLE`.
 
 In-place Python operators (``h += 1``) are recorded as ``operator.iadd`` nodes by the fx tracer
 (:class:`InPlaceProxy`): plain torch.fx would record ``h = h + 1`` and lose the mutation that
@@ -63,6 +65,16 @@ def _inplace_method(function: Callable[..., Any]) -> Callable[[torch.fx.Proxy, A
 
 for _function in INPLACE_OPERATORS:
     setattr(InPlaceProxy, f"__{_function.__name__}__", _inplace_method(_function))
+
+
+def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten.copy``: a new tensor of ``self``'s shape, dtype and device holding ``src`` broadcast;
+    the gradient goes to ``src`` (``self`` lends only its metadata, as in ATen's derivative)."""
+    return torch.empty_like(self).copy_(src, non_blocking=non_blocking)
+
+
+DIFFERENTIABLE: dict[Any, Callable[..., Any]] = {torch.ops.aten.copy.default: _copy}
+"""Functional ATen ops without a derivative, and differentiable calls computing the same values."""
 
 
 def functionalize_fx(module: torch.fx.GraphModule) -> None:
