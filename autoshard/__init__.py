@@ -35,3 +35,8 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API (loaded lazily) and the module's dunders, so ``dir(autoshard)`` and completion show it."""
+    return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})

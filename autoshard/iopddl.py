@@ -106,7 +106,7 @@ def parse_solution(text: str, problem: ShardingProblem, source: str = "solution"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise AutoshardError(f"{source}: not valid JSON ({err.msg} at line {err.lineno}): write [i, j, ...]") from None
+        raise AutoshardError(f"{source}: not valid JSON ({err}): write [i, j, ...]") from None
     if not isinstance(data, list):
         raise AutoshardError(f"{source}: expected a list of strategy indices [i, j, ...], got {type(data).__name__}")
     try:
@@ -167,8 +167,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        detail = f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else str(err)
-        raise AutoshardError(f"{path}: not valid JSON ({detail}): the file is truncated or corrupt") from None
+        raise AutoshardError(f"{path}: not valid JSON ({err}): the file is truncated or corrupt") from None
 
 
 def _get(obj: Any, key: str, kind: type, where: str) -> Any:

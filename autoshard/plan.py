@@ -194,7 +194,7 @@ class Plan:
         try:
             data = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
-            raise AutoshardError(f"plan file {str(p)!r} is not JSON ({exc.msg} at line {exc.lineno}): re-create it") from None
+            raise AutoshardError(f"plan file {str(p)!r} is not JSON ({exc}): re-create it") from None
         return Plan.from_json(data)
 
 

@@ -25,6 +25,7 @@ from autoshard.cost.communication import COST_MODELS
 from autoshard.cost.devices import GENERIC, PRESETS, get_device
 from autoshard.cost.memory import PRECISIONS
 from autoshard.errors import AutoshardError
+from autoshard.graph import NodeKind
 from autoshard.process import exit_now
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", action="store_true",
                    help=f"print the traced graph's table (printed unasked for graphs of up to {GRAPH_TABLE_MAX_NODES} "
                         "nodes)")
+    p.add_argument("--params", choices=("grouped", "all"), default="grouped",
+                   help="parameter layouts and the Slapo comments on parameters: grouped (default) folds repeated "
+                        "layers' parameters that share a layout into one row (model.layers.{0..31}.mlp.up_proj.weight); "
+                        "all lists every parameter")
     p.add_argument("--quiet", action="store_true", help="no graph table (unless --graph), no live display")
     problem_cli.add_solver_arguments(p)
     return p
@@ -218,7 +223,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
                                  pins=pins, device=device, peak_flops=args.peak_flops,
                                  memory_bandwidth=args.memory_bandwidth, precision=args.precision,
                                  capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel)
-    console.print(device_line(mp.cost_model.device, args.device is None), highlight=False)
+    links = mesh if args.bandwidth is not None or args.latency is not None else None
+    console.print(device_line(mp.cost_model.device, args.device is None, args.peak_flops, args.memory_bandwidth,
+                              links), highlight=False)
     budget = mp.problem.usage_limit
     p = mp.problem
     if args.write_problem:
@@ -259,22 +266,21 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
         why = "time limit" if args.timeout is not None else "not proved (--no-prove)" if args.no_prove else "no proof"
         console.print(f"[yellow]{why}[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
-    replicated = mesh.size > 1 and plan.shards_nothing()
+    replicated = _all_replicated(mp) if mesh.size > 1 and plan.shards_nothing() else ""
     if replicated:
-        console.print(f"[yellow]{ALL_REPLICATED}[/] (every device runs all of it; a slower device, --peak-flops / "
-                      "--memory-bandwidth, or a larger batch makes sharding pay)", highlight=False)
+        console.print(f"[yellow]{replicated}[/] ({_replicated_hint(args, replicated)})", highlight=False)
     if args.baseline is not None:
         _print_baseline(mp, solution.cost, console, args.baseline, replicated)
     experts = expert_parallel_line(plan)
     if experts:
         console.print(experts, highlight=False)
-    console.print(layout_summary(mp, list(solution.choice)))
+    console.print(layout_summary(mp, list(solution.choice), every=args.params == "all"))
     console.print(memory_line(mp, list(solution.choice)), highlight=False)
     fit = fit_line(plan)
     if fit:
         console.print(fit, highlight=False)
     console.print("Schedule (Slapo):")
-    for line in schedule_lines(plan, graph):
+    for line in schedule_lines(plan, graph, every=args.params == "all"):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     exported = export_dtensor(plan, graph, loaded.model)
     if exported.source is None:
@@ -289,15 +295,34 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _print_baseline(mp: Any, ours: int, console: Console, which: str, replicated: bool) -> None:
+def _all_replicated(mp: Any) -> str:
+    """Why a plan shards nothing: the mesh divides no dim any op could shard, or sharding does not pay."""
+    ops = [c for c in mp.candidates.values() if c.node.kind == NodeKind.OP]
+    if ops and all(len(c.strategies) == 1 for c in ops):
+        return f"all replicated: mesh {mp.mesh.label} divides no shardable dim of this model"
+    return ALL_REPLICATED
+
+
+def _replicated_hint(args: argparse.Namespace, replicated: str) -> str:
+    """What would make sharding pay, without suggesting flags already given."""
+    if replicated != ALL_REPLICATED:
+        return "choose a mesh whose axis sizes divide the batch, sequence or hidden sizes"
+    if args.device is None and args.peak_flops is None and args.memory_bandwidth is None:
+        return ("every device runs all of it; a slower device (--device, --peak-flops, --memory-bandwidth) or a "
+                "larger batch makes sharding pay")
+    return "every device runs all of it; a slower device or a larger batch makes sharding pay"
+
+
+def _print_baseline(mp: Any, ours: int, console: Console, which: str, replicated: str) -> None:
     """A hand-written plan costed in the same model, beside ours (ours can never be higher once proved);
-    when ours shards nothing, a ratio would read as a win of sharding, so the line says so instead."""
+    when ours shards nothing (``replicated`` says why), a ratio would read as a win of sharding, so the
+    line says so instead."""
     name, choose = BASELINES[which]
     choice = choose(mp)
     cost = mp.problem.cost(choice)
     fits = "" if mp.problem.is_feasible(choice) else " (does not fit the memory budget)"
     if replicated:
-        console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)}, {ALL_REPLICATED}",
+        console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)}, {replicated}",
                       highlight=False)
         return
     console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)} = "

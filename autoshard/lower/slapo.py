@@ -14,6 +14,7 @@ torch.distributed runtime executes them from the JSON plan.
 
 from __future__ import annotations
 
+from autoshard.fold import fold, layer_key
 from autoshard.graph import NodeKind, OpGraph
 from autoshard.plan import EdgeReshard, Plan
 from autoshard.sharding.spec import TensorSpec
@@ -21,6 +22,11 @@ from autoshard.sharding.spec import TensorSpec
 
 def _inside(module: str, outer: str) -> bool:
     return bool(outer) and (module == outer or module.startswith(outer + "."))
+
+
+def _letters(spec: TensorSpec) -> str:
+    """A layout on a 1-D mesh; a scalar reads ``()``."""
+    return spec.format(1) or "()"
 
 
 def reshard_text(src: TensorSpec, dst: TensorSpec) -> str:
@@ -44,8 +50,10 @@ def _sync_op(edge: EdgeReshard) -> str:
     return f'"{reshard_text(edge.src_spec, edge.dst_spec)}"'
 
 
-def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
-    """The plan as Slapo schedule lines (with comments for what module hooks cannot express)."""
+def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]:
+    """The plan as Slapo schedule lines (with comments for what module hooks cannot express); unless
+    ``every``, comments on parameters of repeated layers that say the same fold into one
+    (``# gradient of model.layers.{0..31}.mlp.up_proj.weight needs all_reduce ...``)."""
     if plan.mesh.ndim != 1:
         return [f"# Slapo schedules shard over one device group; mesh {plan.mesh.label} is {plan.mesh.ndim}-D:",
                 "# run the JSON plan with autoshard.run (torchrun) instead."]
@@ -55,6 +63,13 @@ def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
                 "# for it; run the JSON plan with autoshard.run (torchrun) instead."]
     per_module: dict[str, list[str]] = {}
     notes: list[str] = []
+    parameter_notes: dict[tuple[str, str], list[str]] = {}  # (comment with {} for the name, its pattern): names
+
+    def note(comment: str, name: str) -> None:
+        key = (comment, name) if every else (comment, layer_key(name)[0])
+        parameter_notes.setdefault(key, []).append(name)
+        if len(parameter_notes[key]) == 1:
+            notes.append(comment)  # the comment's place; filled in below
 
     def add(module: str, line: str) -> None:
         per_module.setdefault(module, []).append(line)
@@ -82,12 +97,12 @@ def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
         where = f"{edge.src} -> {edge.dst}"
         if src_node.kind == NodeKind.PARAM:
             if collective:
-                notes.append(f"# {where}: parameter {src_node.qualname} {edge.src_spec.format(1)}->"
-                             f"{edge.dst_spec.format(1)} is gathered before use (run by autoshard.run)")
+                note(f"# parameter {{}} {_letters(edge.src_spec)}->{_letters(edge.dst_spec)} is gathered before "
+                     "use (run by autoshard.run)", src_node.qualname)
             grad_collectives = [s.kind for s in edge.grad_steps if s.kind != "slice"]
             if grad_collectives:
-                notes.append(f"# gradient of {src_node.qualname} needs {' + '.join(grad_collectives)} "
-                             f"(data parallelism: wrap with DDP, or run the JSON plan with autoshard.run)")
+                note(f"# gradient of {{}} needs {' + '.join(grad_collectives)} (data parallelism: wrap with DDP, "
+                     "or run the JSON plan with autoshard.run)", src_node.qualname)
             continue
         if dst_module and first_input.get(dst_module) == edge.src and dst_node.kind == NodeKind.OP:
             if collective:
@@ -97,11 +112,26 @@ def schedule_lines(plan: Plan, graph: OpGraph) -> list[str]:
         elif src_module and not _inside(dst_module, src_module) and collective and not grad_reduce:
             add(src_module, f'sch["{src_module}"].sync(mode="fwd_post", sync_op_or_fn={_sync_op(edge)})')
         else:
-            notes.append(f"# {where}: {edge.src_spec.format(1)}->{edge.dst_spec.format(1)} has no module "
+            notes.append(f"# {where}: {_letters(edge.src_spec)}->{_letters(edge.dst_spec)} has no module "
                          f"boundary to hook (run by autoshard.run)")
     order = {m: i for i, m in enumerate(dict.fromkeys(n.module for n in graph))}
     lines: list[str] = []
     for module in sorted(per_module, key=lambda m: order.get(m, len(order))):
         group = per_module[module]
         lines += sorted(group, key=lambda l: (0 if ".shard(" in l else 1 if "fwd_pre" in l else 2 if "bwd_post" in l else 3))
-    return lines + notes
+    return lines + _fill(notes, parameter_notes)
+
+
+def _fill(notes: list[str], parameter_notes: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Each parameter comment once per group of names, at the group's first place, names folded."""
+    groups: dict[str, list[list[str]]] = {}
+    for (comment, _), names in parameter_notes.items():
+        groups.setdefault(comment, []).append(names)
+    lines = []
+    for line in notes:
+        if line not in groups:
+            lines.append(line)
+            continue
+        names = groups[line].pop(0)
+        lines += [line.format(fold(names))] if len(names) >= 3 else [line.format(name) for name in names]
+    return lines

@@ -11,6 +11,7 @@ call :meth:`MeshGroups.create` with the same mesh.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,7 +52,11 @@ class MeshGroups:
         world, rank = dist.get_world_size(), dist.get_rank()
         if world != mesh.size:
             raise AutoshardError(f"mesh {mesh.label} has {mesh.size} devices but the world has {world} ranks: launch {mesh.size}")
-        device_mesh = init_device_mesh(device_type or default_device_type(), mesh.shape)
+        names = tuple(f"axis{axis}" for axis in range(mesh.ndim))
+        device_mesh = init_device_mesh(device_type or default_device_type(), mesh.shape, mesh_dim_names=names)
+        for count in range(2, mesh.ndim + 1):  # DTensor then reduces over several axes in one collective
+            for axes in itertools.combinations(names, count):  # (clip_grad_norm_'s norm), not one per axis
+                device_mesh[axes]._flatten()
         groups = tuple(device_mesh.get_group(axis) if n > 1 else None for axis, n in enumerate(mesh.shape))
         return MeshGroups(mesh, rank, mesh.coords(rank), groups, device_mesh, dist.group.WORLD)
 
