@@ -374,6 +374,10 @@ def test_windows_and_resampling_shard_batch_and_channels(case, mesh_shape):
     ("gather", lambda x, i, local: torch.gather(x, 1, i), [R(4, 4, 4), torch.randint(0, 4, (4, 2, 2))], {"dim": 1}),
     ("index_select", lambda x, i, local: torch.index_select(x, 1, i), [R(4, 4, 4), torch.tensor([0, 2, 2])],
      {"dim": 1}),
+    ("slice_scatter", lambda x, y, local: torch.slice_scatter(x, y, 2, 0, 2), [R(4, 4, 4), R(4, 4, 2)],
+     {"dim": 2, "start": 0, "end": 2, "step": 1}),
+    ("select_scatter", lambda x, y, local: torch.select_scatter(x, y, 1, 3), [R(4, 4, 4), R(4, 4)],
+     {"dim": 1, "index": 3}),
     ("movedim", lambda x, local: x.movedim(0, -1), [R(4, 4, 2)], {"source": [0], "destination": [-1]}),
     ("mT", lambda x, local: x.mT, [R(2, 4, 8)], {}),
 ], ids=lambda c: c[0] if isinstance(c, tuple) else None)

@@ -1,5 +1,5 @@
 """Rule kinds for ops whose output shape is its input's reshaped by attributes (indexing, stacking,
-repeating, padding, gathering), and einsum's signature derived from its equation.
+repeating, padding, gathering, writing into a slice), and einsum's signature derived from its equation.
 
 Each kind labels the dims that pass through the op whole and leaves every dim the op touches
 unlabelled (None: never sharded), since a device's piece of a touched dim is not the piece the
@@ -149,6 +149,20 @@ def index_select_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...]
     return OpInstance((labels, index), labels, _sizes(labels, shape))
 
 
+def scatter_slice_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...],
+                           attrs: dict[str, Any]) -> OpInstance:
+    """``slice_scatter(x, src, dim, ...)`` / ``select_scatter(x, src, dim, index)`` (torch.export's
+    ``x[..., :n] = src``): the output is ``x`` with ``src`` written into a slice of ``dim`` (``src``
+    lacks ``dim`` for a select); every other dim passes through, ``dim`` is whole."""
+    shape, src = shapes[0], shapes[1]
+    dim = dims_of(attrs.get("dim", 0), len(shape))[0]
+    labels = tuple(None if d == dim else f"d{d}" for d in range(len(shape)))
+    src_labels = labels if len(src) == len(shape) else labels[:dim] + labels[dim + 1:]
+    if len(src) not in (len(shape), len(shape) - 1) or len(out_shape) != len(shape):
+        raise RuleError(f"cannot write a tensor of shape {src} into shape {shape} along dim {dim}")
+    return OpInstance((labels, src_labels), labels, _sizes(labels, shape))
+
+
 SHAPE_KINDS = {
     "index": index_instance,
     "stack": stack_instance,
@@ -156,5 +170,6 @@ SHAPE_KINDS = {
     "pad": pad_instance,
     "gather": gather_instance,
     "index_select": index_select_instance,
+    "scatter_slice": scatter_slice_instance,
 }
 """Kind name (``kind =`` in specs/ops.toml) -> instantiation function."""
