@@ -45,10 +45,11 @@ from typing import Any
 from autoshard.errors import AutoshardError
 from autoshard.sharding.exchange import Exchange
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import Step
+from autoshard.sharding.reshard import COLLECTIVES, SLICE, Step
 from autoshard.sharding.spec import TensorSpec
 
 PLAN_VERSION = 1
+MODES = ("inference", "training")
 
 
 @dataclass
@@ -155,15 +156,18 @@ class Plan:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
     @staticmethod
-    def from_json(data: dict) -> "Plan":
-        """Inverse of :meth:`to_json`; a malformed file raises :class:`AutoshardError`."""
+    def from_json(data: dict, source: str = "plan file") -> "Plan":
+        """Inverse of :meth:`to_json`; a malformed ``source`` (missing keys, wrong types, a layout or step on a
+        mesh axis the mesh lacks, an unknown step kind) raises :class:`AutoshardError`."""
         try:
+            if not isinstance(data, dict):
+                raise TypeError(f"it holds a JSON {type(data).__name__}, not an object")
             if data.get("version") != PLAN_VERSION:
                 raise AutoshardError(f"plan version {data.get('version')} is not {PLAN_VERSION}: re-run autoshard.solve")
             mesh = Mesh.from_json(data["mesh"])
             nodes = {n["name"]: _node_from(n) for n in data["nodes"]}
             edges = [_edge_from(e) for e in data["edges"]]
-            return Plan(
+            plan = Plan(
                 model=data["model"],
                 fingerprint=data["fingerprint"],
                 mesh=mesh,
@@ -182,8 +186,11 @@ class Plan:
                 recompute=[list(names) for names in data.get("recompute", [])],
                 capacity_factor=data.get("capacity_factor", 1.0),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AutoshardError(f"plan file is malformed ({exc!r}): write it with autoshard.solve --out") from None
+            _check_axes(plan)
+            return plan
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+            what = f"missing key {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+            raise AutoshardError(f"{source} is malformed ({what}): write it again with autoshard.solve --out") from None
 
     @staticmethod
     def load(path: str | Path) -> "Plan":
@@ -195,7 +202,36 @@ class Plan:
             data = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
             raise AutoshardError(f"plan file {str(p)!r} is not JSON ({exc}): re-create it") from None
-        return Plan.from_json(data)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AutoshardError(f"plan file {str(p)!r} cannot be read ({exc}): re-create it") from None
+        return Plan.from_json(data, f"plan file {str(p)!r}")
+
+
+def _check_axes(plan: Plan) -> None:
+    """Raise ValueError unless the mode is known and every layout and step names an axis of the plan's mesh."""
+    if plan.mode not in MODES:
+        raise ValueError(f"mode {plan.mode!r} is not one of {', '.join(MODES)}")
+    axes = range(plan.mesh.ndim)
+
+    def check(where: str, specs: tuple[TensorSpec | None, ...], steps: tuple[Step, ...] = ()) -> None:
+        named = {a for spec in specs if spec is not None for a in spec.used_axes}
+        named |= {a for step in steps for spec in (step.before, step.after) if spec is not None for a in spec.used_axes}
+        named |= {step.axis for step in steps}
+        if bad := sorted(a for a in named if a not in axes):
+            have = "axis 0" if plan.mesh.ndim == 1 else f"axes 0-{plan.mesh.ndim - 1}"
+            raise ValueError(f"{where} names mesh axis {bad[0]}, but mesh {plan.mesh.label} has only {have}")
+        if unknown := sorted({step.kind for step in steps} - {SLICE, *COLLECTIVES}):
+            raise ValueError(f"{where} has a step of unknown kind {unknown[0]!r}")
+
+    for node in plan.nodes.values():
+        check(f"node {node.name}", (*node.in_specs, node.out_spec), node.count_steps)
+        if any(a not in axes for a in (node.exchange_axis, *(x.axis for x in node.exchanges)) if a is not None):
+            raise ValueError(f"node {node.name} exchanges over a mesh axis the mesh {plan.mesh.label} lacks")
+    for edge in plan.edges:
+        check(f"edge {edge.src}->{edge.dst}[{edge.operand}]",
+              (edge.src_spec, edge.dst_spec, edge.grad_src_spec, edge.grad_dst_spec), (*edge.steps, *edge.grad_steps))
+    for name, spec in plan.param_specs.items():
+        check(f"param_specs[{name}]", (spec,))
 
 
 def _spec_json(spec: TensorSpec | None, mesh_ndim: int) -> dict | None:

@@ -1,5 +1,6 @@
 """What a run of a plan is checked against: the collectives the plan lists, the backend, world
-size and model it was made for, and the relative errors of the results.
+size and model it was made for, the consistency of its recorded layouts with the model
+(:func:`check_layouts`), and the relative errors of the results.
 
 :func:`expected_collectives` is the list the cost model charged, by plan edge and pass;
 :func:`same_collectives` compares an executed list with it (per edge and pass, in order).
@@ -8,17 +9,20 @@ size and model it was made for, and the relative errors of the results.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from autoshard.build import fingerprint, graph_signature
+from autoshard.candidates import operand_meta
+from autoshard.cost.memory import out_metas
 from autoshard.errors import AutoshardError
-from autoshard.graph import OpGraph
+from autoshard.graph import NodeKind, OpGraph, TensorMeta
 from autoshard.plan import EdgeReshard, Plan
 from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE
 from autoshard.runtime.experts import exchange_label
-from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, Step, reshard_steps
+from autoshard.sharding.spec import TensorSpec
 
 BACKEND_COLLECTIVES: dict[str, frozenset[str]] = {
     "gloo": frozenset(COLLECTIVES),  # CPU tensors, torch 2.13
@@ -132,6 +136,103 @@ def check_model(plan: Plan, graph: OpGraph) -> None:
         which = f" ({plan.model})" if plan.model else ""
         raise AutoshardError(f"plan was made for another model{which}: {graph_difference(plan, graph)}; "
                              "re-plan this model with autoshard.solve")
+
+
+def check_layouts(plan: Plan, graph: OpGraph) -> None:
+    """Refuse a plan (of this model: :func:`check_model` first) whose recorded layouts do not fit together,
+    as a hand-edited or damaged file's: every node of the model placed, every layout of its tensor's
+    rank and dividing its shape, ``param_specs`` equal to the parameter nodes' layouts, every
+    recomputed node in the model, and on every edge the steps the producer's and consumer's layouts
+    need (forward; in training the gradient's, into the producer's layout without partial sums)."""
+    def refuse(what: str) -> AutoshardError:
+        return AutoshardError(f"plan{f' of {plan.model}' if plan.model else ''} is inconsistent: {what}; the file was "
+                              "edited or damaged: write it again with autoshard.solve --out")
+
+    text = lambda spec: spec.format(plan.mesh.ndim) if spec is not None else "none"  # noqa: E731
+    placed = {n.name for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)}
+    if missing := [name for name in placed if name not in plan.nodes]:
+        raise refuse(f"node {missing[0]} of the model has no placement")
+    if extra := [name for name in plan.nodes if name not in placed]:
+        raise refuse(f"it places {extra[0]}, which is not a node of the model")
+    for node in graph:
+        place = plan.nodes.get(node.name)
+        if place is None:
+            continue
+        metas = [(f"{node.name}'s output", place.out_spec, node.tensor)]
+        metas += [(f"operand {k} of {node.name}", spec, operand_meta(graph, node, node.inputs[k]))
+                  for k, spec in enumerate(place.in_specs) if k < len(node.inputs)]
+        for what, spec, meta in metas:
+            if not _fits(spec, meta, plan):
+                raise refuse(f"{what} is laid out {text(spec)}, which does not cut its shape {list(meta.shape)} "
+                             f"on mesh {plan.mesh.label}")
+    params = {n.qualname: plan.nodes[n.name].out_spec for n in graph if n.kind in (NodeKind.PARAM, NodeKind.BUFFER)}
+    if plan.param_specs and plan.param_specs != params:
+        name = next(n for n in (*params, *plan.param_specs) if plan.param_specs.get(n) != params.get(n))
+        raise refuse(f"param_specs[{name}] is {text(plan.param_specs.get(name))} but the parameter's node is laid "
+                     f"out {text(params.get(name))}")
+    if stray := [name for segment in plan.recompute for name in segment if name not in graph.nodes]:
+        raise refuse(f"it recomputes {stray[0]}, which is not a node of the model")
+    _check_edges(plan, graph, refuse, text)
+
+
+def _fits(spec: TensorSpec | None, meta: TensorMeta | None, plan: Plan) -> bool:
+    """True when ``spec`` is a layout of a tensor ``meta`` on the plan's mesh (or either is absent)."""
+    return spec is None or meta is None or spec.fits(meta.shape, plan.mesh.shape)
+
+
+def _check_edges(plan: Plan, graph: OpGraph, refuse: Callable[[str], AutoshardError],
+                 text: Callable[[TensorSpec | None], str]) -> None:
+    """Every edge the model has, recorded once with the steps its layouts need (``planning.make_plan``'s)."""
+    recorded: dict[tuple[str, int], EdgeReshard] = {}
+    for edge in plan.edges:
+        if (edge.dst, edge.operand) in recorded:
+            raise refuse(f"it has two edges into operand {edge.operand} of {edge.dst}")
+        recorded[edge.dst, edge.operand] = edge
+    expected = set()
+    for node in graph:
+        place = plan.nodes.get(node.name)
+        for k, src in enumerate(node.inputs if place is not None else ()):
+            meta = operand_meta(graph, node, src)
+            if src not in plan.nodes or meta is None or k >= len(place.in_specs):
+                continue
+            expected.add((node.name, k))
+            edge = recorded.get((node.name, k))
+            label = f"the edge {src}->{node.name}[{k}]"
+            if edge is None:
+                raise refuse(f"{label} is missing")
+            produced, wanted = plan.nodes[src].out_spec, place.in_specs[k] or plan.nodes[src].out_spec
+            if edge.src != src or (edge.src_spec, edge.dst_spec) != (produced, wanted):
+                raise refuse(f"{label} is recorded as {edge.src} {text(edge.src_spec)} -> {text(edge.dst_spec)}, "
+                             f"the nodes' layouts are {text(produced)} -> {text(wanted)}")
+            _check_steps(label, edge.steps, produced, wanted, meta, plan, refuse, text)
+            backward = plan.mode == "training" and place.in_specs[k] is not None and graph[src].requires_grad \
+                and meta.is_float and k not in node.no_grad_operands
+            if not backward:
+                if edge.grad_steps or edge.grad_src_spec is not None:
+                    raise refuse(f"{label} has gradient steps, but no gradient flows along it")
+                continue
+            back = produced.without_partial() if produced is not None else None
+            if edge.grad_src_spec is None or not _fits(edge.grad_src_spec, meta, plan) or edge.grad_dst_spec != back:
+                raise refuse(f"{label}'s gradient is recorded as {text(edge.grad_src_spec)} -> "
+                             f"{text(edge.grad_dst_spec)}, not into {src}'s layout {text(back)}")
+            _check_steps(f"{label}'s gradient", edge.grad_steps, edge.grad_src_spec, back, meta, plan, refuse, text)
+    if stray := [key for key in recorded if key not in expected]:
+        raise refuse(f"it has an edge into operand {stray[0][1]} of {stray[0][0]}, which the model does not have")
+
+
+def _check_steps(label: str, steps: tuple[Step, ...], src: TensorSpec | None, dst: TensorSpec | None,
+                 meta: TensorMeta, plan: Plan, refuse: Callable[[str], AutoshardError],
+                 text: Callable[[TensorSpec | None], str]) -> None:
+    """Refuse ``steps`` unless they are the ones that turn ``src`` into ``dst`` (none when either is absent)."""
+    try:
+        need = reshard_steps(src, dst, meta.shape, meta.itemsize, plan.mesh.shape) \
+            if src is not None and dst is not None else ()
+    except (ValueError, AssertionError):
+        raise refuse(f"{label} cannot lead from {text(src)} to {text(dst)}") from None
+    if tuple(steps) != need:
+        have = ", ".join(s.describe() for s in steps) or "none"
+        raise refuse(f"{label}'s steps ({have}) do not lead from {text(src)} to {text(dst)}, which needs "
+                     f"{', '.join(s.describe() for s in need) or 'none'}")
 
 
 def graph_difference(plan: Plan, graph: OpGraph) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.trace import trace
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
-from autoshard.runtime.checks import NOISE_FLOOR, check_model, count_label, expected_collectives, relative_errors
+from autoshard.runtime.checks import (NOISE_FLOOR, check_layouts, check_model, count_label, expected_collectives,
+                                      relative_errors)
 from autoshard.runtime.executor import parallelize
 from autoshard.sharding.reshard import ALL_REDUCE
 from autoshard.sharding.rules import count_steps
@@ -132,3 +134,84 @@ def test_a_token_sharded_mean_loss_lists_and_charges_its_count_all_reduce(monkey
     listed = [c for c in expected_collectives(plan) if c.edge == count_label(loss)]
     assert [(c.kind, c.axis, c.sent_bytes, c.phase) for c in listed] == [(ALL_REDUCE, 0, 6, "forward")]
     assert plan.nodes[loss].count_steps == steps
+
+
+def test_plans_as_written_pass_the_layout_check() -> None:
+    """Megatron, data-parallel and random training plans on a 2-D mesh, also after a round trip through JSON."""
+    for name in ("sp_block", "attention"):
+        t = traced(name)
+        for plan in plans(t, "2x2", "training", 2, data_parallel=True).values():
+            check_layouts(plan, t.graph)
+            check_layouts(Plan.from_json(json.loads(json.dumps(plan.to_json()))), t.graph)
+
+
+def _edited(plan: Plan, edit: Callable[[dict], object]) -> Plan:
+    """``plan`` after ``edit`` changed its JSON form in place (as a hand edit of the file would)."""
+    data = json.loads(json.dumps(plan.to_json()))
+    edit(data)
+    return Plan.from_json(data)
+
+
+def _first(edges: list[dict], key: str) -> dict:
+    return next(e for e in edges if e[key])
+
+
+def test_hand_edited_plans_are_refused_in_one_line() -> None:
+    t = traced("sp_block")
+    plan = plans(t, "2x2", "training", 0)["megatron"]
+    edits: dict[str, Callable[[dict], object]] = {
+        r"the edge \S+'s steps \(none\) do not lead from \S+ to \S+, which needs \S+":
+            lambda d: _first(d["edges"], "steps").update(steps=[]),
+        r"the edge \S+'s gradient's steps \(none\) do not lead from":
+            lambda d: _first(d["edges"], "grad_steps").update(grad_steps=[]),
+        r"param_specs\[fc1.weight\] is S0R but the parameter's node is laid out S1R":
+            lambda d: d["param_specs"]["fc1.weight"].update(dims=[[0], []]),
+        r"the edge \S+ is recorded as linear_1 RRR -> S0RR, the nodes' layouts are S0RRP1 -> S0RR":
+            lambda d: _first(d["edges"], "steps")["src_spec"].update(dims=[[], [], []], partial=[]),
+        r"the edge \S+ is missing": lambda d: d["edges"].remove(_first(d["edges"], "steps")),
+        r"it has two edges into operand 0 of": lambda d: d["edges"].append(d["edges"][0]),
+        r"node \S+ of the model has no placement": lambda d: d["nodes"].pop(3),
+        r"it recomputes nowhere, which is not a node of the model": lambda d: d.update(recompute=[["nowhere"]]),
+    }
+    for message, edit in edits.items():
+        with pytest.raises(AutoshardError, match=f"^plan of sp_block is inconsistent: {message}.*; the file was edited "
+                                                 "or damaged: write it again with autoshard.solve --out$"):
+            check_layouts(_edited(plan, edit), t.graph)
+
+
+def test_a_layout_that_does_not_divide_its_tensor_is_refused() -> None:
+    model = torch.nn.Linear(16, 6)
+    graph = trace(model, (torch.randn(8, 16),))
+    mp = build_model_problem(graph, "4", mode="inference")
+    plan = make_plan(mp, [0] * mp.problem.num_nodes, model="linear")
+    weight = next(n["name"] for n in plan.to_json()["nodes"] if n["name"].endswith("weight"))
+    edited = _edited(plan, lambda d: next(n for n in d["nodes"] if n["name"] == weight)["out_spec"].update(
+        dims=[[0], []]))
+    with pytest.raises(AutoshardError,
+                       match=rf"{weight}'s output is laid out SR, which does not cut its shape \[6, 16\] on mesh 4"):
+        check_layouts(edited, graph)
+
+
+def test_malformed_plan_files_name_what_is_wrong(tmp_path: Path) -> None:
+    plan = plans(traced("tiny_mlp"), "2x2", "training", 0)["megatron"]
+    cases: dict[str, Callable[[dict], object]] = {
+        "missing key 'in_specs'": lambda d: d["nodes"][1].pop("in_specs"),
+        "edge \\S+ names mesh axis 2, but mesh 2x2 has only axes 0-1":
+            lambda d: _first(d["edges"], "steps")["steps"][0].update(axis=2),
+        "edge \\S+ has a step of unknown kind 'all_scatter'":
+            lambda d: _first(d["edges"], "steps")["steps"][0].update(kind="all_scatter"),
+        "mode 'train' is not one of inference, training": lambda d: d.update(mode="train"),
+    }
+    path = tmp_path / "plan.json"
+    for message, edit in cases.items():
+        data = json.loads(json.dumps(plan.to_json()))
+        edit(data)
+        path.write_text(json.dumps(data))
+        with pytest.raises(AutoshardError, match=rf"^plan file '{path}' is malformed \({message}\): write it again"):
+            Plan.load(path)
+    path.write_text("[]")
+    with pytest.raises(AutoshardError, match=r"malformed \(it holds a JSON list, not an object\)"):
+        Plan.load(path)
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(AutoshardError, match="cannot be read"):
+        Plan.load(path)
