@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) -m autoshard.solver.warm
+	$(PY) -m autoshard.solver.precompile
 	touch $(STAMP)
 
 install: $(STAMP)

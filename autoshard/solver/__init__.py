@@ -1,5 +1,33 @@
-"""The torch-free solver core: exact reductions, warm start, z3 CEGIS (see api.py; the search
-phases are portfolio.py, the run's bookkeeping state.py)."""
+"""The torch-free solver core: find the cheapest plan of a ShardingProblem and prove it optimal.
+
+The problem (problem.py; the IOPDDL model, read and written by iopddl.py): node i picks one
+strategy s_i from its list, edge (u, v) charges a cost matrix entry, and the nodes live at
+time t share a memory limit:
+
+    minimise    sum_i c_i[s_i] + sum_(u,v) m_uv[s_u, s_v]                  (objective)
+    subject to  sum_{i live at t} usage_i[s_i] <= limit   for every t     (memory rows)
+                no chosen c_i[s_i] or m_uv[s_u, s_v] is FORBIDDEN          (forbidden choices)
+
+Where each part is implemented:
+
+- exact reductions of the problem (forbidden and dominated strategies, folding, degree-0/1/2
+  elimination, merged edges, functional nodes): reduce.py, core.py; memory rows compressed onto
+  the reduced core's nodes (segments of rows per node): memory.py;
+- bounds: the LP relaxation (relax.py), the Lagrangian relaxation of the memory rows solved by
+  TRW-S or elimination (lagrange.py, trws.py, eliminate.py), cuts for z3 from their duals (cut.py);
+- plans: minimum-memory start and local search (heuristics.py, penalised_start.py), Lagrangian
+  plans, toulbar2 on the penalised subproblem (subproblem.py, toulbar.py), large-neighbourhood
+  search (lns.py), usage weights (usage_weights.py);
+- proofs: z3 CEGIS, "is there a plan cheaper than the best?" until UNSAT (cegis.py, run by
+  z3_phases.py), exact elimination (eliminate.py), HiGHS's MILP (milp.py), toulbar2's branch
+  and bound with the memory rows as knapsack constraints (toulbar.py);
+- engines in child processes, started, polled and stopped alike and reporting typed events
+  (workers.py, engine_events.py, engine_pool.py; forks.py for every fork): toulbar2,
+  toulbar2-vns, toulbar2-no-rows, highs and second-search (second_search.py);
+- numba loops compiled once at install (precompile.py); the order of the phases (portfolio.py), one run's clock, best plan, bounds and answer
+  (state.py), the entry point ``solve`` and its pipeline (api.py), the events it emits
+  (events.py). Every plan is evaluated exactly on the original problem (evaluation.py).
+"""
 
 from autoshard.solver.api import InfeasibleError, Solution, SolveOptions, solve
 from autoshard.solver.events import Checked, EngineFailed, Finished, Improved, LowerBound, Phase, Reduced, Started

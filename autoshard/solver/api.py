@@ -18,7 +18,7 @@ Pipeline and where each part lives:
 3. z3 CEGIS (cegis.py) on the core: "is there any plan with cost < best?"; each SAT is a better
    plan, UNSAT proves the best optimal. It gets the LP's (or TRW-S's) dual as a redundant cut
    (cut.py), without which z3 rarely proves anything. When another method has proved the
-   optimum, z3 is asked once more (``_z3_certificate``, cores of at most Z3_CERTIFY_MAX_TERMS
+   optimum, z3 is asked once more (``Z3Phases.certify``, cores of at most Z3_CERTIFY_MAX_TERMS
    literals) and its UNSAT is the proof shown; ``Solution.proof_times`` has both times.
 4. without a time limit, a core still unproved is solved as an ILP by HiGHS to a zero gap
    (milp.py): the answer is always proved. ``gap`` stops every phase at that relative gap.
@@ -48,6 +48,8 @@ from autoshard.solver.events import EventCallback, Reduced, Started
 from autoshard.solver.memory import attach_memory, smallest_peak
 from autoshard.solver.cegis import objective_size
 from autoshard.solver.portfolio import Portfolio
+from autoshard.solver.state import RunState
+from autoshard.solver.z3_phases import Z3Phases
 from autoshard.solver.reduce import NoAssignment, Size, reduce_core
 from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
 
@@ -67,96 +69,102 @@ def solve(
     return _Run(problem, options or SolveOptions(), on_event or (lambda event: None)).run()
 
 
-class _Run(Portfolio):
+class _Run:
     """One call of ``solve``: validate, reduce, search (portfolio.py), answer (state.py)."""
+
+    def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: EventCallback) -> None:
+        self.state = RunState(problem, options, emit)
 
     def run(self) -> Solution:
         """Validate, reduce, search, and return (or raise) the answer."""
-        p = self.problem
+        state = self.state
+        p = state.problem
         p.validate()
-        self.emit(
+        state.emit(
             Started(p.name, p.num_nodes, len(p.edges), sum(len(c) for c in p.node_costs), p.usage_limit)
         )
         self._check_peak()
         began = time.monotonic()
-        self.core = Core(p)
-        attach_memory(self.core, p)
-        self.set_reserve(time.monotonic() - began)
-        before = Size.of(self.core)
+        state.core = Core(p)
+        attach_memory(state.core, p)
+        state.set_reserve(time.monotonic() - began)
+        before = Size.of(state.core)
         try:
-            if self.options.reduce:
-                with self.timed("reductions"):
-                    self.counts = dict(reduce_core(self.core, self.share(REDUCE_SHARE)))
+            if state.options.reduce:
+                with state.timed("reductions"):
+                    state.counts = dict(reduce_core(state.core, state.share(REDUCE_SHARE)))
         except NoAssignment as err:
-            return self.infeasible(self._no_assignment_message(err))
-        self.comp = self.core.freeze()
-        self.size = Size.of(self.core)
-        rows = 0 if self.comp.capacity is None else len(self.comp.capacity)
-        self.emit(
-            Reduced(before.nodes, before.edges, before.strategies, self.size.nodes, self.size.edges,
-                    self.size.strategies, rows, dict(self.counts), self.elapsed())
+            return state.infeasible(self._no_assignment_message(err))
+        state.comp = state.core.freeze()
+        state.size = Size.of(state.core)
+        rows = 0 if state.comp.capacity is None else len(state.comp.capacity)
+        state.emit(
+            Reduced(before.nodes, before.edges, before.strategies, state.size.nodes, state.size.edges,
+                    state.size.strategies, rows, dict(state.counts), state.elapsed())
         )
-        if self.comp.n == 0:
-            self.offer([], "reductions", None)
-            self.proof = "reductions"
-            self.bound(self.best_cost, "reductions")
-        elif self.options.warm_start:
-            self._warm_search()
-        elif self.options.prove:
-            self._cegis_alone()
-        if self.best is None and self.proof is None and self.options.warm_start and self.options.prove \
-                and not self.out_of_time():
-            self._cegis_alone()  # the engines found no plan and proved nothing: z3 decides whether one exists
-        if self.best is None:
-            if self.proof is not None:  # z3 UNSAT, an infeasible LP, or an exact minimum that is forbidden
-                return self.infeasible(self._unsat_message())
-            if self.options.timeout is not None and self.out_of_time():
-                raise AutoshardError(f"no plan found within the time limit of {self.options.timeout:g}s: raise the timeout")
-            if not self.options.warm_start:
+        if state.comp.n == 0:
+            state.offer([], "reductions", None)
+            state.proof = "reductions"
+            state.bound(state.best_cost, "reductions")
+        elif state.options.warm_start:
+            Portfolio(self.state).warm_search()
+        elif state.options.prove:
+            Z3Phases(self.state).alone()
+        if state.best is None and state.proof is None and state.options.warm_start and state.options.prove \
+                and not state.out_of_time():
+            Z3Phases(self.state).alone()  # the engines found no plan and proved nothing: z3 decides whether one exists
+        if state.best is None:
+            if state.proof is not None:  # z3 UNSAT, an infeasible LP, or an exact minimum that is forbidden
+                return state.infeasible(self._unsat_message())
+            if state.options.timeout is not None and state.out_of_time():
+                raise AutoshardError(f"no plan found within the time limit of {state.options.timeout:g}s: raise the timeout")
+            if not state.options.warm_start:
                 raise AutoshardError(
-                    f"no plan found: z3 alone does not take a core of {self.comp.n} nodes "
-                    f"({objective_size(self.comp)} weighted literals); keep the warm start on"
+                    f"no plan found: z3 alone does not take a core of {state.comp.n} nodes "
+                    f"({objective_size(state.comp)} weighted literals); keep the warm start on"
                 )
-            if not self.options.prove:
+            if not state.options.prove:
                 raise AutoshardError("no plan found by the heuristics: let z3 run (drop --no-prove) or give more time")
             raise AutoshardError(
-                f"no plan found and none proved impossible on the {self.comp.n}-node core (z3 gave no verdict): "
+                f"no plan found and none proved impossible on the {state.comp.n}-node core (z3 gave no verdict): "
                 "raise the memory budget, or --timeout if one is set"
             )
-        return self.finish()
+        return state.finish()
 
     def _check_peak(self) -> None:
         """Fail fast when even the smallest-memory strategies overflow the limit."""
-        limit = self.problem.usage_limit
+        state = self.state
+        limit = state.problem.usage_limit
         if limit is None:
             return
-        peak = smallest_peak(self.problem)
+        peak = smallest_peak(state.problem)
         if peak.value > limit:
             what = "is" if peak.exact else "is at least"
-            raise self.infeasible_error(
+            raise state.infeasible_error(
                 f"memory limit {limit} is infeasible: the smallest achievable peak {what} {peak.value} "
                 f"(at time {peak.time}); raise the usage limit / memory budget to at least {peak.value}"
             )
 
     def _no_assignment_message(self, err: NoAssignment) -> str:
+        state = self.state
         if err.memory:
-            capacity = self.core.capacity
+            capacity = state.core.capacity
             if err.node < 0 and capacity is not None and len(capacity):
-                limit = self.problem.usage_limit
+                limit = state.problem.usage_limit
                 row = int(np.argmin(capacity))
                 peak = limit - int(capacity[row])
                 return (
                     f"memory limit {limit} is infeasible: the smallest achievable peak is at least {peak} "
-                    f"(at time {int(self.core.row_times[row])}); raise the usage limit / memory budget to at least {peak}"
+                    f"(at time {int(state.core.row_times[row])}); raise the usage limit / memory budget to at least {peak}"
                 )
             return self._unsat_message()
         return (
-            f"no plan exists: every strategy of node {self.problem.node_name(err.node)} is forbidden or conflicts "
+            f"no plan exists: every strategy of node {state.problem.node_name(err.node)} is forbidden or conflicts "
             "with all strategies of a neighbour; allow more strategies (or fewer pins) for it"
         )
 
     def _unsat_message(self) -> str:
-        limit = self.problem.usage_limit
+        limit = self.state.problem.usage_limit
         if limit is None:
             return "no plan avoids the forbidden strategy pairs; allow more strategies (or fewer pins)"
         return (

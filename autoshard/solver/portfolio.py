@@ -18,7 +18,7 @@ bounds come together (step 2-4 of the pipeline in api.py).
     with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
     large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
-  and the z3 certificate of an optimum another method proved (``_z3_certificate``);
+  and the z3 certificate of an optimum another method proved (``Z3Phases.certify``);
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
 
 Time: every loop checks the deadline; the C code that does not (HiGHS's LP with its set-up)
@@ -37,7 +37,7 @@ import numpy as np
 from autoshard.solver.cegis import Z3Worker
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
-from autoshard.solver.events import EngineFailed, Phase
+from autoshard.solver.events import Phase
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
@@ -47,9 +47,9 @@ from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.subproblem import PenalisedProbe
 from autoshard.solver.toulbar import can_take
-from autoshard.solver.engine_events import EngineEvent
+from autoshard.solver.engine_pool import EnginePool
 from autoshard.solver.forks import call_forked
-from autoshard.solver.workers import EngineWorker
+from autoshard.solver.state import RunState
 from autoshard.solver.z3_phases import Z3Phases, z3_takes
 
 LNS_AFTER_STEPS = 30
@@ -89,293 +89,215 @@ measured on this machine, so it scales with the load (4000 nodes: 0.1 s quiet, 0
 greedy 0.2 and 0.5 s)."""
 
 
-class Portfolio(Z3Phases):
+class Portfolio:
     """The search phases of one ``solve`` call on its reduced core ``comp``."""
 
-    waiting: tuple[list[str], str, float] | None = None
-    """Engines that take toulbar2-without-rows' place when it ends or at the time given."""
-    stopgap: int | None = None
-    """The cost of the memory-weighted start's plan (penalised_start.py), when that was the start."""
-    lns_paid = False
-    """The last slice of neighbourhood search improved the best plan."""
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.z3 = Z3Phases(state)
+        self.pool = EnginePool(state)
+        self.stopgap: int | None = None  # the memory-weighted start's cost (penalised_start.py), when that was the start
+        self.lns_paid = False  # the last slice of neighbourhood search improved the best plan
 
-    def _warm_search(self) -> None:
+    def warm_search(self) -> None:
         """Exact elimination when the core is narrow and memory-free; else the greedy start, then
         the engines the core calls for (module docstring, step 2) with z3 alongside."""
-        comp = self.comp
-        plan = EliminationPlan(comp, deadline=self.soon(min(5.0, 0.05 * self.left()) if self.deadline else 5.0))
+        state = self.state
+        comp = state.comp
+        plan = EliminationPlan(comp, deadline=state.soon(min(5.0, 0.05 * state.left()) if state.deadline else 5.0))
         if plan.feasible and not comp.has_memory:
-            self.emit(Phase("elimination", f"variable elimination on {comp.n} core nodes "
-                            f"(largest table {plan.largest})", self.elapsed()))
+            state.emit(Phase("elimination", f"variable elimination on {comp.n} core nodes "
+                            f"(largest table {plan.largest})", state.elapsed()))
             x, value = plan.solve()
-            self.offer(x, "elimination", None)
-            self.proof = "elimination"
-            self.bound(int(value), "elimination")
+            state.offer(x, "elimination", None)
+            state.proof = "elimination"
+            state.bound(int(value), "elimination")
             return
-        with self.timed("heuristic"):
+        with state.timed("heuristic"):
             self._greedy()
-        if self.options.toulbar and can_take(comp):
+        if state.options.toulbar and can_take(comp):
             self._toulbar_search()
             return
-        if self.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
+        if state.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
             second, what = ["highs"], "HiGHS's MILP of the core (child process)"
         else:
             second, what = ["second-search"], "a second Lagrangian search with usage weights (child process, own seed)"
-        if self.finished():
-            engines = []
-        elif self.options.prove and self.options.toulbar and can_take(comp, rows=False):
-            engines = self._start_engines(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
-            self.waiting = (second, what, time.monotonic() + RELAXED_ALONE)
+        if state.finished():
+            pass  # the greedy plan meets the gap
+        elif state.options.prove and state.options.toulbar and can_take(comp, rows=False):
+            self.pool.start(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
+            self.pool.waiting = (second, what, time.monotonic() + RELAXED_ALONE)
         else:
-            engines = self._start_engines(second, what)
+            self.pool.start(second, what)
         try:
             # under a time limit the LP is skipped when its cut has no taker (z3 cannot take the
             # core) and HiGHS solves the same LP at its MILP's root anyway: on IOPDDL D and Q it
             # held this process for 6-8 s of a 60 s / 240 s limit
-            lp_wanted = self.deadline is None or second != ["highs"] or z3_takes(comp)
-            cut = self._lp_phase(engines) if lp_wanted else None
-            z3_thread = self._start_z3(cut) if self.options.prove and cut is not None and not self.finished() else None
-            if not self.finished():
-                with self.timed("lagrange"):
-                    z3_thread = self._lagrangian(z3_thread, plan, engines)
+            lp_wanted = state.deadline is None or second != ["highs"] or z3_takes(comp)
+            cut = self._lp_phase() if lp_wanted else None
+            z3_thread = self.z3.start(cut) if state.options.prove and cut is not None and not state.finished() else None
+            if not state.finished():
+                with state.timed("lagrange"):
+                    z3_thread = self._lagrangian(z3_thread, plan)
             if z3_thread is not None:
-                with self.timed("z3"):
-                    z3_thread.stop(self.teardown_by)
-                self._drain(z3_thread)
-            if engines and self.deadline is None:
-                self._await(engines)
+                with state.timed("z3"):
+                    z3_thread.stop(state.teardown_by)
+                self.z3.drain(z3_thread)
+            if state.deadline is None:
+                self.pool.wait_for_exact()
         finally:
-            self._stop(engines)
-        if not self.finished() and self.deadline is None and self.options.prove and not any(e.exact for e in engines):
+            self.pool.stop()
+        if not state.finished() and state.deadline is None and state.options.prove and not self.pool.any_exact:
             self._milp_proof()
 
     def _greedy(self) -> None:
         """The first plan: minimum-memory start, repaired to fit, else TRW-S on memory-weighted
         costs; polished by local search."""
-        comp = self.comp
-        self.emit(Phase("heuristic", f"local search on {comp.n} core nodes", self.elapsed()))
+        state = self.state
+        comp = state.comp
+        state.emit(Phase("heuristic", f"local search on {comp.n} core nodes", state.elapsed()))
         began = time.monotonic()
-        search = Search(comp, min_memory_start(comp), self.rng)
+        search = Search(comp, min_memory_start(comp), state.rng)
         if not search.feasible:
-            search.repair(self.soon(max(5.0, 0.5 * self.left()) if self.deadline else 5.0))
+            search.repair(state.soon(max(5.0, 0.5 * state.left()) if state.deadline else 5.0))
         stopgap = False
         if not search.feasible:  # groups of nodes that must move together (penalised_start.py)
-            search = weighted_start(comp, self.rng, self.soon(min(5.0, 0.2 * self.left()) if self.deadline else 5.0)) \
+            search = weighted_start(comp, state.rng, state.soon(min(5.0, 0.2 * state.left()) if state.deadline else 5.0)) \
                 or search
             stopgap = True
         if search.feasible:
-            search.descend(self.soon(5.0))
-            self.offer(search.x, "greedy", None)
+            search.descend(state.soon(5.0))
+            state.offer(search.x, "greedy", None)
             if stopgap:
-                self.stopgap = self.best_cost
-        self.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
+                self.stopgap = state.best_cost
+        state.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
 
     def _toulbar_search(self) -> None:
         """The LP relaxation first on small cores (on B and G it is integral: plan and proof in a
         second); then toulbar2 searches the core in two child processes (one per core) from the
         best plan's cost: hybrid best-first branch and bound, which proves, and variable-
         neighbourhood search, which often finds the good plans sooner on wide cores. Then z3's
-        CEGIS certifies the optimum (``_z3_certificate``)."""
-        if self.options.prove and lp_columns(self.comp) <= LP_FIRST_COLUMNS:
-            self.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
-        engines = [] if self.finished() else self._start_engines(
-            ["toulbar2", "toulbar2-vns"], "toulbar2: branch and bound + neighbourhood search (child processes)")
+        CEGIS certifies the optimum (``Z3Phases.certify``)."""
+        state = self.state
+        if state.options.prove and lp_columns(state.comp) <= LP_FIRST_COLUMNS:
+            state.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
+        if not state.finished():
+            self.pool.start(["toulbar2", "toulbar2-vns"],
+                            "toulbar2: branch and bound + neighbourhood search (child processes)")
         try:
-            self._await(engines)
+            self.pool.wait_for_exact()
         finally:
-            self._stop(engines)
-        if self.options.prove and self.proof is None and self.best is not None and self.proved():
-            self._z3_certificate(lambda: self.cut or self._z3_cut())
-        if not self.finished() and self.deadline is None and self.options.prove:
+            self.pool.stop()
+        if state.options.prove and state.proof is None and state.best is not None and state.proved():
+            self.z3.certify(lambda: state.cut or self._z3_cut())
+        if not state.finished() and state.deadline is None and state.options.prove:
             self._milp_proof()
 
-    def _start_engines(self, methods: list[str], what: str) -> list[EngineWorker]:
-        """Fork one child per exact engine (workers.py), each told the best cost so far."""
-        self.emit(Phase(methods[0], f"{what} on {self.comp.n} core nodes", self.elapsed()))
-        plan = None if self.best_local is None else self.best_local.tolist()
-        # only the lagrange engine calls toulbar2 on its subproblems (penalised costs, no rows)
-        toulbar = "second-search" in methods and self.options.toulbar and can_take(self.comp, rows=False)
-        engines = [EngineWorker(self.comp, m, self.best_cost, self.options.gap, self.options.seed + 1 + k, plan, toulbar)
-                   for k, m in enumerate(methods)]
-        for engine in engines:
-            engine.start()
-        return engines
-
-    def _poll(self, engines: list[EngineWorker], wait: float) -> None:
-        """Take in what the engines reported (waiting up to ``wait`` s on the first). Of the plans
-        an engine reported since the last look only the cheapest is offered: each offer is
-        evaluated on the original problem (20 ms on G), and toulbar2's search can print dozens a
-        second."""
-        for k, engine in enumerate(engines):
-            events = engine.poll(wait if k == 0 else 0.0)
-            plans = [e for e in events if e.kind == "plan"]
-            cheapest = min(plans, key=lambda e: e.cost) if plans else None
-            for event in events:
-                if event.kind != "plan" or event is cheapest:
-                    self._engine_event(event, engine)
-        self._retire(engines)
-        self._hand_over(engines)
-
-    def _retire(self, engines: list[EngineWorker]) -> None:
-        """Stop a relaxation's engine once a plan it reported costs less than the proven lower
-        bound: the relaxation's optimum is at most that plan, so below every plan that fits, and
-        from then on it can neither find a fitting plan nor bound better than the bound we have
-        (S: toulbar2 without memory rows plans at ~3.6e8, while the Lagrangian bound passes 9e8
-        within 15 s)."""
-        for engine in engines:
-            if (engine.relaxation and engine.pid is not None and engine.cheapest is not None
-                    and self.lower is not None and engine.cheapest < self.lower):
-                engine.stop(self.teardown_by)
-                self.emit(Phase("lagrange", f"{engine.method} engine stopped: its plans cost less than the "
-                                "lower bound, so none of them fits", self.elapsed()))
-
-    def _hand_over(self, engines: list[EngineWorker]) -> None:
-        """Once toulbar2 without memory rows has ended (proved its optimum: a bound, or the answer
-        when it fits), been retired or had RELAXED_ALONE seconds, the waiting engine takes its
-        processor."""
-        if self.waiting is None or self.finished():
-            return
-        methods, what, until = self.waiting
-        if not engines[0].done and engines[0].pid is not None and time.monotonic() < until:
-            return
-        self.waiting = None
-        engines[0].stop(self.teardown_by)
-        engines.extend(self._start_engines(methods, what))
-
-    def _await(self, engines: list[EngineWorker]) -> None:
-        """Wait for the exact engines until finished, out of time or all of them ended."""
-        while engines and not self.out_of_time() and not self.finished():
-            if all(e.done for e in engines if e.exact):
-                break
-            left = self.left()
-            self._poll(engines, 0.05 if left is None else max(0.0, min(0.05, left)))
-        self._poll(engines, 0.0)
-
-    def _stop(self, engines: list[EngineWorker]) -> None:
-        """Kill the engines, taking in what they said after the last look (within the limit)."""
-        with self.timed("engines"):
-            for engine in engines:
-                engine.stop(self.teardown_by)
-            self._poll(engines, 0.0)
-
-    def _engine_event(self, event: EngineEvent, engine: EngineWorker) -> None:
-        """A plan from any engine; bounds and proofs only from the exact ones; a failure said."""
-        source = {"highs": "milp", "second-search": "second-search"}.get(engine.method, "toulbar2")
-        if event.kind == "error":
-            self.emit(EngineFailed(engine.method, event.message or "no message", self.elapsed()))
-        elif event.kind == "plan":
-            self.offer(event.choice, source, None)
-        elif not engine.bounds:
-            return
-        elif event.kind in ("bound", "optimal"):
-            self.bound(event.cost, source)
-        elif event.kind == "none" and engine.upper is not None:
-            self.bound(engine.upper, source)  # no plan below the cost it was given
-        elif event.kind == "none":
-            self.proof = source  # no plan at all
-
-    def _lp_phase(self, engines: list[EngineWorker] | None = None) -> DualCut | None:
+    def _lp_phase(self) -> DualCut | None:
         """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3. It runs
         in a child process killed at its time (building the model and HiGHS's set-up ignore the
         time limit: 1.4 s on a 200k-column core under load); meanwhile the engines are heard."""
-        left = self.left()
+        state = self.state
+        left = state.left()
         budget = 60.0 if left is None else min(60.0, 0.3 * left)
-        comp = self.comp
+        comp = state.comp
         if lp_columns(comp) > LP_MAX_COLUMNS or budget < LP_MIN_TIME:
             relax = lp_bound(comp, 0.0)  # only the instant infeasibility check
         else:
-            self.emit(Phase("lp", "LP relaxation of the core (HiGHS, child process)", self.elapsed()))
+            state.emit(Phase("lp", "LP relaxation of the core (HiGHS, child process)", state.elapsed()))
 
             def heard() -> bool:
-                self._poll(engines or [], 0.0)
-                return self.finished()
+                self.pool.poll()
+                return state.finished()
 
-            with self.timed("lp"):
-                relax = call_forked(lambda: lp_bound(comp, budget), self.soon(budget + LP_GRACE), heard)
+            with state.timed("lp"):
+                relax = call_forked(lambda: lp_bound(comp, budget), state.soon(budget + LP_GRACE), heard)
             relax = relax or Relaxation(None, None, 0.0)
         if relax.infeasible:
-            self.proof = "lp"
+            state.proof = "lp"
             return None
         if relax.plan is not None:
-            self.offer(relax.plan, "lp", None)
-        self.bound(relax.bound, "lp")
+            state.offer(relax.plan, "lp", None)
+        state.bound(relax.bound, "lp")
         return relax.cut
 
     def _lagrangian(
-        self, z3_thread: Z3Worker | None, plan: EliminationPlan, engines: list[EngineWorker]
+        self, z3_thread: Z3Worker | None, plan: EliminationPlan
     ) -> Z3Worker | None:
         """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
         a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
-        comp = self.comp
+        state = self.state
+        comp = state.comp
         memory = comp.has_memory
-        if self.deadline is not None and self.left() < LAGRANGE_SETUP * self.greedy_time:
+        if state.deadline is not None and state.left() < LAGRANGE_SETUP * state.greedy_time:
             return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
-        self.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", self.elapsed()))
-        lag = LagrangianSearch(comp, self.rng, plan=plan)
-        stale, last, steps, last_step = 0, (self.best_cost, self.lower), 0, self.greedy_time
-        lns, since = NeighbourhoodSearch(comp, self.rng), (time.monotonic(), 0)
+        state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
+        lag = LagrangianSearch(comp, state.rng, plan=plan)
+        stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
+        lns, since = NeighbourhoodSearch(comp, state.rng), (time.monotonic(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
-        probe = PenalisedProbe(comp, self.rng, self.options.seed, back_off=True) \
-            if memory and lag.plan is None and self.options.toulbar and can_take(comp, rows=False) else None
-        warmup = self.soon(min(30.0, 0.1 * self.left()) if self.deadline is not None else 10.0)
-        wants_z3 = z3_thread is None and self.options.prove
+        probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
+            if memory and lag.plan is None and state.options.toulbar and can_take(comp, rows=False) else None
+        warmup = state.soon(min(30.0, 0.1 * state.left()) if state.deadline is not None else 10.0)
+        wants_z3 = z3_thread is None and state.options.prove
         if wants_z3 and not z3_takes(comp):  # say so now, before building a cut (S: 2.7 s)
             wants_z3 = False
-            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
-        while not self.out_of_time() and not self.finished():
-            if self.deadline is not None and self.left() < last_step:
+            state.emit(Phase("z3", "core too large for z3; heuristics only", state.elapsed()))
+        while not state.out_of_time() and not state.finished():
+            if state.deadline is not None and state.left() < last_step:
                 break  # another step would overrun the time limit
             steps += 1
             if wants_z3 and (steps > 200 or time.monotonic() >= warmup):
                 wants_z3 = False
-                z3_thread = self._start_z3(lag.cut())
+                z3_thread = self.z3.start(lag.cut())
             began = time.monotonic()
             # the memory-weighted start's cost is no target for Polyak's step: on LLaMA-3-8B (eager,
             # 8 devices, 80 GiB) its steps then overshot and the search ended at 784.9 ms, not 765
-            target = None if self.best_cost == self.stopgap else self.best_cost
-            result = lag.step(target, self.soon(30.0))
+            target = None if state.best_cost == self.stopgap else state.best_cost
+            result = lag.step(target, state.soon(30.0))
             last_step = time.monotonic() - began
-            own = result.plan is not None and self.offer(result.plan, "lagrange", None)
-            self.bound(result.bound, "lagrange")
+            own = result.plan is not None and state.offer(result.plan, "lagrange", None)
+            state.bound(result.bound, "lagrange")
             if probe is not None and probe.due(steps):
-                own = self._probe(probe, lag, steps, engines) or own
-            self._poll(engines, 0.0)
+                own = self._probe(probe, lag, steps) or own
+            self.pool.poll()
             if z3_thread is not None:
-                z3_thread.bound = self.best_cost
-                self._drain(z3_thread)
-                if z3_thread.done and self.deadline is None:
+                z3_thread.bound = state.best_cost
+                self.z3.drain(z3_thread)
+                if z3_thread.done and state.deadline is None:
                     break
-            stale = stale + 1 if (self.best_cost, self.lower) == last else 0
-            last = (self.best_cost, self.lower)
+            stale = stale + 1 if (state.best_cost, state.lower) == last else 0
+            last = (state.best_cost, state.lower)
             since = (time.monotonic(), 0) if own else (since[0], since[1] + 1)
             if self._lns_due(since, last_step):
-                self._lns(lns, engines)
+                self._lns(lns)
                 since = (time.monotonic(), 0)
-            if self.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
+            if state.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
                 break
-        if z3_thread is not None and self.deadline is None and not self.finished():
+        if z3_thread is not None and state.deadline is None and not state.finished():
             z3_thread.join_until(None)
-            self._drain(z3_thread)
+            self.z3.drain(z3_thread)
         return z3_thread
 
-    def _probe(self, probe: PenalisedProbe, lag: LagrangianSearch, steps: int, engines: list[EngineWorker]) -> bool:
+    def _probe(self, probe: PenalisedProbe, lag: LagrangianSearch, steps: int) -> bool:
         """toulbar2 on this step's penalised problem in a forked child (killed at the deadline;
         the engines are heard while it runs), its plan repaired and polished (subproblem.py);
         True when that plan is the new best. The child's plain steps and these deflected ones
         give two draws of the multipliers, which decide most of a call's result."""
+        state = self.state
         penalty = lag.penalties()
         if penalty is None:
             return False
 
         def heard() -> bool:
-            self._poll(engines, 0.0)
-            return self.finished()
+            self.pool.poll()
+            return state.finished()
 
         def run(call: Callable[[], np.ndarray | None], seconds: float) -> np.ndarray | None:
-            return call_forked(call, self.soon(seconds), heard)
+            return call_forked(call, state.soon(seconds), heard)
 
-        search = probe.plan(penalty, steps, self.best_cost, self.soon(30.0), run)
-        return search is not None and self.offer(search.x, "lagrange", None)
+        search = probe.plan(penalty, steps, state.best_cost, state.soon(30.0), run)
+        return search is not None and state.offer(search.x, "lagrange", None)
 
     def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on
@@ -387,53 +309,56 @@ class Portfolio(Z3Phases):
         engines do not put the slice off: each is a new start for it (IOPDDL R: this process's
         plans stalled at 18 s while the second engine's improved until 89 s, and the first slice
         waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
+        state = self.state
         when, steps = since
         waited = time.monotonic() - when
-        if self.best_local is None:
+        if state.best_local is None:
             return False
-        stalled = self.options.timeout is not None and steps >= LNS_MIN_STEPS \
-            and waited >= LNS_STALL_SHARE * self.options.timeout
+        stalled = state.options.timeout is not None and steps >= LNS_MIN_STEPS \
+            and waited >= LNS_STALL_SHARE * state.options.timeout
         return self.lns_paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
 
-    def _lns(self, lns: NeighbourhoodSearch, engines: list[EngineWorker]) -> None:
+    def _lns(self, lns: NeighbourhoodSearch) -> None:
         """A slice of large-neighbourhood search from the best plan (lns.py). The engines are
         heard between neighbourhoods; when one's plan beats the slice's, the slice goes on from
         that plan (with compiled Lagrangian steps the second engine's plans came every few
         seconds on IOPDDL R, and slices that ended at each went back to the steps: R 1.0069 of
         the best known, 0.9940 going on)."""
-        left = self.left()
+        state = self.state
+        left = state.left()
         if left is not None and left < 2.0:
             return
         budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
         sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in lns.solvers)
-        self.emit(Phase("lns", f"neighbourhood search ({sizes})", self.elapsed()))
-        own = [self.best_cost]  # the best cost this slice knows of (its own plans, or the start)
+        state.emit(Phase("lns", f"neighbourhood search ({sizes})", state.elapsed()))
+        own = [state.best_cost]  # the best cost this slice knows of (its own plans, or the start)
         self.lns_paid = False
 
         def found(y: np.ndarray) -> None:
-            if self.offer(y, "lns", None):
-                own[0], self.lns_paid = self.best_cost, True
+            if state.offer(y, "lns", None):
+                own[0], self.lns_paid = state.best_cost, True
 
         def heard() -> bool:
-            self._poll(engines, 0.0)
-            return self.finished() or self.best_cost != own[0]
+            self.pool.poll()
+            return state.finished() or state.best_cost != own[0]
 
-        end = self.soon(budget)
-        with self.timed("lns"):
+        end = state.soon(budget)
+        with state.timed("lns"):
             while True:
-                lns.run(self.best_local, end, found, heard)
-                if self.finished() or self.best_cost == own[0]:
+                lns.run(state.best_local, end, found, heard)
+                if state.finished() or state.best_cost == own[0]:
                     break  # out of the slice's time (or finished), not stopped by another's plan
-                own[0] = self.best_cost
-        self.emit(Phase("lagrange", "back to the Lagrangian search", self.elapsed()))
+                own[0] = state.best_cost
+        state.emit(Phase("lagrange", "back to the Lagrangian search", state.elapsed()))
 
     def _z3_cut(self) -> DualCut | None:
         """The cut z3 gets: the LP's when the core's LP is small enough, else TRW-S's after a
         few sweeps (both valid lower bounds, see cut.py)."""
-        if lp_columns(self.comp) <= LP_MAX_COLUMNS:
+        state = self.state
+        if lp_columns(state.comp) <= LP_MAX_COLUMNS:
             return self._lp_phase()
-        lag = LagrangianSearch(self.comp, self.rng)
-        deadline = self.soon(2.0)
+        lag = LagrangianSearch(state.comp, state.rng)
+        deadline = state.soon(2.0)
         for _ in range(10):
             if not lag.mp.sweep(lag.penalties(), deadline):
                 break
@@ -442,10 +367,11 @@ class Portfolio(Z3Phases):
     def _milp_proof(self) -> None:
         """Without a time limit the answer must be proved: when z3 could not take the core (too
         many weighted literals) or stopped without a verdict, HiGHS solves the core's ILP to a zero gap."""
-        self.emit(Phase("milp", f"exact ILP of the {self.comp.n}-node core (HiGHS, zero gap)", self.elapsed()))
-        result = solve_compact_milp(self.comp, exact=True)
+        state = self.state
+        state.emit(Phase("milp", f"exact ILP of the {state.comp.n}-node core (HiGHS, zero gap)", state.elapsed()))
+        result = solve_compact_milp(state.comp, exact=True)
         if result.choice is not None:
-            self.offer(result.choice, "milp", None)
+            state.offer(result.choice, "milp", None)
         if result.optimal and result.cost is not None:
-            self.bound(int(result.cost), "milp")
+            state.bound(int(result.cost), "milp")
 

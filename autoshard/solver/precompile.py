@@ -1,4 +1,4 @@
-"""Compile the solver's numba loops ahead of use: ``python -m autoshard.solver.warm``.
+"""Compile the solver's numba loops ahead of use: ``python -m autoshard.solver.precompile``.
 
 numba compiles a loop on its first call and caches the machine code beside the source
 (``__pycache__``); every later process loads it in ~0.1 s. Compiling them all takes ~3 s, which a

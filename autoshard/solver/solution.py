@@ -13,7 +13,10 @@ class SolveOptions:
 
     ``timeout``: seconds (None: until proved). ``reduce``: exact reductions first. ``warm_start``:
     heuristics, LP bound and Lagrangian search before and alongside z3 (without it z3 works alone,
-    showing every plan it finds). ``prove``: run z3 at all. ``seed``: for the randomised parts.
+    showing every plan it finds). ``prove``: run the methods whose point is a proof: z3, the LP
+    before toulbar2, HiGHS's MILP and toulbar2 without memory rows; off, only the plan searches run
+    and the answer is the best plan found (proved only if a plan search meets its bound). ``seed``:
+    for the randomised parts.
     ``gap``: stop once (best - lower bound) / best is at most this (0: until proved). ``toulbar``:
     let toulbar2 search the cores it can take (toulbar.py); off, the rest of the portfolio works alone.
     """

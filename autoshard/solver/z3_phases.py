@@ -31,73 +31,80 @@ def z3_takes(comp: Compact) -> bool:
     return objective_size(comp) <= Z3_MAX_TERMS
 
 
-class Z3Phases(RunState):
-    """The z3 phases of one ``solve`` call (the Portfolio's base)."""
+class Z3Phases:
+    """The z3 phases of one ``solve`` call, on its run state."""
 
-    def _start_z3(self, cut: DualCut | None) -> Z3Worker | None:
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def start(self, cut: DualCut | None) -> Z3Worker | None:
         """z3's CEGIS in a background thread from the best cost, with ``cut`` (None when z3
         cannot take the core)."""
-        if not z3_takes(self.comp):
-            self.emit(Phase("z3", "core too large for z3; heuristics only", self.elapsed()))
+        state = self.state
+        if not z3_takes(state.comp):
+            state.emit(Phase("z3", "core too large for z3; heuristics only", state.elapsed()))
             return None
         with_cut = f" with a dual cut (bound {cut.const})" if cut is not None else ""
-        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} core nodes{with_cut} (background)", self.elapsed()))
-        thread = Z3Worker(self.comp, self.deadline, cut)
-        thread.bound = self.best_cost
+        state.emit(Phase("z3", f"z3 CEGIS on {state.comp.n} core nodes{with_cut} (background)", state.elapsed()))
+        thread = Z3Worker(state.comp, state.deadline, cut)
+        thread.bound = state.best_cost
         thread.start()
         return thread
 
-    def _drain(self, thread: Z3Worker) -> None:
+    def drain(self, thread: Z3Worker) -> None:
         """Turn the z3 thread's answers into events (the callback runs on this thread only)."""
         while True:
             try:
                 bound, result = thread.results.get_nowait()
             except queue.Empty:
                 return
-            self._z3_answer(bound, result)
+            self.answer(bound, result)
 
-    def _z3_answer(self, bound: int | None, result: CheckResult) -> None:
+    def answer(self, bound: int | None, result: CheckResult) -> None:
         """A plan (SAT), a bound or a proof (UNSAT) from z3 asked for a plan cheaper than ``bound``."""
-        self.iterations += 1
-        self.emit(Checked(self.iterations, bound, result.result, self.elapsed()))
+        state = self.state
+        state.iterations += 1
+        state.emit(Checked(state.iterations, bound, result.result, state.elapsed()))
         if result.result == "sat":
-            self.offer(result.choice, "z3", bound)
+            state.offer(result.choice, "z3", bound)
         elif result.result == "unsat":
-            if bound is None or (self.best_cost is not None and bound >= self.best_cost):
-                self.proof = "z3"
-                self.proof_times.setdefault("z3", self.elapsed())
+            if bound is None or (state.best_cost is not None and bound >= state.best_cost):
+                state.proof = "z3"
+                state.proof_times.setdefault("z3", state.elapsed())
             if bound is not None:
-                self.bound(bound, "z3")
+                state.bound(bound, "z3")
 
-    def _z3_certificate(self, make_cut: Callable[[], DualCut | None]) -> None:
+    def certify(self, make_cut: Callable[[], DualCut | None]) -> None:
         """z3 asked for a plan cheaper than the proved optimum, with the cut ``make_cut()`` gives
         (called only for cores small enough), for Z3_CONFIRM of the time so far (at least
         Z3_CONFIRM_MIN s, within the limit): its UNSAT is the certificate the user sees;
         otherwise the proof stays the other method's."""
-        if objective_size(self.comp) > Z3_CERTIFY_MAX_TERMS:
-            self.emit(Phase("z3", "core too large for a z3 certificate", self.elapsed()))
+        state = self.state
+        if objective_size(state.comp) > Z3_CERTIFY_MAX_TERMS:
+            state.emit(Phase("z3", "core too large for a z3 certificate", state.elapsed()))
             return
         cut = make_cut()
-        until = self.soon(max(Z3_CONFIRM_MIN, Z3_CONFIRM * self.elapsed()))
-        thread = self._start_z3(cut)
+        until = state.soon(max(Z3_CONFIRM_MIN, Z3_CONFIRM * state.elapsed()))
+        thread = self.start(cut)
         if thread is None:
             return
         thread.deadline = until
-        with self.timed("z3"):
+        with state.timed("z3"):
             thread.join_until(until)
-            thread.stop(self.teardown_by)
-        self._drain(thread)
+            thread.stop(state.teardown_by)
+        self.drain(thread)
 
-    def _cegis_alone(self) -> None:
+    def alone(self) -> None:
         """z3 on its own: ask for any plan, then any plan cheaper than the last, until UNSAT."""
-        if not z3_takes(self.comp):
-            self.emit(Phase("z3", "core too large for z3", self.elapsed()))
+        state = self.state
+        if not z3_takes(state.comp):
+            state.emit(Phase("z3", "core too large for z3", state.elapsed()))
             return
-        self.emit(Phase("z3", f"z3 CEGIS on {self.comp.n} nodes", self.elapsed()))
-        z3s = Z3Search(self.comp)
-        while not self.out_of_time() and not self.proved():
-            bound = self.best_cost
-            result = z3s.check(bound, self.left())
-            self._z3_answer(bound, result)
+        state.emit(Phase("z3", f"z3 CEGIS on {state.comp.n} nodes", state.elapsed()))
+        z3s = Z3Search(state.comp)
+        while not state.out_of_time() and not state.proved():
+            bound = state.best_cost
+            result = z3s.check(bound, state.left())
+            self.answer(bound, result)
             if result.result != "sat":
                 break

@@ -177,8 +177,9 @@ def test_a_forked_call_returns_its_value_and_is_abandoned_at_its_deadline():
 def test_a_relaxation_is_stopped_once_its_plans_cost_less_than_the_lower_bound():
     """toulbar2 without memory rows reports plans that need not fit; once one costs less than the
     proven lower bound, none it could still report fits, and the portfolio stops it."""
-    from autoshard.solver.portfolio import Portfolio
+    from autoshard.solver.engine_pool import EnginePool
     from autoshard.solver.solution import SolveOptions
+    from autoshard.solver.state import RunState
 
     checked = 0
     for seed in range(40):
@@ -195,9 +196,10 @@ def test_a_relaxation_is_stopped_once_its_plans_cost_less_than_the_lower_bound()
             worker.poll(0.05)
         assert worker.cheapest is not None and worker.cheapest >= free  # no plan below the relaxation's optimum
         for lower, stopped in ((worker.cheapest, False), (worker.cheapest + 1, True)):
-            portfolio = Portfolio(problem, SolveOptions(), lambda event: None)
-            portfolio.lower = lower
-            portfolio._retire([worker])
+            pool = EnginePool(RunState(problem, SolveOptions(), lambda event: None))
+            pool.engines.append(worker)
+            pool.state.lower = lower
+            pool.poll()
             assert (worker.pid is None) == stopped
         worker.stop()
         checked += 1

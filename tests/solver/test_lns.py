@@ -16,6 +16,7 @@ import autoshard.solver.shares as shares_module
 from autoshard.solver.lns import NeighbourhoodSearch, restrict
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.solution import SolveOptions
 from autoshard.solver.toulbar import improve
 
 from tests.solver.helpers import random_problem
@@ -81,22 +82,28 @@ def test_lns_hands_over_each_better_plan_and_stops_when_told(seed):
     assert asked == [True] and told.rounds == 0 and (same == start.x).all() and time.monotonic() - began < 5.0
 
 
+def portfolio_of(problem, options):
+    """The search phases of a run on ``problem`` (nothing reduced or started)."""
+    from autoshard.solver.portfolio import Portfolio
+    from autoshard.solver.state import RunState
+
+    return Portfolio(RunState(problem, options, lambda event: None))
+
+
 def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best_plan():
     """The portfolio's rule: a slice of neighbourhood search after LNS_AFTER_STEPS Lagrangian
     steps and twenty steps' time without a plan of its own, at once while the last slice paid,
     never without a plan; a better plan from another engine does not put it off."""
-    from autoshard.solver.portfolio import LNS_AFTER_STEPS, Portfolio
-    from autoshard.solver.solution import SolveOptions
+    from autoshard.solver.portfolio import LNS_AFTER_STEPS
 
-    problem = random_problem(np.random.default_rng(0), 6)
-    portfolio = Portfolio(problem, SolveOptions(), lambda event: None)
+    portfolio = portfolio_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
     now = time.monotonic()
     stale = (now - 100.0, LNS_AFTER_STEPS)
     assert not portfolio._lns_due(stale, 0.1)  # no plan to improve yet
-    portfolio.best_local = np.zeros(6, dtype=np.int64)
-    portfolio.best_cost = 10
+    portfolio.state.best_local = np.zeros(6, dtype=np.int64)
+    portfolio.state.best_cost = 10
     assert portfolio._lns_due(stale, 0.1)
-    portfolio.best_cost = 9  # another engine's better plan: still due
+    portfolio.state.best_cost = 9  # another engine's better plan: still due
     assert portfolio._lns_due(stale, 0.1)
     assert not portfolio._lns_due((now - 100.0, LNS_AFTER_STEPS - 1), 0.1)
     assert not portfolio._lns_due((now - 1.0, LNS_AFTER_STEPS), 0.01)  # at least 2 s
@@ -108,13 +115,12 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
 def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_plan():
     """Slow steps (IOPDDL R: 1.5 s each) must not hold neighbourhood search off for thirty of
     them: LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit without a plan suffice."""
-    from autoshard.solver.portfolio import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE, Portfolio
-    from autoshard.solver.solution import SolveOptions
+    from autoshard.solver.portfolio import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE
 
     problem = random_problem(np.random.default_rng(0), 6)
     limit = 100.0
-    portfolio = Portfolio(problem, SolveOptions(timeout=limit), lambda event: None)
-    portfolio.best_local, portfolio.best_cost = np.zeros(6, dtype=np.int64), 10
+    portfolio = portfolio_of(problem, SolveOptions(timeout=limit))
+    portfolio.state.best_local, portfolio.state.best_cost = np.zeros(6, dtype=np.int64), 10
     now = time.monotonic()
     waited = LNS_STALL_SHARE * limit + 1.0
     step = waited / LNS_MIN_STEPS  # twenty steps' time has not passed
@@ -122,8 +128,8 @@ def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_pl
     assert portfolio._lns_due((now - waited, LNS_MIN_STEPS), step)
     assert not portfolio._lns_due((now - waited, LNS_MIN_STEPS - 1), step)
     assert not portfolio._lns_due((now - waited + 2.0, LNS_MIN_STEPS), step)
-    untimed = Portfolio(problem, SolveOptions(), lambda event: None)
-    untimed.best_local, untimed.best_cost = portfolio.best_local, 10
+    untimed = portfolio_of(problem, SolveOptions())
+    untimed.state.best_local, untimed.state.best_cost = portfolio.state.best_local, 10
     assert not untimed._lns_due((now - waited, LNS_MIN_STEPS), step)
 
 
@@ -153,12 +159,8 @@ def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
 def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_comes():
     """A better plan heard from another engine during a slice does not end it: neighbourhood
     search starts again from that plan, until it returns with no newer plan than its own."""
-    from autoshard.solver.portfolio import Portfolio
-    from autoshard.solver.solution import SolveOptions
-
-    problem = random_problem(np.random.default_rng(0), 6)
-    portfolio = Portfolio(problem, SolveOptions(), lambda event: None)
-    portfolio.best_local, portfolio.best_cost = np.zeros(6, dtype=np.int64), 10
+    portfolio = portfolio_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
+    portfolio.state.best_local, portfolio.state.best_cost = np.zeros(6, dtype=np.int64), 10
 
     class Heard:
         """Neighbourhood search where another engine's plan arrives during the first run."""
@@ -170,14 +172,14 @@ def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_com
         def run(self, x, deadline, found, stop):
             self.starts.append(list(x))
             if len(self.starts) == 1:
-                portfolio.best_local, portfolio.best_cost = np.ones(6, dtype=np.int64), 7
+                portfolio.state.best_local, portfolio.state.best_cost = np.ones(6, dtype=np.int64), 7
                 assert stop()  # told to stop: the best plan is not the slice's
             else:
                 assert not stop()
             return x
 
     lns = Heard()
-    portfolio._lns(lns, [])
+    portfolio._lns(lns)
     assert lns.starts == [[0] * 6, [1] * 6]
 
 

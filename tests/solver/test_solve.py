@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from autoshard.iopddl import load_problem
 from autoshard.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver import Checked, EngineFailed, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
+from autoshard.solver.engine_pool import EnginePool
 from autoshard.solver.milp import solve_problem_milp
 
 from tests.solver.helpers import EXAMPLE, brute_force, infeasible_beyond_the_smallest_peak_bound, needs_shared, random_problem
@@ -228,9 +229,8 @@ def test_memory_rows_too_large_for_toulbar2_leave_it_the_core_without_them(seed,
     monkeypatch.setattr(toulbar, "MAX_ROW_TERMS", 0)
     monkeypatch.setattr(portfolio, "MILP_MAX_COLUMNS", 0)
     started: list[str] = []
-    start = portfolio.Portfolio._start_engines
-    monkeypatch.setattr(portfolio.Portfolio, "_start_engines",
-                        lambda self, methods, what: started.extend(methods) or start(self, methods, what))
+    start = EnginePool.start
+    monkeypatch.setattr(EnginePool, "start", lambda self, methods, what: started.extend(methods) or start(self, methods, what))
     problem = larger_problem(seed)
     problem.usage_limit = None
     free = solve_problem_milp(problem)
