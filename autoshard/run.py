@@ -4,9 +4,11 @@
     torchrun --nproc_per_node=2 -m autoshard.run examples/mlp.py --plan plan.json
 
 Every rank loads the plan and the model (a model file need not seed its random generator: rank
-0's parameters are broadcast to the others before sharding, as DDP does) and refuses, before any computation, with one line on
-stderr (from rank 0) and exit status 2: a world size other than the plan mesh's, a plan needing
-a collective the backend cannot run, a plan made for another model. Then one forward runs with
+0's parameters, example inputs and targets are broadcast to the others before sharding, as DDP
+does for parameters) and refuses, before any computation, with one line on stderr (from rank 0)
+and exit status 2: a world size other than the plan mesh's, a plan needing a collective the
+backend cannot run, a plan made for another model, a plan whose recorded layouts and reshard
+steps do not fit together on this model (a hand-edited file). Then one forward runs with
 every planned collective, and for a training plan one backward of ``loss = sum(output * R)``
 (R a fixed random tensor, the same on every rank), computed on the local pieces. Rank 0 gathers
 the outputs and parameter gradients, compares them with the unsharded model in float64 and
@@ -25,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -42,12 +41,12 @@ from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.graph import OpGraph
 from autoshard.plan import Plan
-from autoshard.process import exit_now
-from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_model, check_world,
-                                      expected_collectives, relative_errors, same_collectives)
+from autoshard.process import exit_now, refuse
+from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_layouts, check_model,
+                                      check_world, expected_collectives, relative_errors, same_collectives)
 from autoshard.runtime.executor import ParallelModule, distribute, gather_full, local_of, parallelize
 from autoshard.runtime.collectives import FORWARD
-from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.groups import MeshGroups, broadcast_from_first
 from autoshard.units import format_bytes
 
 LOSS_SEED = 0
@@ -83,13 +82,15 @@ class Prepared:
     device: torch.device
 
 
-def launch_env(environ: Mapping[str, str], command: str = "autoshard.run") -> tuple[int, int, int]:
-    """(rank, world size, local rank) from the variables torchrun sets; ``command`` names the module to launch."""
+def launch_env(environ: Mapping[str, str], command: str = "autoshard.run model.py --plan plan.json"
+               ) -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the variables torchrun sets; ``command`` is the module to launch
+    with its required arguments, for the hint."""
     try:
         return int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", environ["RANK"]))
     except (KeyError, ValueError):
-        raise AutoshardError("RANK and WORLD_SIZE are not set: launch with torchrun --nproc_per_node=N "
-                             f"-m {command} model.py --plan plan.json") from None
+        raise AutoshardError(f"RANK and WORLD_SIZE are not set: launch with torchrun --nproc_per_node=N "
+                             f"-m {command}") from None
 
 
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
@@ -106,6 +107,7 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
     inputs = tuple(t.to(device) for t in loaded.example_inputs)
     graph = trace(model, inputs, plan.frontend or "auto")
     check_model(plan, graph)
+    check_layouts(plan, graph)
     return Prepared(plan, model, inputs, graph, device)
 
 
@@ -208,6 +210,7 @@ def _check_ranks(plan: Plan, summaries: list[dict[str, Any]], list_all: bool) ->
 
 def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
     """The distributed part: parallelize, run, gather, report on rank 0; every rank gets the verdict."""
+    prep.inputs = broadcast_from_first(prep.inputs)
     groups = MeshGroups.create(prep.plan.mesh)
     parallel = parallelize(prep.model, prep.plan, groups, graph=prep.graph)
     training = prep.plan.mode == "training"
@@ -229,18 +232,6 @@ def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
     return bool(verdict[0])
 
 
-def _refuse(error: AutoshardError, rank: int) -> int:
-    """One line on stderr from rank 0, also as torchrun's error-file message; exit status 2."""
-    line = f"autoshard.run: error: {error}"
-    if rank == 0:
-        print(line, file=sys.stderr, flush=True)
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
-        with open(error_file, "w") as f:
-            json.dump({"message": line, "timestamp": int(time.time())}, f)
-    return 2
-
-
 def main(argv: Sequence[str] | None = None,
          collectives: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> int:
     """Entry point; ``collectives`` is the per-backend table the plan is checked against."""
@@ -250,14 +241,14 @@ def main(argv: Sequence[str] | None = None,
         rank, world_size, local_rank = launch_env(os.environ)
         prep = prepare(args, world_size, local_rank, collectives)
     except AutoshardError as error:
-        return _refuse(error, rank)
+        return refuse("autoshard.run", error, rank)
     if prep.device.type == "cuda":
         torch.cuda.set_device(prep.device)
     dist.init_process_group(args.backend)
     try:
         return 0 if _execute(prep, args, rank) else 1
     except AutoshardError as error:
-        return _refuse(error, rank)
+        return refuse("autoshard.run", error, rank)
     finally:
         dist.destroy_process_group()
 

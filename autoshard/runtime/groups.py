@@ -14,7 +14,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Sequence
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -90,6 +92,20 @@ def default_device_type() -> str:
 def line_mesh(size: int) -> Mesh:
     """A 1-D mesh of ``size`` devices with the default link parameters."""
     return Mesh((size,), *default_links((size,)))
+
+
+def broadcast_from_first(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Rank 0's values of ``tensors`` on every rank, so that ranks drawing their own random inputs agree.
+
+    Collective over the default group; every rank passes tensors of the same shapes and dtypes
+    (sent as bytes: any dtype, bool included, on any backend).
+    """
+    result = []
+    for tensor in tensors:
+        data = tensor.detach().contiguous().clone().reshape(-1).view(torch.uint8)
+        dist.broadcast(data, src=0)
+        result.append(data.view(tensor.dtype).reshape(tensor.shape))
+    return tuple(result)
 
 
 def init_gloo(rank: int, world_size: int, port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:

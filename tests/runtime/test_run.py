@@ -6,6 +6,7 @@ happens before ``init_process_group``, so no process group may exist afterwards.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,14 +16,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from autoshard.api import build_model_problem
 from autoshard.baselines import megatron_choice
+from autoshard.frontend.load import load_model
+from autoshard.frontend.trace import trace
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
 from autoshard.run import main
 from autoshard.runtime.executor import gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups
 
-from .dist import run_ranks
+from .dist import free_port, run_ranks
 from .plans import EXAMPLES, MLP, plans, problem, sequence_parallel_plan, traced
 
 ROOT = EXAMPLES.parent
@@ -113,6 +117,12 @@ def test_refusals_before_any_computation(tmp_path: Path, capsys: pytest.CaptureF
     assert "the plan needs all_reduce, which the gloo backend cannot run: re-plan" in line
     line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "missing.json")])
     assert "does not exist" in line
+    edited = json.loads((tmp_path / "mlp.json").read_text())
+    next(edge for edge in edited["edges"] if edge["steps"])["steps"] = []  # a hand edit: still valid JSON
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    line = _refusal(capsys, [mlp, "--plan", str(tmp_path / "edited.json")])
+    assert "plan of tiny_mlp is inconsistent: the edge linear_1->output[0]'s steps (none) do not lead from RRRP to RRR, " \
+           "which needs all_reduce(axis0); the file was edited or damaged" in line
 
 
 def test_refusal_outside_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -144,3 +154,24 @@ def test_ranks_that_build_different_weights_run_rank_0s() -> None:
     for result in (first, second):
         assert result["weights"] == first["mine"]
         assert torch.allclose(torch.tensor(result["output"]), torch.tensor(first["reference"]), rtol=1e-5, atol=1e-6)
+
+
+def _main_on_ranks(rank: int, world: int, port: int, argv: list[str]) -> int:
+    """``main`` as torchrun runs it: its variables set, and the random state of a process of its own."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.manual_seed(100 + rank)
+    return main(argv)
+
+
+def test_a_model_file_drawing_unseeded_inputs_passes_the_run_check(tmp_path: Path) -> None:
+    """Weights, inputs and targets drawn without a seed: every rank runs rank 0's."""
+    path = tmp_path / "unseeded.py"
+    path.write_text("import torch\nfrom tests.runtime.plans import MLP\n\nmodel = MLP()\n"
+                    "example_inputs = (torch.randn(8, 8, 16),)\nexample_targets = (torch.randn(8, 8, 16),)\n\n\n"
+                    "def loss(outputs, target):\n    return torch.nn.functional.mse_loss(outputs, target)\n")
+    loaded = load_model(str(path)).for_training()
+    mp = build_model_problem(trace(loaded.model, loaded.example_inputs), "2", mode="training")
+    make_plan(mp, megatron_choice(mp), model="unseeded").save(tmp_path / "plan.json")
+    assert run_ranks(2, _main_on_ranks, free_port(), [str(path), "--plan", str(tmp_path / "plan.json")],
+                     connect=False) == [0, 0]
