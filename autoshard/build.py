@@ -37,7 +37,7 @@ from autoshard.problem import FORBIDDEN, ShardingProblem
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import reshard_steps
-from autoshard.sharding.rules import OpStrategy
+from autoshard.sharding.strategy import OpStrategy
 from autoshard.sharding.spec import TensorSpec
 
 MODES = ("inference", "training")

@@ -38,8 +38,8 @@ LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
 (``frontend.profile.LocalFlops``: torch's counter); without it the global flops are split evenly."""
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, reshard_steps
-from autoshard.sharding.rules import (OpInstance, OpStrategy, RuleError, count_steps, instantiate, load_rules,
-                                      replicated_strategy, strategies, tensor_layouts)
+from autoshard.sharding.rules import OpInstance, RuleError, instantiate, load_rules, strategies, tensor_layouts
+from autoshard.sharding.strategy import OpStrategy, count_steps, replicated_strategy
 from autoshard.sharding.exchange import Exchange, expert_exchanges
 from autoshard.sharding.spec import TensorSpec
 

@@ -8,7 +8,8 @@ from autoshard.graph import NodeKind
 from autoshard.plan import EdgeReshard, NodePlacement, Plan
 from autoshard.sharding.exchange import Exchange
 from autoshard.sharding.reshard import reshard_steps
-from autoshard.sharding.rules import OpStrategy, count_steps, load_rules
+from autoshard.sharding.rules import load_rules
+from autoshard.sharding.strategy import OpStrategy, count_steps
 from autoshard.sharding.spec import TensorSpec
 
 

@@ -33,47 +33,19 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import tomllib
-from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Sequence
 
 from autoshard.graph import TensorMeta
 from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
                                   elementwise_instance)
-from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.sharding.rules_moe import MOE_KINDS, exchange_variants
 from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.sharding.spec import TensorSpec
+from autoshard.sharding.strategy import OpStrategy, divides, make_strategy
 
 SPECS_PATH = Path(__file__).resolve().parents[2] / "specs" / "ops.toml"
-
-
-@dataclass(frozen=True)
-class OpStrategy:
-    """One way to run an op: operand/output layouts, gradient layouts, local adjustments."""
-
-    assignment: tuple[tuple[str, tuple[int, ...]], ...]
-    in_specs: tuple[TensorSpec | None, ...]
-    out_spec: TensorSpec
-    grad_specs: tuple[TensorSpec | None, ...]
-    degree: int = 1
-    scale: Fraction = Fraction(1)
-    masked: tuple[int, ...] = ()
-    label: str = field(default="", compare=False)
-    count_axes: tuple[int, ...] = ()
-    exchange_axis: int | None = None
-
-
-def count_steps(strategy: OpStrategy, itemsize: int, mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
-    """The all-reduces that sum a mean loss's count of valid targets over the axes sharding them (a scalar
-    of ``itemsize`` bytes, partial over ``count_axes``, made whole); none when the targets are not sharded."""
-    if not strategy.count_axes:
-        return ()
-    partial = TensorSpec((), frozenset(strategy.count_axes))
-    return reshard_steps(partial, TensorSpec(()), (), itemsize, mesh_shape)
 
 
 @functools.lru_cache(maxsize=None)
@@ -273,65 +245,6 @@ def _pointwise_loss(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     return OpInstance(base.operands, (), base.sizes, frozenset(), (), mean)
 
 
-def _view(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
-    """Reshapes: in each group of dims with equal products, only the outermost dims correspond."""
-    in_shape = shapes[0]
-    in_labels: list[str | None] = [None] * len(in_shape)
-    out_labels: list[str | None] = [None] * len(out_shape)
-    sizes: dict[str, tuple[int, ...]] = {}
-    i = j = 0
-    group = 0
-    while i < len(in_shape) or j < len(out_shape):
-        while i < len(in_shape) and in_shape[i] == 1:
-            i += 1
-        while j < len(out_shape) and out_shape[j] == 1:
-            j += 1
-        if i >= len(in_shape) or j >= len(out_shape):
-            break
-        label = f"g{group}"
-        in_labels[i], out_labels[j] = label, label
-        sizes[label] = tuple(sorted({in_shape[i], out_shape[j]}))
-        p, q = in_shape[i], out_shape[j]
-        i, j = i + 1, j + 1
-        while p != q:
-            if p < q:
-                p *= in_shape[i]
-                i += 1
-            else:
-                q *= out_shape[j]
-                j += 1
-        group += 1
-    return OpInstance((tuple(in_labels), *[None] * (len(shapes) - 1)), tuple(out_labels), sizes)
-
-
-def _permute(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
-    rank = len(shapes[0])
-    perm = list(range(rank))
-    if rule.op == "permute":
-        perm = dims_of(attrs["dims"], rank)
-    elif rule.op == "numpy_T":
-        perm = list(reversed(perm))
-    elif rule.op in ("movedim", "moveaxis"):
-        perm = _moved(rank, dims_of(attrs["source"], rank), dims_of(attrs["destination"], rank))
-    elif rule.op == "mT":
-        perm[-2:] = perm[:-3:-1]
-    elif rank >= 2:
-        first, second = ("axis0", "axis1") if rule.op == "swapaxes" else ("dim0", "dim1")
-        a, b = dims_of(attrs.get(first, 0), rank)[0], dims_of(attrs.get(second, 1), rank)[0]
-        perm[a], perm[b] = perm[b], perm[a]
-    labels = tuple(f"d{d}" for d in range(rank))
-    return OpInstance((labels,), tuple(labels[p] for p in perm), {l: (n,) for l, n in zip(labels, shapes[0])})
-
-
-def _moved(rank: int, source: list[int], destination: list[int]) -> list[int]:
-    """The permutation ``movedim(source, destination)`` applies: output dim -> input dim."""
-    perm: list[int | None] = [None] * rank
-    for s, d in zip(source, destination):
-        perm[d] = s
-    rest = iter(d for d in range(rank) if d not in source)
-    return [next(rest) if p is None else p for p in perm]
-
-
 def _cat(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
     dim = dims_of(attrs.get("dim", 0), len(out_shape))[0]
     labels = tuple(f"d{d}" for d in range(len(out_shape)))
@@ -380,8 +293,6 @@ _KINDS: dict[str, Callable[..., OpInstance]] = {
     "layer_norm": _layer_norm,
     "loss": _loss,
     "pointwise_loss": _pointwise_loss,
-    "view": _view,
-    "permute": _permute,
     "expand": _expand,
     "cat": _cat,
     "split": _split,
@@ -403,10 +314,6 @@ def instantiate(rule: Rule, operands: Sequence[TensorMeta | None], out_shape: tu
         return _KINDS[rule.kind](rule, shapes, tuple(out_shape), attrs)
     except (KeyError, IndexError, TypeError, ZeroDivisionError) as exc:
         raise RuleError(f"{rule.op}: cannot apply its {rule.kind} rule ({exc!r})") from None
-
-
-def _spec(labels: Labels, axes_of: dict[str, tuple[int, ...]], partial: frozenset[int] = frozenset()) -> TensorSpec:
-    return TensorSpec(tuple(axes_of.get(l, ()) if l is not None else () for l in labels), partial)
 
 
 def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
@@ -437,37 +344,6 @@ def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
     if instance.exchange is not None and instance.exchange[1] in free:
         result += exchange_variants(instance, result, mesh_shape)
     return result
-
-
-def divides(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> bool:
-    """True when every index's sizes divide by the product of the mesh axes assigned to it."""
-    return not any(n % math.prod(mesh_shape[a] for a in axes) for i, axes in axes_of.items() for n in instance.sizes[i])
-
-
-def make_strategy(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...],
-                  exchange_axis: int | None = None) -> OpStrategy:
-    """The strategy of one assignment of mesh axes to indices (see the module doc); an
-    ``exchange_axis`` shared by the token and expert indices makes no partial sum."""
-    partial = frozenset(a for i in instance.contracted for a in axes_of.get(i, ())) - {exchange_axis}
-    used = frozenset(a for axes in axes_of.values() for a in axes)
-    in_specs = tuple(None if labels is None else _spec(labels, axes_of) for labels in instance.operands)
-    masked = tuple(k for k in instance.additive if partial and instance.operands[k] is not None)
-    grads = tuple(None if labels is None else _spec(labels, axes_of, used - {a for l in labels if l for a in axes_of.get(l, ())}
-                                                      - (partial if k in masked else frozenset()))
-                  for k, labels in enumerate(instance.operands))
-    mean_shards = math.prod(mesh_shape[a] for i in instance.mean_indices for a in axes_of.get(i, ()))
-    counted = tuple(sorted(a for i in instance.counted_indices for a in axes_of.get(i, ())))
-    return OpStrategy(
-        tuple(sorted(axes_of.items())), in_specs, _spec(instance.output, axes_of, partial), grads,
-        math.prod(mesh_shape[a] for a in used), Fraction(1, mean_shards), masked, count_axes=counted,
-        exchange_axis=exchange_axis,
-    )
-
-
-def replicated_strategy(operands: Sequence[TensorMeta | None], out_rank: int) -> OpStrategy:
-    """The fallback for ops without a rule: every operand gathered, the op run on every device."""
-    specs = tuple(None if m is None else TensorSpec.replicated(len(m.shape)) for m in operands)
-    return OpStrategy((), specs, TensorSpec.replicated(out_rank), specs)
 
 
 def tensor_layouts(shape: tuple[int, ...], mesh_shape: tuple[int, ...],

@@ -32,16 +32,15 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from autoshard.sharding.rules_base import OpInstance, Rule, RuleError, broadcast_labels, dims_of
+from autoshard.sharding.strategy import OpStrategy, divides, make_strategy
 
 Shapes = Sequence[tuple[int, ...] | None]
 
 
-def exchange_variants(instance: OpInstance, base: Sequence[Any], mesh_shape: tuple[int, ...]) -> list[Any]:
+def exchange_variants(instance: OpInstance, base: Sequence[OpStrategy], mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     """For each base strategy and each mesh axis of its token index not already the expert index's,
     the strategy whose expert index takes that axis too (as its last, minor axis), exchanging
     tokens over it; kept when the experts divide."""
-    from autoshard.sharding.rules import divides, make_strategy  # rules imports this module
-
     tokens, experts = instance.exchange
     variants = []
     for strategy in base:

@@ -1,5 +1,6 @@
-"""Rule kinds for ops whose output shape is its input's reshaped by attributes (indexing, stacking,
-repeating, padding, gathering, writing into a slice), and einsum's signature derived from its equation.
+"""Rule kinds for ops whose output shape is its input's reshaped by attributes (views, permutations,
+indexing, stacking, repeating, padding, gathering, writing into a slice), and einsum's signature
+derived from its equation.
 
 Each kind labels the dims that pass through the op whole and leaves every dim the op touches
 unlabelled (None: never sharded), since a device's piece of a touched dim is not the piece the
@@ -163,7 +164,69 @@ def scatter_slice_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...
     return OpInstance((labels, src_labels), labels, _sizes(labels, shape))
 
 
+def view_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: dict[str, Any]) -> OpInstance:
+    """Reshapes: in each group of dims with equal products, only the outermost dims correspond."""
+    in_shape = shapes[0]
+    in_labels: list[str | None] = [None] * len(in_shape)
+    out_labels: list[str | None] = [None] * len(out_shape)
+    sizes: dict[str, tuple[int, ...]] = {}
+    i = j = 0
+    group = 0
+    while i < len(in_shape) or j < len(out_shape):
+        while i < len(in_shape) and in_shape[i] == 1:
+            i += 1
+        while j < len(out_shape) and out_shape[j] == 1:
+            j += 1
+        if i >= len(in_shape) or j >= len(out_shape):
+            break
+        label = f"g{group}"
+        in_labels[i], out_labels[j] = label, label
+        sizes[label] = tuple(sorted({in_shape[i], out_shape[j]}))
+        p, q = in_shape[i], out_shape[j]
+        i, j = i + 1, j + 1
+        while p != q:
+            if p < q:
+                p *= in_shape[i]
+                i += 1
+            else:
+                q *= out_shape[j]
+                j += 1
+        group += 1
+    return OpInstance((tuple(in_labels), *[None] * (len(shapes) - 1)), tuple(out_labels), sizes)
+
+
+def permute_instance(rule: Rule, shapes: Shapes, out_shape: tuple[int, ...], attrs: dict[str, Any]) -> OpInstance:
+    """Permutations of dims (permute, transpose, swapaxes, movedim, .T, .mT): every dim passes through."""
+    rank = len(shapes[0])
+    perm = list(range(rank))
+    if rule.op == "permute":
+        perm = dims_of(attrs["dims"], rank)
+    elif rule.op == "numpy_T":
+        perm = list(reversed(perm))
+    elif rule.op in ("movedim", "moveaxis"):
+        perm = _moved(rank, dims_of(attrs["source"], rank), dims_of(attrs["destination"], rank))
+    elif rule.op == "mT":
+        perm[-2:] = perm[:-3:-1]
+    elif rank >= 2:
+        first, second = ("axis0", "axis1") if rule.op == "swapaxes" else ("dim0", "dim1")
+        a, b = dims_of(attrs.get(first, 0), rank)[0], dims_of(attrs.get(second, 1), rank)[0]
+        perm[a], perm[b] = perm[b], perm[a]
+    labels = tuple(f"d{d}" for d in range(rank))
+    return OpInstance((labels,), tuple(labels[p] for p in perm), {l: (n,) for l, n in zip(labels, shapes[0])})
+
+
+def _moved(rank: int, source: list[int], destination: list[int]) -> list[int]:
+    """The permutation ``movedim(source, destination)`` applies: output dim -> input dim."""
+    perm: list[int | None] = [None] * rank
+    for s, d in zip(source, destination):
+        perm[d] = s
+    rest = iter(d for d in range(rank) if d not in source)
+    return [next(rest) if p is None else p for p in perm]
+
+
 SHAPE_KINDS = {
+    "view": view_instance,
+    "permute": permute_instance,
     "index": index_instance,
     "stack": stack_instance,
     "repeat": repeat_instance,

@@ -21,7 +21,7 @@ from autoshard.runtime.checks import (NOISE_FLOOR, check_layouts, check_model, c
                                       relative_errors)
 from autoshard.runtime.executor import parallelize
 from autoshard.sharding.reshard import ALL_REDUCE
-from autoshard.sharding.rules import count_steps
+from autoshard.sharding.strategy import count_steps
 
 from .plans import plans, traced
 

@@ -1,0 +1,64 @@
+"""The package's shape: no import cycles between autoshard's modules, no module over 400 lines.
+
+Every import counts, at module level, inside functions and under TYPE_CHECKING alike: a lazy
+import that closes a circle still ties the two modules into one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autoshard"
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    """Dotted module name of a file of the package (a package's __init__ is the package)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports anywhere in its body."""
+    found: set[str] = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def import_graph() -> nx.DiGraph:
+    """Module -> the package's modules it imports."""
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    graph = nx.DiGraph()
+    for f in files:
+        source = module_name(f)
+        graph.add_node(source)
+        graph.add_edges_from((source, target) for target in imports_of(f, modules) if target != source)
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    graph = import_graph()
+    graph.remove_nodes_from([n for n in list(graph) if n == "autoshard"])  # the lazy re-exports of __init__
+    cycles = sorted(sorted(c) for c in nx.simple_cycles(graph))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_import_graph_sees_imports_at_every_level():
+    graph = import_graph()
+    assert graph.has_edge("autoshard.solver.workers", "autoshard.solver.second_search")  # inside a function
+    assert graph.has_edge("autoshard.solver.api", "autoshard.solver.portfolio")  # at module level
