@@ -25,7 +25,7 @@ import networkx as nx
 
 EXPERTS_OP = "moe_experts"
 """The op name of a fused mixture-of-experts node (frontend/experts.py; its rule is ``[moe_experts]``
-in specs/ops.toml)."""
+in autoshard/sharding/ops.toml)."""
 
 
 @dataclass(frozen=True)

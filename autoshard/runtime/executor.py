@@ -317,7 +317,7 @@ def _local_attrs(node: OpNode, plan: Plan) -> dict[str, Any]:
     unknown = sorted(set(attrs) - set(node.attrs))
     if unknown:
         raise AutoshardError(f"plan overrides {', '.join(unknown)} of node {node.name} ({node.op}), which has only "
-                             f"{', '.join(node.attrs) or 'no attributes'}: fix the op's rule in specs/ops.toml")
+                             f"{', '.join(node.attrs) or 'no attributes'}: fix the op's rule in autoshard/sharding/ops.toml")
     return attrs
 
 

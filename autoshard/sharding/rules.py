@@ -1,4 +1,4 @@
-"""Sharding rules: from an op's declared rule (``specs/ops.toml``) and its shapes to strategies.
+"""Sharding rules: from an op's declared rule (``autoshard/sharding/ops.toml``) and its shapes to strategies.
 
 Every rule is first *instantiated* against the node's concrete shapes into an
 :class:`OpInstance`: one index label per dim of every operand and of the output (``None`` for a
@@ -45,7 +45,8 @@ from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.sharding.spec import TensorSpec
 from autoshard.sharding.strategy import OpStrategy, divides, make_strategy
 
-SPECS_PATH = Path(__file__).resolve().parents[2] / "specs" / "ops.toml"
+SPECS_PATH = Path(__file__).with_name("ops.toml")
+"""The rules, shipped inside the package (package data)."""
 
 
 @functools.lru_cache(maxsize=None)
