@@ -8,18 +8,22 @@
 
 The model file follows the training convention of ``autoshard.frontend.load``: the graph is the
 model with its ``loss(outputs, *targets)`` (or a model whose output is its loss), and step ``s``
-(counted from 1) trains on ``batch(s)``, built whole and identically on every rank; the plan
-must be a training plan of that graph. Each step is one forward and backward through
-:func:`autoshard.parallelize` (the plan's collectives only), ``clip_grad_norm_`` on the DTensor
-gradients (its norm all-reduce is the one collective outside the plan, with AdamW's step
-communication-free), then ``torch.optim.AdamW``. Rank 0 reports every step: a progress bar with
-loss and step time on a terminal, one line ``step 7 loss 2.3145 0.41 s`` per step otherwise.
+(counted from 1) trains on ``batch(s)``, built whole and identically on every rank (without
+``batch``, on rank 0's example inputs and targets); the plan must be a training plan of that
+graph. Each step is one forward and backward through :func:`autoshard.parallelize` (the plan's
+collectives only), ``clip_grad_norm_`` on the DTensor gradients (its norm all-reduce is the one
+collective outside the plan, with AdamW's step communication-free), then ``torch.optim.AdamW``.
+Rank 0 reports every step: a progress bar with loss and step time on a terminal, one line
+``step 7 loss 2.3145 0.41 s`` per step otherwise.
 
 Checkpoints (``--checkpoint DIR``, every ``--checkpoint-every`` steps and after the last) are
 torch.distributed.checkpoint folders ``DIR/step_000010`` holding the DTensor parameters, the
 AdamW state by parameter name and the step. ``--resume`` continues from the latest one, under
-this plan or any other plan of the same model and world size (DCP reshards on load), and
-reproduces the uninterrupted run. The graph is traced in eval mode, so dropout is off.
+this plan or any other plan of the same model (DCP reshards on load), with the learning rate and
+weight decay of this command line (the banner names the checkpoint's where they differ); with
+the same flags it reproduces the uninterrupted run. A checkpoint of another model, or one that
+cannot be read, is refused in one line before anything is written. The graph is traced in eval
+mode, so dropout is off.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import re
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TextIO
 
@@ -40,6 +44,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from autoshard.errors import AutoshardError
@@ -47,11 +53,12 @@ from autoshard.frontend.load import LoadedModel, load_model
 from autoshard.frontend.trace import trace
 from autoshard.graph import NodeKind, OpGraph
 from autoshard.plan import Plan
-from autoshard.process import exit_now
+from autoshard.process import exit_now, refuse
 from autoshard.run import launch_env
-from autoshard.runtime.checks import BACKEND_COLLECTIVES, check_backend, check_model, check_world
+from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_layouts, check_model,
+                                      check_world)
 from autoshard.runtime.executor import ParallelModule, gather_full, parallelize
-from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.groups import MeshGroups, broadcast_from_first
 
 CHECKPOINT = re.compile(r"^step_(\d+)$")
 
@@ -121,6 +128,7 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int) -> Train
     loaded.model.to(device)
     graph = trace(loaded.model, tuple(t.to(device) for t in loaded.example_inputs))
     check_model(plan, graph)
+    check_layouts(plan, graph)
     check_loss_graph(graph, loaded.name)
     return Training(plan, loaded, graph, device)
 
@@ -168,12 +176,71 @@ def save_checkpoint(folder: Path, step: int, module: torch.nn.Module, optimizer:
 
 
 def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load a checkpoint into ``module`` and ``optimizer`` in their own layouts; returns its step (collective)."""
+    """Load a checkpoint into ``module`` and ``optimizer`` in their own layouts; returns its step (collective).
+
+    Refuses (AutoshardError, on every rank) a checkpoint of another model and one that cannot be read.
+    """
     model_state, optim_state = get_state_dict(module, optimizer)
+    check_checkpoint(path, {name: tuple(value.shape) for name, value in model_state.items()})
     state = {"model": model_state, "optimizer": optim_state, "step": 0}
-    dcp.load(state, checkpoint_id=path)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except CheckpointException as error:
+        cause, _ = next(iter(error.failures.values()))
+        raise AutoshardError(f"checkpoint {path} cannot be loaded ({_first_line(cause)}): it is damaged or was "
+                             "written by another program; delete it to resume from the one before") from None
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return int(state["step"])
+
+
+def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse a checkpoint whose saved model tensors (DCP metadata) are not ``shapes`` (name -> global shape)."""
+    try:
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception as error:  # noqa: BLE001 - any failure to read the metadata means a damaged file
+        raise AutoshardError(f"checkpoint {path} cannot be read ({_first_line(error)}): its .metadata is damaged; "
+                             "delete it to resume from the one before") from None
+    held = {key[len("model."):]: tuple(meta.size) for key, meta in saved.items()
+            if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    if held == shapes:
+        return
+    differing = next((n for n in shapes if n in held and held[n] != shapes[n]), None)
+    if differing is not None:
+        what = f"its {differing} is {list(held[differing])}, this model's {list(shapes[differing])}"
+    elif missing := [n for n in shapes if n not in held]:
+        more = f" (nor {len(missing) - 1} more of this model's)" if len(missing) > 1 else ""
+        what = f"it has no {missing[0]}{more}"
+    else:
+        extra = [n for n in held if n not in shapes]
+        what = f"it has {extra[0]} {list(held[extra[0]])}, which this model lacks"
+    raise AutoshardError(f"checkpoint {path} holds another model ({len(held)} parameters and buffers, this model "
+                         f"{len(shapes)}; {what}): resume with the model file it was trained with, or train this "
+                         "one in a new --checkpoint folder")
+
+
+def _first_line(error: BaseException) -> str:
+    """``Type: first sentence of the message``."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0].split('. ')[0]}" if lines else type(error).__name__
+
+
+def use_flags(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> str:
+    """Set the command's learning rate and weight decay on every parameter group (a loaded checkpoint
+    brings back those it was trained with). Returns what the banner adds after ``AdamW lr X``: the
+    weight decay if it changed, and the checkpoint's values replaced, e.g. ``" (the checkpoint was
+    trained at lr 0.003)"``; ``""`` when none differed."""
+    replaced = {}
+    for key, label, value in (("lr", "lr", args.lr), ("weight_decay", "weight decay", args.weight_decay)):
+        before = sorted({float(group[key]) for group in optimizer.param_groups})
+        if before != [value]:
+            replaced[label] = "/".join(f"{v:g}" for v in before)
+        for group in optimizer.param_groups:
+            group[key] = value
+    if not replaced:
+        return ""
+    decay = f", weight decay {args.weight_decay:g}" if "weight decay" in replaced else ""
+    was = ", ".join(f"{label} {values}" for label, values in replaced.items())
+    return f"{decay} (the checkpoint was trained at {was})"
 
 
 class Reporter:
@@ -220,16 +287,21 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
     step and its checkpoint on every rank.
     """
     plan = training.plan
+    loaded = training.loaded
+    if loaded.batch is None:  # every step trains on the examples: rank 0's, whether or not the file seeds
+        loaded = replace(loaded, example_inputs=broadcast_from_first(loaded.example_inputs),
+                         example_targets=broadcast_from_first(loaded.example_targets))
     groups = MeshGroups.create(plan.mesh)
     module = parallelize(training.loaded.model, plan, groups, graph=training.graph)
     optimizer = make_optimizer(module, args)
     folder = Path(args.checkpoint) if args.checkpoint else None
-    done = 0
+    done, was = 0, ""
     resumed = latest_checkpoint(folder) if args.resume and folder is not None else None
     if args.resume and resumed is None:
         raise AutoshardError(f"--resume: no finished checkpoint in {folder}: train without --resume first")
     if resumed is not None:
         done = load_checkpoint(resumed[1], module, optimizer)
+        was = use_flags(optimizer, args)
         if done >= args.steps:
             raise AutoshardError(f"the checkpoint {resumed[1]} is at step {done}; --steps {args.steps} leaves "
                                  "nothing to train: raise --steps")
@@ -238,9 +310,10 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
     with reporter if reporter is not None else nullcontext():
         if reporter is not None:
             reporter.note(f"autoshard.train: {plan.model or training.loaded.name} on mesh {plan.mesh.label} "
-                          f"({plan.mesh.size} ranks, {args.backend}), steps {done + 1}-{args.steps}, AdamW lr {args.lr:g}"
+                          f"({plan.mesh.size} ranks, {args.backend}), steps {done + 1}-{args.steps}, "
+                          f"AdamW lr {args.lr:g}{was}"
                           + (f", resumed from {resumed[1]}" if resumed is not None else ""))
-        steps = training_steps(module, optimizer, training.loaded, done + 1, args.steps, args.max_grad_norm,
+        steps = training_steps(module, optimizer, loaded, done + 1, args.steps, args.max_grad_norm,
                                _whole_loss(module, groups), training.device)
         for step, loss, seconds in steps:
             losses.append(loss)
@@ -270,16 +343,14 @@ def quiet_dtensor_hints() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point under torchrun; user errors print one line from rank 0 and exit 2."""
+    """Entry point under torchrun; user errors print one line from rank 0 and exit 2 (``process.refuse``)."""
     args = build_parser().parse_args(argv)
     rank = 0
     try:
-        rank, world_size, local_rank = launch_env(os.environ, "autoshard.train")
+        rank, world_size, local_rank = launch_env(os.environ, "autoshard.train model.py --plan plan.json --steps N")
         training = prepare(args, world_size, local_rank)
     except AutoshardError as error:
-        if rank == 0:
-            print(f"autoshard.train: error: {error}", file=sys.stderr)
-        return 2
+        return refuse("autoshard.train", error, rank)
     if training.device.type == "cuda":
         torch.cuda.set_device(training.device)
     dist.init_process_group(args.backend)
@@ -288,9 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(args, training, rank)
         return 0
     except AutoshardError as error:
-        if rank == 0:
-            print(f"autoshard.train: error: {error}", file=sys.stderr)
-        return 2
+        return refuse("autoshard.train", error, rank)
     finally:
         dist.destroy_process_group()
 

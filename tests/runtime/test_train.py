@@ -150,12 +150,80 @@ def batch(step):
 """
 
 
+def tiny_training(path: Path, source: str = TINY, mesh: str = "2") -> Training:
+    """``source`` written to ``path`` as a model file, loaded with its loss, traced, with its Megatron plan."""
+    path.write_text(source)
+    loaded = load_model(str(path)).for_training()
+    graph = trace(loaded.model, loaded.example_inputs)
+    mp = build_model_problem(graph, mesh, mode="training")
+    return Training(make_plan(mp, megatron_choice(mp), model=path.stem), loaded, graph, torch.device("cpu"))
+
+
+def _resume_with_other_flags(rank: int, world: int, training: Training, folder: str) -> dict:
+    quiet_dtensor_hints()
+    before = train(_args("--steps", "4", "--checkpoint", folder), training, rank, io.StringIO())
+    out = io.StringIO()
+    after = train(_args("--steps", "8", "--lr", "3e-2", "--weight-decay", "0.2", "--checkpoint", folder, "--resume"),
+                  training, rank, out)
+    return {"losses": before + after, "banner": out.getvalue().splitlines()[:1]}
+
+
+def test_a_resumed_run_trains_with_the_learning_rate_and_weight_decay_given(tmp_path: Path) -> None:
+    """Steps 1-4 at lr 3e-3, then a resume with lr 3e-2 and weight decay 0.2: the losses are those of one
+    unsharded loop whose optimizer changes both at step 5, and the banner names both values."""
+    training = tiny_training(tmp_path / "tiny.py")
+    model = copy.deepcopy(training.loaded.model)
+    optimizer = make_optimizer(model, _args())
+    want = [loss for _, loss, _ in training_steps(model, optimizer, training.loaded, 1, 4, 1.0)]
+    for group in optimizer.param_groups:
+        group.update(lr=3e-2, weight_decay=0.2)
+    want += [loss for _, loss, _ in training_steps(model, optimizer, training.loaded, 5, 8, 1.0)]
+    results = run_ranks(2, _resume_with_other_flags, training, str(tmp_path / "ckpt"))
+    for result in results:
+        assert _worst(result["losses"], want) <= TOLERANCE
+    assert results[0]["banner"][0].endswith("steps 5-8, AdamW lr 0.03, weight decay 0.2 (the checkpoint was trained at "
+                                     f"lr 0.003, weight decay 0.01), resumed from {tmp_path / 'ckpt' / 'step_000004'}")
+
+
+UNSEEDED = """import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+example_inputs = (torch.randn(8, 16),)
+example_targets = (torch.randn(8, 16),)
+
+
+def loss(outputs, target):
+    return torch.nn.functional.mse_loss(outputs, target)
+"""
+
+
+def _train_unseeded(rank: int, world: int, path: str, plan: Plan) -> dict:
+    """Each rank runs the model file with its own random state, as separate processes do; rank 0 also
+    trains its own model on its own examples unsharded, for reference."""
+    quiet_dtensor_hints()
+    torch.manual_seed(100 + rank)
+    loaded = load_model(path).for_training()
+    reference = copy.deepcopy(loaded.model)
+    want = [loss for _, loss, _ in training_steps(reference, make_optimizer(reference, _args()), loaded, 1, 3, 1.0)]
+    training = Training(plan, loaded, trace(loaded.model, loaded.example_inputs), torch.device("cpu"))
+    return {"losses": train(_args("--steps", "3"), training, rank, io.StringIO()), "want": want,
+            "inputs": loaded.example_inputs[0].tolist()}
+
+
+def test_a_model_file_without_batch_trains_on_rank_0s_unseeded_examples(tmp_path: Path) -> None:
+    plan = tiny_training(tmp_path / "unseeded.py", UNSEEDED).plan
+    first, second = run_ranks(2, _train_unseeded, str(tmp_path / "unseeded.py"), plan)
+    assert first["inputs"] != second["inputs"]  # the ranks drew different examples
+    for result in (first, second):
+        assert _worst(result["losses"], first["want"]) <= TOLERANCE
+
+
 def test_torchrun_command_prints_a_line_per_step_and_checkpoints(tmp_path: Path) -> None:
     """The command end to end on a tiny model file (tracing it is instant): lines, values, checkpoints."""
-    (tmp_path / "tiny.py").write_text(TINY)
-    loaded = load_model(str(tmp_path / "tiny.py")).for_training()
-    mp = build_model_problem(trace(loaded.model, loaded.example_inputs), "2", mode="training")
-    make_plan(mp, megatron_choice(mp), model="tiny").save(tmp_path / "plan.json")
+    tiny = tiny_training(tmp_path / "tiny.py")
+    tiny.plan.save(tmp_path / "plan.json")
+    loaded = tiny.loaded
     reference = copy.deepcopy(loaded.model)
     want = [loss for _, loss, _ in training_steps(reference, make_optimizer(reference, _args()), loaded, 1, 6, 1.0)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
