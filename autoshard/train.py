@@ -181,7 +181,8 @@ def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.
     Refuses (AutoshardError, on every rank) a checkpoint of another model and one that cannot be read.
     """
     model_state, optim_state = get_state_dict(module, optimizer)
-    check_checkpoint(path, {name: tuple(value.shape) for name, value in model_state.items()})
+    shapes = {name: tuple(value.shape) for name, value in model_state.items()}
+    check_checkpoint(path, shapes, list(optim_state["state"]))
     state = {"model": model_state, "optimizer": optim_state, "step": 0}
     try:
         dcp.load(state, checkpoint_id=path)
@@ -193,8 +194,9 @@ def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.
     return int(state["step"])
 
 
-def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Refuse a checkpoint whose saved model tensors (DCP metadata) are not ``shapes`` (name -> global shape)."""
+def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]], trained: list[str]) -> None:
+    """Refuse a checkpoint whose saved model tensors (DCP metadata) are not ``shapes`` (name -> global shape),
+    or that lacks the AdamW state of a parameter in ``trained``."""
     try:
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     except Exception as error:  # noqa: BLE001 - any failure to read the metadata means a damaged file
@@ -203,6 +205,10 @@ def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
     held = {key[len("model."):]: tuple(meta.size) for key, meta in saved.items()
             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
     if held == shapes:
+        if frozen := [n for n in trained if not any(key.startswith(f"optimizer.state.{n}.") for key in saved)]:
+            raise AutoshardError(f"checkpoint {path} holds no AdamW state for {frozen[0]}, which this model trains "
+                                 "(was it frozen then?): freeze it again, or train this model in a new --checkpoint "
+                                 "folder")
         return
     differing = next((n for n in shapes if n in held and held[n] != shapes[n]), None)
     if differing is not None:

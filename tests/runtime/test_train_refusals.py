@@ -30,16 +30,20 @@ from .test_train import TINY, TORCHRUN, _args, tiny_training
 WIDER = TINY.replace("nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)",
                      "nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)")
 DEEPER = TINY.replace("nn.Linear(32, 16))", "nn.Linear(32, 16), nn.GELU(), nn.Linear(16, 16))")
+FROZEN = TINY.replace("example_inputs =", "model[0].requires_grad_(False)\nexample_inputs =")
 
 
 def _listing(folder: Path) -> list[tuple[str, int]]:
     return sorted((str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*"))
 
 
-def _refusals(rank: int, world: int, trained: Training, others: dict[str, Training], folder: str) -> dict[str, str]:
-    """Train 2 steps with a checkpoint, then resume it as each of ``others`` (by label) and as damaged copies."""
+def _refusals(rank: int, world: int, trained: Training, others: dict[str, Training], frozen: Training,
+              folder: str) -> dict[str, str]:
+    """Train 2 steps with a checkpoint, then resume it as each of ``others`` (by label) and as damaged copies;
+    also resume ``trained`` from a checkpoint of ``frozen`` (its first layer frozen)."""
     quiet_dtensor_hints()
     train(_args("--steps", "2", "--checkpoint", folder), trained, rank, io.StringIO())
+    train(_args("--steps", "2", "--checkpoint", f"{folder}_frozen"), frozen, rank, io.StringIO())
     damaged = {"truncated": f"{folder}_truncated", "metadata": f"{folder}_metadata"}
     if rank == 0:
         for copy in damaged.values():
@@ -49,7 +53,7 @@ def _refusals(rank: int, world: int, trained: Training, others: dict[str, Traini
         Path(damaged["metadata"], "step_000002", ".metadata").write_bytes(b"\x80\x04not a pickle")
     dist.barrier()
     cases = {label: (training, folder) for label, training in others.items()}
-    cases |= {label: (trained, copy) for label, copy in damaged.items()}
+    cases |= {label: (trained, copy) for label, copy in damaged.items()} | {"thawed": (trained, f"{folder}_frozen")}
     messages = {}
     for label, (training, where) in cases.items():
         before = _listing(Path(where))
@@ -64,7 +68,8 @@ def test_checkpoints_of_another_model_or_damaged_are_refused_before_any_step(tmp
     trained = tiny_training(tmp_path / "tiny.py")
     others = {name: tiny_training(tmp_path / f"{name}.py", source) for name, source in (("wider", WIDER),
                                                                                          ("deeper", DEEPER))}
-    first, second = run_ranks(2, _refusals, trained, others, str(tmp_path / "ckpt"))
+    frozen = tiny_training(tmp_path / "frozen.py", FROZEN)
+    first, second = run_ranks(2, _refusals, trained, others, frozen, str(tmp_path / "ckpt"))
     assert first == second
     where = tmp_path / "ckpt" / "step_000002"
     assert first["wider"] == (f"checkpoint {where} holds another model (4 parameters and buffers, this model 4; its "
@@ -76,6 +81,8 @@ def test_checkpoints_of_another_model_or_damaged_are_refused_before_any_step(tmp
     assert first["truncated"].endswith("it is damaged or was written by another program; delete it to resume from "
                                        "the one before")
     assert first["metadata"].startswith(f"checkpoint {tmp_path / 'ckpt_metadata' / 'step_000002'} cannot be read (")
+    assert first["thawed"].startswith(f"checkpoint {tmp_path / 'ckpt_frozen' / 'step_000002'} holds no AdamW state "
+                                      "for 0.weight, which this model trains (was it frozen then?)")
     assert all("\n" not in message for message in first.values())
 
 
