@@ -196,6 +196,8 @@ class Plan:
     def load(path: str | Path) -> "Plan":
         """Read a plan file written by :meth:`save`."""
         p = Path(path)
+        if p.is_dir():
+            raise AutoshardError(f"plan file {str(p)!r} is a folder: give the file autoshard.solve --out wrote")
         if not p.is_file():
             raise AutoshardError(f"plan file {str(p)!r} does not exist: write one with autoshard.solve --out {p}")
         try:

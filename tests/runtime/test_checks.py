@@ -215,3 +215,5 @@ def test_malformed_plan_files_name_what_is_wrong(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(AutoshardError, match="cannot be read"):
         Plan.load(path)
+    with pytest.raises(AutoshardError, match="is a folder: give the file autoshard.solve --out wrote"):
+        Plan.load(tmp_path)
