@@ -54,7 +54,14 @@ class MutationError(ValueError):
 
 
 class InPlaceProxy(torch.fx.Proxy):
-    """A torch.fx Proxy that records ``x += y`` as ``operator.iadd(x, y)`` instead of ``x = x + y``."""
+    """A torch.fx Proxy that records ``x += y`` as ``operator.iadd(x, y)`` instead of ``x = x + y``,
+    and refuses ``x[i] = y``, which torch.fx cannot record, with a :class:`MutationError`."""
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise MutationError(f"item assignment x[...] = ... (x the result of node {self.node.name}) writes into a tensor "
+                            "in place, which "
+                            "torch.fx cannot record; use --frontend export (it functionalises the write) or build "
+                            "the tensor without assigning into it (torch.cat, torch.where)")
 
 
 def _inplace_method(function: Callable[..., Any]) -> Callable[[torch.fx.Proxy, Any], torch.fx.Proxy]:

@@ -147,3 +147,34 @@ def test_in_place_operators_on_python_numbers_stay_numbers() -> None:
 
     graph = trace(Count(), (torch.ones(3),), "fx")
     assert _ops(graph) == ["mul"] and next(n for n in graph if n.op == "mul").attrs["other"] == 4
+
+
+class AssignsItems(nn.Module):
+    """``h[:, 0] = y`` and ``h[:, 1:] += y``: item assignment, which torch.fx cannot record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h[:, 0] = self.fc(x)[:, 0]
+        h[:, 1:] += self.fc(x)[:, 1:]
+        return h
+
+
+def test_item_assignment_is_refused_by_fx_in_one_line_and_exported_differentiably() -> None:
+    model, x = AssignsItems(), torch.randn(4, 8)
+    with pytest.raises(AutoshardError) as info:
+        trace(model, (x,), "fx")
+    message = str(info.value)
+    assert "\n" not in message and "item assignment x[...] = ... (x the result of node mul)" in message
+    assert "use --frontend export" in message
+    graph = trace(model, (x,))
+    assert graph.frontend == "export" and "item assignment" in graph.frontend_note
+    _assert_replays(graph, model, (x,))
+    run_graph(graph, [x])[0].sum().backward()  # aten.copy replays differentiably
+    replayed = model.fc.weight.grad.clone()
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(replayed, model.fc.weight.grad)
