@@ -2,12 +2,10 @@
 runs past its limit or ends the process is killed at a wall-clock deadline, its prints on
 /dev/null) without a fork per call.
 
-Neighbourhood search (lns.py) makes 4-5 toulbar2 or HiGHS calls a second, each of a few hundred
-nodes. Forked one by one from a process holding IOPDDL R's core (850 MB resident), each paid
-~13 ms more than the same call in the process: the fork, then the copy-on-write faults of both
-processes and the child's exit; a whole run of R spent 36 s of its 461 s of CPU in the kernel.
-Here the child is forked once (again only after a call had to be killed); each call costs ~3 ms,
-pickling its arguments (the restricted core, 0.2-1.6 MB) and its answer (R: 14 s in the kernel).
+Neighbourhood search (lns.py) makes several toulbar2 or HiGHS calls a second. A fork per call
+pays the fork, the copy-on-write faults of both processes and the child's exit each time; here
+the child is forked once (again only after a call had to be killed), and a call pays only the
+pickling of its arguments and answer. Measured: see benchmarks/README.md, "Solver throughput".
 
 The protocol is one frame each way per call (forks.py: a pickle behind its length).
 """

@@ -1,6 +1,7 @@
 """z3 counterexample-guided search on the reduced core: "is there any plan cheaper than B?"
 
-Encoding (one-hot pseudo-Boolean; measured best, see benchmarks/README.md):
+Encoding (one-hot pseudo-Boolean, the best of the encodings measured: see benchmarks/README.md,
+"Measurements behind the design"):
 
     x[i,s] Bool                         node i takes strategy s
     sum_s x[i,s] = 1                    one strategy per node                 (_nodes)
@@ -74,8 +75,9 @@ def shifted(comp: Compact) -> tuple[list[np.ndarray], list[tuple[int, int, np.nd
 class Z3Search:
     """An incremental z3 solver over a Compact; ``check(bound)`` asks for a plan with cost < bound.
 
-    The formula is written as SMT-LIB2 text and parsed by z3 in one call (building it through
-    the Python API object by object was ~30x slower on the IOPDDL cores).
+    The formula is written as SMT-LIB2 text and parsed by z3 in one call, much faster than
+    building it through the Python API object by object (measured: see benchmarks/README.md,
+    "Measurements behind the design").
     """
 
     def __init__(self, comp: Compact) -> None:
@@ -349,5 +351,5 @@ def _pb_le(row: list[tuple[str, int]], rhs: int) -> str:
 
 def objective_size(comp: Compact) -> int:
     """Weighted literals z3 would need: nonzero edge entries, strategies and the memory rows'
-    terms (IOPDDL Q's 175-node core has millions of row terms: z3's formula grew to 6 GB)."""
+    terms (a small core can have millions of row terms, and z3's formula grows with them)."""
     return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs) + row_terms(comp)

@@ -2,10 +2,9 @@
 
 A plan found on the reduced core is reported only after it has been expanded to every original
 node (the reductions' records, replayed backwards) and evaluated on the original problem (cost,
-forbidden terms, peak memory). In Python both walk every original node and edge: on IOPDDL R
-(62k nodes, 55k edges) 40 ms to expand and 80 ms to evaluate, paid for each better plan, while
-neighbourhood search finds one every 0.1-0.2 s there. Here both are loops over flat arrays
-built once:
+forbidden terms, peak memory). In Python both walk every original node and edge for each better
+plan, which on large problems costs more than neighbourhood search takes to find one (measured:
+see benchmarks/README.md, "Solver throughput"). Here both are loops over flat arrays built once:
 
 - ``Expansion``: the records as flat arrays; a removed node's strategy is its table entry at the
   positions of its scope's strategies in the snapshots taken when it was removed.
@@ -111,7 +110,7 @@ class FlatProblem:
 
     @classmethod
     def of(cls, problem: ShardingProblem) -> FlatProblem:
-        """Flatten ``problem`` (once per solve: on IOPDDL R ~0.3 s)."""
+        """Flatten ``problem`` (once per solve, at the first offer)."""
         k = np.array([len(c) for c in problem.node_costs], dtype=np.int64)
         bounds = np.array(problem.intervals, dtype=np.int64).reshape(-1, 2)
         live = bounds[:, 0] < bounds[:, 1]  # an empty interval holds no memory

@@ -9,8 +9,8 @@
 - ``repair``: while some row overflows, take the change that frees the most memory on the worst
   row per unit of extra cost.
 
-(Tree-shaped dynamic-programming moves were tried too and never improved a Lagrangian plan on
-B, G or V, so they are not kept.)
+(Tree-shaped dynamic-programming moves are not used: see benchmarks/README.md, "Tried and
+dropped".)
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class Search:
         """Best single-node moves until none helps (or the deadline passes): one pass over all
         nodes in random order, then only the neighbours of nodes that moved. Each node goes to
         its best strategy given its neighbours (on the penalised cost when there is a penalty)
-        among those that keep every row within capacity; compiled (``_descend``), 10x the
-        numpy loop's moves per second on IOPDDL M."""
+        among those that keep every row within capacity; compiled (``_descend``), an order of
+        magnitude faster than numpy (measured: see benchmarks/README.md, "Solver throughput")."""
         comp, n, a = self.comp, self.comp.n, self.comp.arrays
         blocks = flat_blocks(comp).blocks if self.memory else flat_blocks(comp).none
         pen = self.penalty if self.penalty is not None else np.zeros(0)
@@ -107,8 +107,8 @@ class Search:
     def repair(self, deadline: float) -> bool:
         """Move nodes off overflowing rows, cheapest memory first, until the plan fits: on the
         worst row, the move of least extra cost per unit of memory freed there (the first such
-        node and strategy), scored for all the row's nodes at once (S: 30x faster than node by
-        node, the same moves)."""
+        node and strategy), scored for all the row's nodes at once (the same moves as node by
+        node, much faster; measured: see benchmarks/README.md, "Solver throughput")."""
         comp = self.comp
         owner, starts, stops = segment_index(comp)
         last = -1

@@ -42,9 +42,8 @@ class StepResult:
 
 
 SWEEPS = 2
-"""TRW-S sweeps per step (the messages carry over from step to step). On the quiet machine, S
-seed 0 at 240 s: 1.0120x best known with two, 1.0223x with one (one sweep looked better in two
-paired runs under load, 1.03 vs 1.05-1.08, where a step's cost weighs more)."""
+"""TRW-S sweeps per step (the messages carry over from step to step): two gave better plans than
+one on a quiet machine (measured: see benchmarks/README.md, "Measurements behind the design")."""
 
 
 DEFLECTION = 1.5
@@ -143,11 +142,11 @@ class LagrangianSearch:
         return self.mp.cut(self.penalties(), -float(self.lam @ self.capacity))
 
     def _update(self, x: np.ndarray, value: float, upper: int | None) -> None:
-        """Polyak step on lam along the penalised plan's usage minus capacity, deflected
-        (Camerini, Fratta and Maffioli 1975): d = g - 1.5 (g.d'/|d'|^2) d' when g turns against the
-        last direction d'. Plain subgradient steps zig-zagged on IOPDDL T (every other penalised
-        plan overflowed by ~100%); deflected, 30 steps from the same start found a plan 5% cheaper
-        and S's bound after 60 steps rose from 1.380e9 to 1.423e9."""
+        """Polyak step on lam along the penalised plan's usage minus capacity, deflected when
+        ``deflect`` (Camerini, Fratta and Maffioli 1975): d = g - 1.5 (g.d'/|d'|^2) d' when g turns
+        against the last direction d'. Plain subgradient steps zig-zag (every other penalised
+        plan overflows and yields no plan); deflection damps that (measured: see
+        benchmarks/README.md, "Measurements behind the design")."""
         if value > self.best_value + 1e-9 * abs(value):
             self.best_value, self.stale = value, 0
         else:

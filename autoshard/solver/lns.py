@@ -1,7 +1,7 @@
 """Large-neighbourhood search: re-solve part of the core exactly (toulbar2 or HiGHS), the rest fixed.
 
-When the Lagrangian plans stop improving (on V they settle 5% above the best known plan while
-the LP bound is 19% below, so z3 proves nothing either), a fitting plan x is improved by picking
+When the Lagrangian plans stop improving (and the bound is too far below them for z3 to prove
+anything), a fitting plan x is improved by picking
 a neighbourhood N of nodes, fixing every other node at x, and solving the problem restricted to
 N exactly: N's costs absorb the edges to fixed nodes, and each memory row's capacity loses the
 fixed nodes' usage. x restricted to N is feasible there, so the result is never worse; a better
@@ -11,10 +11,9 @@ edge), up to ``size`` nodes and MAX_COLUMNS ILP variables. The size adapts: it g
 neighbourhoods are solved quickly and shrinks when the solver runs out of time. Two exact
 solvers take turns, each with its own size: toulbar2 (branch and bound with x's cost as its
 bound, the rows as knapsacks) and HiGHS, each for a share of the time that follows what it has
-been gaining per second (``NeighbourhoodSearch.pick``). Strategies are not filtered: on V,
-restricting each node to its locally cheapest strategies let HiGHS take the whole core at once
-but gained only 0.2%, while one full 16-node neighbourhood took the Lagrangian plan from 1717287
-to 1670166 (z3 neighbourhoods of 40-50 nodes had found nothing).
+been gaining per second (``NeighbourhoodSearch.pick``). Strategies are not filtered: the
+improving moves use strategies that look expensive one node at a time (measured: see
+benchmarks/README.md, "Measurements behind the design" and "Tried and dropped").
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ MAX_COLUMNS = 100_000
 MAX_SOLVE = 20.0
 """Longest HiGHS time limit per neighbourhood (seconds)."""
 HIGHS_GRACE = 1.0
-"""Seconds HiGHS's child gets past its time limit before it is killed (IOPDDL N's core, quiet
-machine: up to 0.8 s past it, setting its model up)."""
+"""Seconds HiGHS's child gets past its time limit before it is killed: setting its model up runs
+past the limit (measured: see benchmarks/README.md, "Measurements behind the design")."""
 TOULBAR_SECONDS = 2
 """toulbar2's CPU-time limit per neighbourhood (whole seconds); the size adapts to it."""
 
@@ -59,10 +58,8 @@ class SubSolver:
 class NeighbourhoodSearch:
     """Re-solves neighbourhoods of a fitting plan of ``comp`` with toulbar2 or HiGHS, each for
     the share of the time its gains per second of late earn (adaptive LNS, Ropke and Pisinger
-    2006; ``pick``); ``run`` improves a plan. Offline from the same plans: on IOPDDL R's core,
-    180 s from 4.071e11, HiGHS alone reached 3.973e11, toulbar2 wherever it takes the rows
-    3.909e11, the two taking turns 3.804e11; on K's, 90 s from 2.981e9, 2.824e9, 2.840e9 and
-    2.690e9."""
+    2006; ``pick``); ``run`` improves a plan. The two taking turns beat either alone (measured: see
+    benchmarks/README.md, "Measurements behind the design")."""
 
     def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 16) -> None:
         self.comp = comp
@@ -72,7 +69,7 @@ class NeighbourhoodSearch:
         self.shares = Shares([0.5, 0.5])
         self.rounds = 0
         self.took = 0.0  # seconds the last neighbourhood took
-        # who is live on a row, found when asked: a list per row would hold S's 59 million terms (24 s)
+        # who is live on a row, found when asked: a list per row would hold every row term
         self.owner, self.starts, self.stops = segment_index(comp)
         self.server = CallServer()  # the exact solvers' child, kept while ``run`` runs
 
@@ -102,9 +99,8 @@ class NeighbourhoodSearch:
         x = np.asarray(x, dtype=np.int64).copy()
         cost = comp.cost(x)
         # HiGHS takes at least a second's limit and runs past it (setting its model up): a
-        # neighbourhood starts only while the last one's time is left (IOPDDL N's core, quiet
-        # machine: up to 3.9 s each, up to 0.8 s past the limit; an N run ended 2 s later than
-        # its others, on a slice)
+        # neighbourhood starts only while the last one's time is left, so a slice ends by its
+        # deadline
         while comp.n and time.monotonic() < deadline - max(1.0, self.took):
             if stop is not None and stop():
                 break
@@ -134,13 +130,10 @@ class NeighbourhoodSearch:
     def pick(self) -> SubSolver:
         """The solver furthest behind its share of the search's time (``shares.Shares``: even
         while neither gained in the last WINDOW seconds, else by relative gain per second,
-        floored). Shares of time, not of picks: a HiGHS neighbourhood takes ~1.3 s where one of
-        toulbar2's takes ~0.1 s, so picking each with a probability by rate, as before, gave
-        HiGHS 84-100% of the time in five of six runs on IOPDDL R, N and K, while on R toulbar2
-        gained 7x more per second. Offline from the same plans, 90 s, two seeds each, the best
-        plan by time shares against probabilities: R 3.641e11 and 3.713e11 against 3.737e11 and
-        3.718e11, N 1.993e11 and 1.999e11 against 2.044e11 and 2.008e11, K 2.243e9 and 2.230e9
-        against 2.250e9 and 2.243e9."""
+        floored). Shares of time, not of picks: a HiGHS neighbourhood takes about ten times as
+        long as toulbar2's, so picks by rate gave HiGHS most of the time even where toulbar2
+        gained more per second (measured: see benchmarks/README.md, "Measurements behind the
+        design")."""
         return self.solvers[self.shares.next()]
 
     def pose(self, x: np.ndarray) -> tuple[SubSolver, np.ndarray, Compact]:
@@ -163,16 +156,15 @@ class NeighbourhoodSearch:
         or no better one), and whether the solver finished (proved it) rather than ran out of time."""
         if solver.name == "toulbar2":
             # in the server's child, killed by the wall clock: toulbar2 counts CPU seconds, and
-            # on one whole run of IOPDDL Q a neighbourhood ended the process itself (exit status
-            # 0, the answer never written), which a child's end cannot do
+            # in this process a neighbourhood could end the process itself (exit status 0, the
+            # answer never written), which a child's end cannot do
             seconds, seed = max(1, min(TOULBAR_SECONDS, int(left))), int(self.rng.integers(1, 2**31))
             began = time.monotonic()
             choice = self.server.call(improve, (sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
             return choice, time.monotonic() - began < 0.75 * seconds
-        # also in the child, killed at its time: HiGHS runs past its own limit (IOPDDL Q, at the
-        # end of a 240 s run, the watchdog had to print the answer at 239.3 s), and in this
+        # also in the child, killed at its time: HiGHS runs past its own limit, and in this
         # process its fds 1 and 2 would be on /dev/null while it runs (milp.silenced), taking the
-        # status lines other threads print with them (Q: 42 s without one)
+        # status lines other threads print with them
         limit = max(1.0, min(MAX_SOLVE, 0.5 * left))
         result = self.server.call(solve_compact_milp, (sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
         return (None, False) if result is None else (result.choice, result.optimal)
@@ -242,8 +234,8 @@ def _grow(first, size, max_columns, order, c_off, nb_ptr, nb_other):  # pragma: 
 
 def node_costs(comp: Compact, x: np.ndarray) -> np.ndarray:
     """Each node's cost in x plus half of its edges', at most 1e30 (float: only for sampling).
-    Compiled: on IOPDDL R's core 0.6 ms where a loop over the edges in Python took 12-20 ms, 4%
-    of a slice of neighbourhood search."""
+    Compiled: in Python the loop over the edges was a visible share of a slice (measured: see
+    benchmarks/README.md, "Solver throughput")."""
     a = comp.arrays
     return _node_costs(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats)
 
@@ -265,8 +257,8 @@ def _node_costs(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma:
 def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
     """The problem over ``nodes`` with every other node fixed at x: edges to fixed nodes become
     costs, memory rows keep what the fixed nodes leave free, merged where they see the same
-    nodes and dropped where they cannot overflow (``memory.merge_rows``: on IOPDDL R's core a
-    neighbourhood of 300-600 nodes spans ~4600 rows and keeps ~200)."""
+    nodes and dropped where they cannot overflow (``memory.merge_rows``), which leaves few enough
+    rows for toulbar2's knapsack constraints."""
     index = {int(v): i for i, v in enumerate(nodes)}
     a = comp.arrays
     nodes = np.asarray(nodes, dtype=np.int64)

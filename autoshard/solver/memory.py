@@ -157,8 +157,9 @@ def merge_rows(capacity: np.ndarray, segments: Spans) -> tuple[np.ndarray, Spans
 
 
 ROW_WINDOW = 8
-"""Rows on either side each row is compared with by ``drop_dominated_rows`` (IOPDDL C's first
-look: 19389 rows, 3651 kept with 8, 2132 with 64 at eight times the work)."""
+"""Rows on either side each row is compared with by ``drop_dominated_rows``: a wider window drops
+somewhat more rows at proportionally more work (measured: see benchmarks/README.md,
+"Measurements behind the design")."""
 
 
 def drop_dominated_rows(core: Core, window: int = ROW_WINDOW, deadline: float | None = None) -> int:
@@ -174,7 +175,7 @@ def drop_dominated_rows(core: Core, window: int = ROW_WINDOW, deadline: float | 
     row is compared with the ``window`` nearest rows on either side, walking the segments that
     start and stop between them: rows far apart rarely imply each other (their live nodes differ).
     Compiled (``_drop_implied``) over the segments' ends sorted by row, 256 rows per call between
-    looks at the deadline: in Python it took 0.9-2.5 s of IOPDDL R's, T's and Q's reductions.
+    looks at the deadline (measured: see benchmarks/README.md, "Solver throughput").
     """
     if core.capacity is None or len(core.capacity) < 2:
         return 0

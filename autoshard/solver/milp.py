@@ -11,8 +11,9 @@ tests and the benchmark compare against (``solve_problem_milp``), and the LP rel
     forbidden entries (cost >= INF) have upper bound 0.
 
 The memory rows are written as a running level (each segment enters twice) rather than as one
-inequality per row listing every live segment: the same LP, but linear in size — the latter has
-269 million nonzeros on S and does not fit in memory.
+inequality per row listing every live segment: the same LP, but linear in size — the latter
+grows with rows times live segments and does not fit in memory on large instances (measured: see
+benchmarks/README.md, "Measurements behind the design").
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ cheapest fitting plan TRW-S reads off (after local search), and stops at its dea
 
 Why: the node-by-node minimum-memory start cannot move groups of nodes that must change
 together — a repeated layer's keep/recompute choice is one flag over all its nodes, held by
-forbidden pairs — so on LLaMA-3-8B with eager attention on 2x8 at 40 GiB it ended over budget
-with forbidden pairs and repair could not help (no plan for 15 s); TRW-S decides every node
-against its neighbours' messages, so whole layers switch at once (a plan in 0.5 s).
+forbidden pairs — so it can end over budget in a way repair cannot undo; TRW-S decides every
+node against its neighbours' messages, so whole layers switch at once (measured: see
+benchmarks/README.md, "LLM scale").
 """
 
 from __future__ import annotations

@@ -5,13 +5,12 @@ bounds come together (step 2-4 of the pipeline in api.py).
 - otherwise a minimum-memory plan polished by local search (heuristics.py), then exact engines
   in child processes, one per core (workers.py), chosen by what the core is:
   - memory rows small enough for toulbar2 (toulbar.can_take; no rows at all included): the LP
-    relaxation first when small (on B and G it is integral), then toulbar2's branch and bound
-    (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
+    relaxation first when small (often integral on small reduced cores), then toulbar2's branch
+    and bound (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
   - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
-    (bounds; its optimum, if it fits, is optimal: LLaMA-3-8B on 2x8 at 80 GiB, proved in 1 s,
-    where nothing else closed the last 2e-6; stopped sooner once a plan it reported costs less
-    than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of at
-    most MILP_MAX_COLUMNS, else (S: 59 million row terms) a second Lagrangian search with its own
+    (bounds; its optimum, if it fits, is optimal; stopped sooner once a plan it reported costs
+    less than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of
+    at most MILP_MAX_COLUMNS, else a second Lagrangian search with its own
     seed, taking turns with toulbar2 on per-node usage weights in place of the rows
     (second_search.py, usage_weights.py); this process runs the LP bound, z3 and the
     Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
@@ -56,27 +55,29 @@ LNS_AFTER_STEPS = 30
 """Lagrangian steps without a better plan before a slice of neighbourhood search."""
 LNS_STALL_SHARE = 0.1
 """... or this share of the time limit and LNS_MIN_STEPS steps without one, whichever comes first:
-where Lagrangian steps are slow, thirty of them are a large part of the limit (IOPDDL R: 1.5 s a
-step, its plans stalled at 18.7 s and the first slice waited until 65 s, after which every better
-plan of the run came from neighbourhood search)."""
+where Lagrangian steps are slow, thirty of them are a large part of the limit, and neighbourhood
+search would start too late to make its gains (measured: see benchmarks/README.md, "Measurements
+behind the design")."""
 LNS_MIN_STEPS = 10
 """The fewest Lagrangian steps without a plan before the share of the limit counts."""
 LNS_SLICE = 5.0
 """Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
 LNS_SHARE = 0.5
-"""Share of the time left a slice of neighbourhood search takes (V: LNS finds what the
+"""Share of the time left a slice of neighbourhood search takes (on some cores it finds what the
 Lagrangian search, stalled within seconds, cannot)."""
 LP_FIRST_COLUMNS = 100_000
-"""Cores whose LP has at most this many variables get the LP before toulbar2 (B: 48k columns,
-0.7 s; run beside toulbar2's two processes it took 3-4 s)."""
+"""Cores whose LP has at most this many variables get the LP before toulbar2: it is fast alone and
+several times slower beside toulbar2's two processes (measured: see benchmarks/README.md,
+"Measurements behind the design")."""
 MILP_MAX_COLUMNS = 1_000_000
 """Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
-Lagrangian search (LLaMA-3-8B with 80 GiB: 27k columns proved in 5 s on 8 devices, 510k in 65 s
-on 2x8, where the Lagrangian search alone ended 1e-7 short of a proof)."""
+Lagrangian search, which proves cores of this size that the Lagrangian search alone ends just
+short of (measured: see benchmarks/README.md, "Measurements behind the design")."""
 RELAXED_ALONE = 10.0
 """Seconds toulbar2 on the core without its memory rows runs before the second engine takes its
-processor (LLaMA-3-8B, 2x8, 80 GiB: proved in 1 s; on IOPDDL S, where memory binds, it would only
-have slowed the Lagrangian searches)."""
+processor: where its optimum fits it proves it within seconds, and where memory binds it would
+only slow the Lagrangian searches (measured: see benchmarks/README.md, "LLM scale" and
+"Measurements behind the design")."""
 LP_MIN_TIME = 0.3
 """Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
 LP_GRACE = 0.5
@@ -85,8 +86,8 @@ before it is killed."""
 LAGRANGE_SETUP = 1.0
 """The Lagrangian search starts only with this many times the greedy phase's time left: its
 set-up (TRW-S's messages, the first plan's local search) is work of the same kind and size, and
-measured on this machine, so it scales with the load (4000 nodes: 0.1 s quiet, 0.4 s under load,
-greedy 0.2 and 0.5 s)."""
+the greedy phase is measured on this machine, so the estimate scales with the load (measured: see
+benchmarks/README.md, "Measurements behind the design")."""
 
 
 class Portfolio:
@@ -131,8 +132,8 @@ class Portfolio:
             self.pool.start(second, what)
         try:
             # under a time limit the LP is skipped when its cut has no taker (z3 cannot take the
-            # core) and HiGHS solves the same LP at its MILP's root anyway: on IOPDDL D and Q it
-            # held this process for 6-8 s of a 60 s / 240 s limit
+            # core) and HiGHS solves the same LP at its MILP's root anyway: it would only hold
+            # this process for seconds of the limit
             lp_wanted = state.deadline is None or second != ["highs"] or z3_takes(comp)
             cut = self._lp_phase() if lp_wanted else None
             z3_thread = self.z3.start(cut) if state.options.prove and cut is not None and not state.finished() else None
@@ -173,7 +174,7 @@ class Portfolio:
         state.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
 
     def _toulbar_search(self) -> None:
-        """The LP relaxation first on small cores (on B and G it is integral: plan and proof in a
+        """The LP relaxation first on small cores (often integral there: plan and proof in a
         second); then toulbar2 searches the core in two child processes (one per core) from the
         best plan's cost: hybrid best-first branch and bound, which proves, and variable-
         neighbourhood search, which often finds the good plans sooner on wide cores. Then z3's
@@ -196,7 +197,7 @@ class Portfolio:
     def _lp_phase(self) -> DualCut | None:
         """LP relaxation: a certified bound, sometimes the optimal plan, and a cut for z3. It runs
         in a child process killed at its time (building the model and HiGHS's set-up ignore the
-        time limit: 1.4 s on a 200k-column core under load); meanwhile the engines are heard."""
+        time limit); meanwhile the engines are heard."""
         state = self.state
         left = state.left()
         budget = 60.0 if left is None else min(60.0, 0.3 * left)
@@ -240,7 +241,7 @@ class Portfolio:
             if memory and lag.plan is None and state.options.toulbar and can_take(comp, rows=False) else None
         warmup = state.soon(min(30.0, 0.1 * state.left()) if state.deadline is not None else 10.0)
         wants_z3 = z3_thread is None and state.options.prove
-        if wants_z3 and not z3_takes(comp):  # say so now, before building a cut (S: 2.7 s)
+        if wants_z3 and not z3_takes(comp):  # say so now, before building a cut it cannot take
             wants_z3 = False
             state.emit(Phase("z3", "core too large for z3; heuristics only", state.elapsed()))
         while not state.out_of_time() and not state.finished():
@@ -251,8 +252,9 @@ class Portfolio:
                 wants_z3 = False
                 z3_thread = self.z3.start(lag.cut())
             began = time.monotonic()
-            # the memory-weighted start's cost is no target for Polyak's step: on LLaMA-3-8B (eager,
-            # 8 devices, 80 GiB) its steps then overshot and the search ended at 784.9 ms, not 765
+            # the memory-weighted start's cost is no target for Polyak's step: the steps overshoot
+            # from it and the search ends worse (measured: see benchmarks/README.md, "Measurements
+            # behind the design")
             target = None if state.best_cost == self.stopgap else state.best_cost
             result = lag.step(target, state.soon(30.0))
             last_step = time.monotonic() - began
@@ -301,14 +303,13 @@ class Portfolio:
 
     def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on
-        while it pays: IOPDDL D's 172-node core went 1.16x -> 1.00x best known in 40 s of it, where
-        the Lagrangian plans had stalled), or when this process's Lagrangian plans have not
+        while it pays: it takes stalled Lagrangian plans much further), or when this process's
+        Lagrangian plans have not
         improved the best for LNS_AFTER_STEPS steps and twenty steps' time, or under a time limit
         for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit (``since``: when and how many
-        steps ago they last did), and there is a plan to improve. Plans of the other
-        engines do not put the slice off: each is a new start for it (IOPDDL R: this process's
-        plans stalled at 18 s while the second engine's improved until 89 s, and the first slice
-        waited until 152 s, then took the best from 3.795e11 to 3.760e11)."""
+        steps ago they last did), and there is a plan to improve. Plans of the other engines do
+        not put the slice off: each is a new start for it, not a reason to wait (measured: see
+        benchmarks/README.md, "Measurements behind the design")."""
         state = self.state
         when, steps = since
         waited = time.monotonic() - when
@@ -321,9 +322,9 @@ class Portfolio:
     def _lns(self, lns: NeighbourhoodSearch) -> None:
         """A slice of large-neighbourhood search from the best plan (lns.py). The engines are
         heard between neighbourhoods; when one's plan beats the slice's, the slice goes on from
-        that plan (with compiled Lagrangian steps the second engine's plans came every few
-        seconds on IOPDDL R, and slices that ended at each went back to the steps: R 1.0069 of
-        the best known, 0.9940 going on)."""
+        that plan rather than ending (the second engine's plans can come every few seconds, and
+        slices that ended at each did worse: see benchmarks/README.md, "Measurements behind the
+        design")."""
         state = self.state
         left = state.left()
         if left is not None and left < 2.0:

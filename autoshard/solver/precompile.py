@@ -1,8 +1,9 @@
 """Compile the solver's numba loops ahead of use: ``python -m autoshard.solver.precompile``.
 
 numba compiles a loop on its first call and caches the machine code beside the source
-(``__pycache__``); every later process loads it in ~0.1 s. Compiling them all takes ~3 s, which a
-solve under a 60 s contest limit should not pay, so ``make`` runs this once after installing.
+(``__pycache__``); every later process loads it in a fraction of the time compiling them all
+takes, which a solve under a contest limit should not pay (measured: see benchmarks/README.md,
+"Solver throughput"), so ``make`` runs this once after installing.
 """
 
 from __future__ import annotations

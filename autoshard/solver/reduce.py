@@ -39,14 +39,14 @@ MAX_DOMINANCE_DEGREE = 30
 _SAFE = 2**62 // (MAX_DOMINANCE_DEGREE + 2)
 ROWS_WORTH = 0.05
 """Implied memory rows are looked for again in the next round only while the last look dropped at
-least this share of the rows (IOPDDL T: 15634 -> 3053 -> 1869 -> 1627 rows in three looks of
-~0.6 s, then 28 more looks dropped 450 rows in 15 s)."""
+least this share of the rows: the first few looks drop most of them, later ones cost more than
+they drop (measured: see benchmarks/README.md, "Measurements behind the design")."""
 
 
 class Memo:
     """Results of the costly reductions keyed by the content of their inputs: a model's repeated
-    layers put the same node in the same situation again and again (LLaMA-70B on 4x4x4, 80
-    layers: 27.4 s without, 5.6 s with, the same reductions). Keys are digests of the arrays
+    layers put the same node in the same situation again and again (measured: see
+    benchmarks/README.md, "Solver throughput"). Keys are digests of the arrays
     (dtype, shape, bytes), so a hit is the same computation."""
 
     def __init__(self) -> None:
@@ -272,8 +272,8 @@ def prune_dominated(core: Core, v: int, memo: Memo | None = None) -> np.ndarray 
 
 def _undominated(core: Core, v: int) -> np.ndarray | None:
     """The dominance test of ``prune_dominated`` (its preconditions checked there), one compiled
-    call per edge and segment: in numpy each edge took eight array operations on k x k x k_w
-    temporaries, 1.6-3.0 s of IOPDDL R's and T's reductions."""
+    call per edge and segment, where numpy took eight array operations on k x k x k_w temporaries
+    per edge (measured: see benchmarks/README.md, "Solver throughput")."""
     c = core.costs[v]
     total, blocked = _pair_costs(c)
     for m in core.adj[v].values():
@@ -353,7 +353,7 @@ def _survivors(total: np.ndarray, blocked: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def _separable(m: np.ndarray) -> bool:
     """True when m[s,t] = a[s] + b[t] exactly (m has no forbidden entries): compiled, it stops at
-    the first entry that says no (in numpy, 0.4-0.8 s of IOPDDL R's and T's reductions)."""
+    the first entry that says no (measured: see benchmarks/README.md, "Solver throughput")."""
     k, kw = m.shape
     for s in range(1, k):
         shift = m[s, 0] - m[0, 0]

@@ -7,15 +7,15 @@ bound for *any* y:
     L(y) = b . y + sum_j u_j * min(0, c_j - (A^T y)_j)      (A z = b, 0 <= z <= u)
 
 computed in float64 with a safety margin (trws.safe_bound). When the LP optimum is integral it is
-also a plan. On the reduced IOPDDL cores B and G this LP is exact: bound = optimum.
+also a plan. On reduced cores this LP is often exact (bound = optimum).
 
 The same y gives z3 a *reduced-cost cut* (``DualCut``): every fitting plan z satisfies
 
     cost(z) >= L(y) + sum_{r_j > 0} r_j z_j + sum_{r_j < 0} |r_j| (1 - z_j)
 
 so "L + sum floor(|r_j|) * literal_j <= B - 1" is implied by "cost <= B - 1". It is redundant but
-gives z3 the LP's reasoning: with it z3 proved a 21-node core optimal in 0.03 s that it could not
-prove in 120 s without (benchmarks/README.md).
+gives z3 the LP's reasoning, without which z3 does not prove even small cores optimal (measured:
+see benchmarks/README.md, "Measurements behind the design").
 """
 
 from __future__ import annotations

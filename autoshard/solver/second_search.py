@@ -12,7 +12,8 @@ one reported as an event.
 Neither kind is best on every core and a fixed split loses where one kind needs the time, so
 the time follows the gains (``shares.Shares``): the Lagrangian turns get PRIOR's share while
 neither kind gains, and a kind that has been gaining more per second over the last
-``shares.WINDOW`` seconds gets the larger share (measurements: benchmarks/README.md).
+``shares.WINDOW`` seconds gets the larger share (measured: see benchmarks/README.md,
+"Measurements behind the design").
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ LNS_AFTER = 30
 LNS_SLICE = 5.0
 """... of this many seconds."""
 PRIOR = [0.75, 0.25]
-"""Shares of the Lagrangian and usage-weight turns while neither gains (M: the Lagrangian
-child's plans come after 120 s of its steps; with half the time they came too late)."""
+"""Shares of the Lagrangian and usage-weight turns while neither gains: on some cores the
+Lagrangian turns' plans come only after minutes of steps, and with half the time they came too
+late (measured: see benchmarks/README.md, "Measurements behind the design")."""
 
 
 class Incumbent:
@@ -60,9 +62,9 @@ class Incumbent:
 
 
 class LagrangianTurns:
-    """Plain subgradient steps (the main process takes deflected ones: two step rules, not one
-    twice; offline, 30-80 steps: deflected found better plans on S, T and K, as good on R; in
-    whole runs with both deflected K, N and R ended 3-7% worse than with both plain), with
+    """Plain subgradient steps (the main process takes deflected ones: two step rules search
+    differently, and both deflected did worse; measured: see benchmarks/README.md, "Measurements
+    behind the design"), with
     toulbar2 on the penalised problem when ``toulbar``, every CFN_EVERY-th step at most and
     after as much time of steps as its last call took (``PenalisedProbe.due``)."""
 

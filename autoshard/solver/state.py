@@ -27,8 +27,8 @@ from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
 FINISH_RESERVE = 0.15
 """Seconds of a time limit kept for the end (stopping the engines and z3, the exact evaluation of
 the answer, returning and freeing the search's objects), plus FINISH_PER_BUILD times the time
-building the problem's Core took (the same kind of work and size: on S, 0.6 s to build it; stopping,
-evaluating and freeing took 0.25 s), and at most FINISH_SHARE of the limit."""
+building the problem's Core took (the same kind of work and size; measured: see
+benchmarks/README.md, "Measurements behind the design"), and at most FINISH_SHARE of the limit."""
 FINISH_PER_BUILD = 0.5
 FINISH_SHARE = 0.1
 TEARDOWN_SHARE = 0.5

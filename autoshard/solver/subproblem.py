@@ -3,12 +3,10 @@ costs plus the step's multipliers times usage (memory rows left out) go to toulb
 neighbourhood search (``toulbar.solve_penalised``); its plan is repaired to fit and polished.
 
 That is the contest winner's method, and TRW-S's plan read off unconverged messages is a poor
-minimiser of the same problem on wide cores (benchmarks/README.md, sixth round). Both Lagrangian
-searches run it (the child's plain steps, workers._lagrange; the main process's deflected ones,
-Portfolio._lagrangian): which multipliers a call sees decides most of its plan's cost. Offline on
-IOPDDL R's core, deflected steps, toulbar2 3 s: at step 5 (4028 multipliers above zero, the plan
-overflowing 7 rows by 3%) five toulbar2 seeds gave 3.83-4.05e11 once repaired and polished; at
-step 10 (67 larger multipliers, every row with slack) 4.17-4.52e11.
+minimiser of the same problem on wide cores. Both Lagrangian searches run it (the child's plain
+steps, second_search.LagrangianTurns; the main process's deflected ones, Portfolio._lagrangian):
+which multipliers a call sees decides most of its plan's cost, so two step rules give two draws.
+Measured: see benchmarks/README.md, "Measurements behind the design".
 """
 
 from __future__ import annotations
@@ -25,8 +23,9 @@ from autoshard.solver.toulbar import solve_penalised
 
 CFN_EVERY = 5
 """Lagrangian steps between toulbar2 searches of the penalised problem, and at least as many
-seconds of them as the last search took (the calls take at most half the time: with steps of
-17 ms, compiled, on IOPDDL M's core, five steps between 3 s calls left the steps 3% of it) ..."""
+seconds of them as the last search took, so the calls take at most half the time: with fast
+steps, a count of steps alone left the steps almost no time (measured: see benchmarks/README.md,
+"Measurements behind the design") ..."""
 CFN_SECONDS = 3
 """... of this many CPU seconds at first, doubled (up to CFN_MAX_SECONDS) while they find no plan."""
 CFN_MAX_SECONDS = 24
@@ -44,11 +43,11 @@ class PenalisedProbe:
     """toulbar2 on a Lagrangian search's penalised subproblem every CFN_EVERY steps (and no
     sooner than its last call's time after that call); ``plan``
     returns the repaired, polished plan (a Search) or None. After a call that found nothing,
-    toulbar2 gets twice the time (S's and T's cores need more than 3 s for a first plan); with
+    toulbar2 gets twice the time (large cores need more than CFN_SECONDS for a first plan); with
     ``back_off`` instead, after a call that did not beat ``best``, the next waits twice as many
-    steps (the main process, whose Lagrangian steps themselves find S's and T's best plans:
-    there every-fifth-step calls of growing length, with neighbourhood search after 15 steps,
-    starved them: S 0.998 -> 1.029)."""
+    steps (the main process, whose own Lagrangian steps find the best plans on some cores and
+    must not be starved by the calls; measured: see benchmarks/README.md, "Measurements behind
+    the design")."""
 
     def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, back_off: bool = False) -> None:
         self.comp = comp

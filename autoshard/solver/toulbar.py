@@ -9,7 +9,8 @@ each memory row r a knapsack constraint
 so toulbar2's optimum is the core's (``exact``); cores with more row terms than MAX_ROW_TERMS are
 not given to it. Its search (hybrid best-first with soft arc consistency bounds, dead-end
 elimination, variable elimination of small degree) is what our TRW-S / elimination / z3 portfolio
-approximates, and it is much faster on every core that fits (benchmarks/README.md).
+approximates, and it is much faster on every core that fits (measured: see benchmarks/README.md,
+"Measurements behind the design").
 
 It runs in a child process (workers.py), which calls ``solve_cfn``; the second-search engine there
 also calls ``solve_penalised`` on its Lagrangian subproblems (costs plus multipliers times
@@ -28,9 +29,8 @@ from autoshard.solver.milp import silenced
 
 MAX_ROW_TERMS = 100_000
 """Cores whose memory rows hold more (row, node, strategy) terms in total are not given to
-toulbar2: IOPDDL V's 99 rows (43k terms) are fine, while on LLaMA-3-8B on 8 devices with 80 GiB
-(578 rows of ~1000 nodes each, 604k terms) it printed no plan in 145 s, where HiGHS proves that
-core in 5 s; S's core has 59 million terms."""
+toulbar2: beyond this its knapsack constraints find no plan in minutes where HiGHS proves the
+core in seconds (measured: see benchmarks/README.md, "Measurements behind the design")."""
 MAX_EXACT_COST = 2**53
 """toulbar2 reads costs as doubles: a core with a finite cost at or above this stays ours."""
 
@@ -78,7 +78,8 @@ def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int)
     costs plus ``penalty`` (per strategy, flat as in ``Compact.arrays``), memory rows left out:
     the Lagrangian subproblem of lagrange.py solved as a cost-function network (the contest
     winner's method), or None when it found none in time. No upper bound is given (the best
-    fitting plan's penalised cost as one left U at 1.0099x best known, 0.9909x without)."""
+    fitting plan's penalised cost as one did worse; measured: see benchmarks/README.md,
+    "Measurements behind the design")."""
     import pytoulbar2
 
     a = comp.arrays
@@ -130,10 +131,9 @@ def knapsack_rows(comp: Compact) -> list[tuple[list[int], str]]:
     of the scope, the number of strategies with usage and (strategy, -usage) pairs.
 
     A node's usage is the same on every row between two of its segments' ends, so its text is
-    written once per such piece and shared by the piece's rows: on neighbourhoods of 40-600
-    nodes of IOPDDL R's core that is ~140 pieces for ~5300 (row, node) pairs, 7.6 ms on average
-    where text per pair took 86 ms (K: 35 ms, 366 ms), the same rows to the character; toulbar2's
-    own search on such a neighbourhood takes ~12 ms."""
+    written once per such piece and shared by the piece's rows: far fewer pieces than (row, node)
+    pairs, the same rows to the character, and every toulbar2 neighbourhood builds them
+    (measured: see benchmarks/README.md, "Solver throughput")."""
     if comp.capacity is None or not len(comp.capacity):
         return []
     per_row: list[list[tuple[int, str]]] = [[] for _ in comp.capacity]

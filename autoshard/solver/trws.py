@@ -1,15 +1,15 @@
 """Sequential tree-reweighted message passing (TRW-S, Kolmogorov 2006) on a Compact.
 
 It solves the dual of the problem's LP relaxation (the local polytope) approximately. On the
-reduced IOPDDL cores that LP is tight or nearly so, which makes TRW-S a strong source of plans
+reduced cores that LP is often tight or nearly so, which makes TRW-S a strong source of plans
 (``primal``: nodes decided in order, each on its best strategy given the decided neighbours and
 the messages of the others) and of lower bounds (``bound``). ``penalty`` adds a per-node vector
 to the costs: the Lagrangian term of the memory rows (see lagrange.py).
 
 Arithmetic is float64 with forbidden entries at +inf; the bound is made safe against rounding
 by ``safe_bound``. The node-by-node loops (a pass of message updates, the reparametrised node
-costs, the primal) are compiled by numba over flat arrays: in numpy they cost ~5 us of call
-overhead per message, 0.3 s a step on IOPDDL M's core (8127 edges), most of a Lagrangian step.
+costs, the primal) are compiled by numba over flat arrays: in numpy the call overhead per
+message made most of a Lagrangian step (measured: see benchmarks/README.md, "Solver throughput").
 The per-node and per-edge arrays the rest of the solver reads (``to_u``, ``to_v``) are views
 into those flat arrays, so they see every update.
 """

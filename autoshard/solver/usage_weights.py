@@ -19,12 +19,11 @@ bracket narrowed to NEAR is widened again by STEP on the side it hit: the weight
 a threshold that moves as the other nodes change, within sqrt(STEP / (1 - NEAR)) ~ 1.8x of it.
 
 Unlike the Lagrangian multipliers of lagrange.py (one per row, moved by subgradient steps that
-need a lower bound, over-penalising once they have grown: benchmarks/README.md, seventh round),
-a node's weight moves only on whether that node's own rows overflowed, and needs no bound. The
-winner spreads eight weights per node between the bounds, one per parallel toulbar2 call; with
-one process here, one call per step and a geometric bisection. Offline on IOPDDL K's core, one
-process, 5 s calls: 2.240e9 in 170 s (best known 2.274e9); in whole runs the Lagrangian child
-(toulbar2 every fifth step) had stopped at 2.35e9.
+need a lower bound and over-penalise once they have grown), a node's weight moves only on
+whether that node's own rows overflowed, and needs no bound. The winner spreads eight weights
+per node between the bounds, one per parallel toulbar2 call; with one process here, one call per
+step and a geometric bisection. Measured: see benchmarks/README.md, "Measurements behind the
+design".
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ STEP = 3.0
 NEAR = 0.05
 """A weight within this share of its bound has reached it."""
 TOULBAR_SECONDS = 5
-"""CPU seconds of toulbar2's neighbourhood search per plan (the winner's calls took 12-20 s each,
-eight at a time; here one process has a core, and on K's core a 5 s call gives a plan, repaired
-and polished, every 5.3 s)."""
+"""CPU seconds of toulbar2's neighbourhood search per plan: here one process has one core (the
+winner ran eight longer calls at a time), and longer calls did not win consistently (measured: see
+benchmarks/README.md, "Measurements behind the design" and "Tried and dropped")."""
 
 
 class UsageWeights:

@@ -21,9 +21,9 @@ Z3_CONFIRM = 0.5
 Z3_CONFIRM_MIN = 2.0
 """... and at least this many seconds."""
 Z3_CERTIFY_MAX_TERMS = 100_000
-"""Cores with more weighted literals are not given to z3 for the certificate: on IOPDDL B (36k)
-it answers UNSAT in under a second; on LLaMA-3-8B 8x8 (160k) it had no verdict after 120 s even
-with a TRW-S cut 4e-7 below the optimum."""
+"""Cores with more weighted literals are not given to z3 for the certificate: below it z3 answers
+within seconds, above it gave no verdict in minutes even with a near-optimal cut (measured: see
+benchmarks/README.md, "Measurements behind the design")."""
 
 
 def z3_takes(comp: Compact) -> bool:
