@@ -326,6 +326,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--capacity-factor {options.capacity_factor} is below 1: routing sends at least the "
                              f"balanced share of tokens (every routed token is computed), so use 1.0 or more")
     training = options.mode == "training"
+    outputs = [src for n in graph if n.kind == NodeKind.OUTPUT for src in n.inputs]
+    if training and any(n.kind == NodeKind.PARAM for n in graph) and not any(graph[s].requires_grad for s in outputs):
+        raise AutoshardError("--mode training, but no output depends on a trainable parameter (frozen ones, "
+                             "requires_grad=False, are not trained): plan --mode inference, or unfreeze what should train")
     life = lifetimes(graph, training)
     blocks = layer_blocks(graph, find_repeated_layers(graph), frozenset({EXPERTS_OP})) \
         if training and options.recompute and options.memory_budget is not None else NO_BLOCKS

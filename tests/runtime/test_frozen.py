@@ -109,3 +109,14 @@ def test_a_plan_made_with_the_weights_trainable_is_refused_for_the_frozen_model(
     with pytest.raises(AutoshardError) as info:
         check_model(plans["megatron"], trace(frozen, inputs(frozen)))
     assert "the plan has fc1_weight (shape (32, 16)), this model fc1_weight (frozen, shape (32, 16))" in str(info.value)
+
+
+def test_a_training_plan_of_a_model_with_nothing_to_train_is_refused_in_one_line() -> None:
+    model = frozen_linears()
+    model.fc2.requires_grad_(False)
+    graph = trace(model, inputs(model))
+    with pytest.raises(AutoshardError, match=r"^--mode training, but no output depends on a trainable parameter "
+                                             r"\(frozen ones, requires_grad=False, are not trained\): plan --mode "
+                                             r"inference, or unfreeze what should train$"):
+        build_model_problem(graph, "2", mode="training")
+    assert build_model_problem(graph, "2", mode="inference").problem.num_nodes > 0
