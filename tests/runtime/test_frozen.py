@@ -20,12 +20,14 @@ from autoshard.api import build_model_problem, default_solve_options, solve_mode
 from autoshard.baselines import megatron_choice
 from autoshard.errors import AutoshardError
 from autoshard.frontend.trace import trace
+from autoshard.graph import OpGraph
 from autoshard.plan import Plan
 from autoshard.planning import make_plan
 from autoshard.run import Prepared, _loss_weights, _reference, _sharded_step
 from autoshard.runtime.checks import check_model, expected_collectives, relative_errors, same_collectives
 from autoshard.runtime.executor import distribute, local_of, parallelize
 from autoshard.runtime.groups import MeshGroups
+from autoshard.train import make_optimizer
 from tests.frozen import FrozenEmbedding, LoRAMLP, SliceFills, frozen_linears, inputs
 
 from .dist import run_ranks
@@ -35,7 +37,7 @@ MODELS = {"frozen-linear": frozen_linears, "frozen-embedding": FrozenEmbedding, 
           "slice-fills": SliceFills}
 
 
-def _plans(model: nn.Module, x: tuple[torch.Tensor, ...], mesh: str) -> tuple[object, dict[str, Plan]]:
+def _plans(model: nn.Module, x: tuple[torch.Tensor, ...], mesh: str) -> tuple[OpGraph, dict[str, Plan]]:
     """The traced graph, the solver's compute-bound training plan and Megatron's."""
     graph = trace(model, x)
     mp = build_model_problem(graph, mesh, mode="training", peak_flops=1e6, memory_bandwidth=1e6)
@@ -45,8 +47,6 @@ def _plans(model: nn.Module, x: tuple[torch.Tensor, ...], mesh: str) -> tuple[ob
 
 def _train(parallel: nn.Module, x: tuple[torch.Tensor, ...], groups: MeshGroups, steps: int = 3) -> None:
     """``steps`` AdamW steps of loss = sum(output * R) with autoshard.train's optimizer."""
-    from autoshard.train import make_optimizer
-
     optimizer = make_optimizer(parallel, argparse.Namespace(lr=1e-2, weight_decay=0.1))
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -58,11 +58,13 @@ def _train(parallel: nn.Module, x: tuple[torch.Tensor, ...], groups: MeshGroups,
         optimizer.step()
 
 
-def _run(rank: int, world: int, model: nn.Module, x: tuple[torch.Tensor, ...], graph, plans: dict[str, Plan]) -> dict:
+def _run(rank: int, world: int, model: nn.Module, x: tuple[torch.Tensor, ...], graph: OpGraph,
+         plans: dict[str, Plan]) -> dict[str, dict]:
+    """Each plan's run check (errors, gradient names, frozen flags) and training outcome on this rank."""
     results = {}
     for label, plan in plans.items():
         groups = MeshGroups.create(plan.mesh)
-        prep = Prepared(plan, model, x, graph, torch.device("cpu"))
+        prep = Prepared(plan=plan, model=model, inputs=x, graph=graph, device=torch.device("cpu"))
         parallel = parallelize(model, plan, groups, graph=graph)
         outputs, grads = _sharded_step(prep, parallel, groups, training=True)
         model.zero_grad(set_to_none=True)
