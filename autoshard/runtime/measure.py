@@ -57,6 +57,21 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+class _NoHook:
+    """A removable hook handle that removes nothing."""
+
+    def remove(self) -> None:
+        """Nothing was registered."""
+
+
+def _skip_grad_hooks(tracker: MemTracker, frozen: Sequence[torch.Tensor]) -> None:
+    """Keep MemTracker from hooking the gradients of ``frozen`` parameters: it hooks every
+    parameter it tracks, and registering a hook on a tensor that does not require grad raises.
+    A parameter already in its table of hook handles is not hooked again."""
+    for param in frozen:
+        tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+
+
 def measure_peak(model: torch.nn.Module, inputs: Sequence[torch.Tensor], plan: Plan, graph: OpGraph,
                  mode: FakeTensorMode, rank: int = 0, steps: int = 2) -> MeasuredPeak:
     """Peak memory of rank ``rank`` running ``plan`` (training: forward, backward, AdamW step).
@@ -79,6 +94,7 @@ def measure_peak(model: torch.nn.Module, inputs: Sequence[torch.Tensor], plan: P
             # foreach: the multi-tensor step CUDA uses by default (CPU would default to one tensor at a time)
             optimizer = torch.optim.AdamW(pieces, lr=1e-4, foreach=True) if training else None
             tracker = MemTracker()
+            _skip_grad_hooks(tracker, [p for p in parallel.parameters() if not p.requires_grad])
             tracker.track_external(parallel, *inputs, *([optimizer] if optimizer else []))
             with tracker:
                 for step in range(steps if training else 1):
