@@ -262,12 +262,17 @@ def fit_line(plan: Plan) -> str:
     parts = []
     if plan.recompute:
         layers = [_common_module([plan.nodes[n].module for n in names if n in plan.nodes]) for names in plan.recompute]
-        parts.append(f"recomputed in backward: {len(layers)} layers ({fold_groups(layers)})")
+        parts.append(f"recomputed in backward: {_count(len(layers), 'layer')} ({fold_groups(layers)})")
     regathered = sorted({e.src for e in plan.edges if e.regather})
     if regathered:
         modules = {re.sub(r"^(.*?\.\d+)\..*$", r"\1", plan.nodes[n].module or n) for n in regathered}
-        parts.append(f"re-gathered for backward: {len(regathered)} parameters (of {fold_groups(sorted(modules))})")
+        parts.append(f"re-gathered for backward: {_count(len(regathered), 'parameter')} (of {fold_groups(sorted(modules))})")
     return "; ".join(parts)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 layer``, ``2 layers``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _common_module(modules: list[str]) -> str:

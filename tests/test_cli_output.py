@@ -102,4 +102,4 @@ def test_a_refusal_is_one_line_and_torchruns_error_file_repeats_it(tmp_path: Pat
     assert run_main([str(ROOT / "examples" / "mlp.py"), "--plan", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("autoshard.run: error: plan file ")
-    assert json.loads((tmp_path / "error.json").read_text())["message"] == err[0]
+    assert json.loads((tmp_path / "error.json").read_text())["message"]["message"] == err[0]  # torchrun's format

@@ -62,6 +62,17 @@ BAD_FILES = {
         LINEAR + "example_inputs = torch.ones(4, 8)\nexample_targets = torch.zeros(4, 8)\n"
         "def loss(out, target):\n    return (out - target) ** 2\n",
         ["returns float32 [4, 8], not a floating-point scalar", ".mean()"]),
+    "loss_returning_a_number": (
+        LINEAR + "example_inputs = torch.ones(4, 8)\nexample_targets = torch.zeros(4, 8)\n"
+        "def loss(out, target):\n    return 1.0\n",
+        ["returns no tensor, not a floating-point scalar"]),
+    "forward_missing_an_input": (
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def forward(self, x, y):\n"
+        "        return x + y\n"
+        "model = Net()\nexample_inputs = torch.ones(2, 8)\n",
+        ["forward of Net fails on its example inputs", "missing 1 required positional argument: 'y'"]),
     "loss_shape_mismatch": (
         LINEAR + "example_inputs = torch.ones(4, 8)\nexample_targets = torch.zeros(4, 3)\n"
         "def loss(out, target):\n    return ((out - target) ** 2).mean()\n",

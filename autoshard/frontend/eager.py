@@ -2,9 +2,12 @@
 
 When tracing fails, the model is run once eagerly (no grad, eval mode, as traced) on the example
 inputs. If that run fails too, the fault is the user's forward (a shape mismatch, a ``raise`` of
-theirs), and the error names the exception, the ATen op and its operands' shapes when an op
-raised, and the innermost line of the user's code; tracing is not mentioned. Torch's fake-tensor
-logger prints a traceback per failed op while tracing; it is silenced for the duration only.
+theirs), and the error names the exception, the ATen op and its operands' dtypes and shapes when
+an op raised, and the innermost line of the user's code; tracing is not mentioned. Shape
+propagation does not check dtypes, so a traced graph whose matmul or convolution reads operands of
+different dtypes (inputs in float64 or int64 against float32 weights) gets the same eager run.
+Torch's fake-tensor logger prints a traceback per failed op while tracing; it is silenced for the
+duration only.
 """
 
 from __future__ import annotations

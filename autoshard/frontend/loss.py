@@ -84,5 +84,5 @@ def check_loss_output(graph: OpGraph, name: str) -> None:
     if len(metas) == 1 and metas[0] is not None and metas[0].shape == () and metas[0].is_float:
         return
     got = ", ".join("a non-tensor" if meta is None else f"{meta.dtype} {list(meta.shape)}" for meta in metas)
-    raise AutoshardError(f"loss in the {name} model file returns {got or 'nothing'}, not a floating-point scalar: "
+    raise AutoshardError(f"loss in the {name} model file returns {got or 'no tensor'}, not a floating-point scalar: "
                          "reduce it to one (e.g. .mean() or .sum())")
