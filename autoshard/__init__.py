@@ -14,18 +14,18 @@ _EXPORTS = {
     "build_model_problem": "autoshard.api",
     "solve_model_problem": "autoshard.api",
     "ModelSolution": "autoshard.api",
-    "Plan": "autoshard.plan",
+    "Plan": "autoshard.problem.plan",
     "Mesh": "autoshard.sharding.mesh",
     "parse_mesh": "autoshard.sharding.mesh",
     "TensorSpec": "autoshard.sharding.spec",
-    "ShardingProblem": "autoshard.problem",
+    "ShardingProblem": "autoshard.solver.problem",
     "AutoshardError": "autoshard.errors",
     "parallelize": "autoshard.runtime.executor",
     "ParallelModule": "autoshard.runtime.executor",
     "gather_full": "autoshard.runtime.executor",
     "expected_collectives": "autoshard.runtime.executor",
     "export_dtensor": "autoshard.lower.dtensor",
-    "create_schedule": "autoshard.schedule",
+    "create_schedule": "autoshard.runtime.schedule",
 }
 
 __all__ = sorted(_EXPORTS)

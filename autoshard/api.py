@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from autoshard.build import BuildOptions, ModelProblem, build_problem
+from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
 from autoshard.cost.devices import Device, get_device
-from autoshard.graph import OpGraph
+from autoshard.frontend.graph import OpGraph
 from autoshard.sharding.mesh import Mesh, parse_mesh
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
 from autoshard.errors import AutoshardError
 from autoshard.solver import InfeasibleError, Solution, SolveOptions, solve
 from autoshard.solver.memory import smallest_peak
-from autoshard.units import format_bytes
+from autoshard.cost.units import format_bytes
 
 # Problems this small (total strategies over all nodes) go straight to the z3 loop, so its log
 # shows every plan it tried; larger ones are reduced and warm-started first (plain z3 already

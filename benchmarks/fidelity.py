@@ -34,13 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import CausalLMLoss  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.baselines import megatron_choice  # noqa: E402
+from autoshard.problem.baselines.megatron import megatron_choice  # noqa: E402
 from autoshard.frontend.load import load_model  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.graph import NodeKind  # noqa: E402
-from autoshard.planning import make_plan  # noqa: E402
+from autoshard.frontend.graph import NodeKind  # noqa: E402
+from autoshard.problem.readback import make_plan  # noqa: E402
 from autoshard.runtime.measure import measure_peak  # noqa: E402
-from autoshard.units import format_bytes, parse_bytes  # noqa: E402
+from autoshard.cost.units import format_bytes, parse_bytes  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

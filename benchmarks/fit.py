@@ -6,7 +6,7 @@
 LLaMA-3-8B as published (bf16, 8 sequences of 4096 tokens, Hugging Face's own next-token loss,
 built on the meta device), ``--mode training --device h100``, each budget. Per row: the
 torchtitan plan (FSDP re-gathered + TP with sequence-parallel norms + full activation
-checkpointing, ``autoshard/baselines_torchtitan.py``) and the Megatron plan costed in the same
+checkpointing, ``autoshard/problem/baselines/torchtitan.py``) and the Megatron plan costed in the same
 model (``-`` where it does not fit), our plan's step time and peak, the proof (or the gap at the
 time limit), what ours recomputes and re-gathers, and the solve time (the time limit is the
 solver's; tracing and building the problem are timed apart, once per attention kind).
@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import CausalLMLoss, llama3_8b  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.baselines import megatron_choice  # noqa: E402
-from autoshard.baselines_torchtitan import torchtitan_choice  # noqa: E402
-from autoshard.build import ModelProblem  # noqa: E402
+from autoshard.problem.baselines.megatron import megatron_choice  # noqa: E402
+from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
+from autoshard.problem.build import ModelProblem  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.units import format_bytes, parse_bytes  # noqa: E402
+from autoshard.cost.units import format_bytes, parse_bytes  # noqa: E402
 
 
 def _baseline(mp: ModelProblem, choice: list[int]) -> str:

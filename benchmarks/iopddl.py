@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from autoshard.errors import AutoshardError
-from autoshard.iopddl import load_problem, parse_solution
+from autoshard.solver.iopddl import load_problem, parse_solution
 from autoshard.solver.milp import solve_problem_milp
 
 SHARED = Path(os.environ.get("AUTOSHARD_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -56,9 +56,9 @@ def instance_name(path: str) -> str:
 
 
 def ours(path: str, timeout: float, seed: int) -> dict:
-    """Run ``python -m autoshard.problem_cli`` on a file as the contest would: one process whose
+    """Run ``python -m autoshard.solve`` on a file as the contest would: one process whose
     whole wall time (start-up and reading included) is limited; its plan is checked here."""
-    command = [sys.executable, "-m", "autoshard.problem_cli", path, "--timeout", str(timeout), "--seed", str(seed)]
+    command = [sys.executable, "-m", "autoshard.solve", path, "--timeout", str(timeout), "--seed", str(seed)]
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(command, stdout=out, stderr=err, text=True)

@@ -5,7 +5,7 @@
 Prints a markdown table: mesh, graph and decision nodes, trace / build / solve seconds (solve:
 the solver alone, reductions included), what proved the optimum (or the gap at the time limit),
 our cost, the torchtitan-style MoE baseline (experts parallel on the last mesh axis, FSDP on the
-first, tensor-parallel attention: ``autoshard/baselines_torchtitan.py``) in the same cost model, and
+first, tensor-parallel attention: ``autoshard/problem/baselines/torchtitan.py``) in the same cost model, and
 which MoE layers our plan runs expert-parallel, over which mesh axis, and how its experts are
 stored. Default device: the generic roofline and links (100 Tflop/s, 300 GB/s inside a node).
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.baselines_torchtitan import torchtitan_choice  # noqa: E402
+from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.report import _fold  # noqa: E402
+from autoshard.cli.report import _fold  # noqa: E402
 from benchmarks.models import mixtral_8x7b  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.baselines import megatron_choice  # noqa: E402
+from autoshard.problem.baselines.megatron import megatron_choice  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from benchmarks.models import gpt2  # noqa: E402
 

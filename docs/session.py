@@ -182,10 +182,10 @@ def recompute(tmp: Path) -> dict[str, str]:
     """LLaMA-3-8B on 8 H100s: the peak line; torchtitan's plan of the small LLaMA example on 2x2 (every layer
     recomputed, FSDP re-gathering): the line the CLI prints for a plan that recomputes and re-gathers."""
     from autoshard.api import build_model_problem
-    from autoshard.baselines_torchtitan import torchtitan_choice
+    from autoshard.problem.baselines.torchtitan import torchtitan_choice
     from autoshard.frontend import load_model, trace
-    from autoshard.planning import make_plan
-    from autoshard.report import fit_line
+    from autoshard.problem.readback import make_plan
+    from autoshard.cli.report import fit_line
 
     big = run("autoshard.solve", example("llama3_8b"), "--mesh", "8", "--mode", "training", "--device", "h100",
               "--quiet", "--tables", "none", cwd=tmp)

@@ -1,6 +1,6 @@
 """Hand-built OpGraphs (no torch tracing) for fast, torch-free tests of the builder and planner."""
 
-from autoshard.graph import OpGraph, OpNode, OpWork, NodeKind as K, TensorMeta as M
+from autoshard.frontend.graph import OpGraph, OpNode, OpWork, NodeKind as K, TensorMeta as M
 def f(*s): return M(tuple(s), "float32", 4)
 def linear_work(tokens, k, n):  # what torch's flop counter and saved-tensor hooks report for F.linear
     return OpWork(2 * tokens * k * n, 4 * tokens * k * n, saved_operands=(0, 1))

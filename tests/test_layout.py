@@ -62,3 +62,14 @@ def test_the_import_graph_sees_imports_at_every_level():
     graph = import_graph()
     assert graph.has_edge("autoshard.solver.workers", "autoshard.solver.second_search")  # inside a function
     assert graph.has_edge("autoshard.solver.api", "autoshard.solver.portfolio")  # at module level
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(f.relative_to(PACKAGE.parent)): n for f in PACKAGE.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_top_level_holds_packages_and_entry_points_only():
+    modules = {f.stem for f in PACKAGE.glob("*.py")}
+    assert modules == {"__init__", "api", "errors", "solve", "run", "train"}

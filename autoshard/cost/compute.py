@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from autoshard.cost.devices import Device
-from autoshard.graph import OpWork
+from autoshard.frontend.graph import OpWork
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoshard.graph import NodeKind, OpGraph, OpNode
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
 
 
 @dataclass(frozen=True)

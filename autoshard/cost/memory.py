@@ -35,7 +35,7 @@ from typing import Sequence
 
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.recompute import Blocks, recomputed_forward, saved_window, value_windows
-from autoshard.graph import NodeKind, OpNode, TensorMeta
+from autoshard.frontend.graph import NodeKind, OpNode, TensorMeta
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
 

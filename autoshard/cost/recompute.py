@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoshard.cost.lifetimes import Lifetimes
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.sharding.layers import RepeatedLayers
 
 Interval = tuple[int, int]

@@ -1,8 +1,32 @@
-"""Frontend: load a user's model file and trace it into the torch-free OpGraph."""
+"""Frontend: load a user's model file and trace it into the torch-free OpGraph (graph.py).
 
-from autoshard.frontend.call import node_caller, run_graph
-from autoshard.frontend.load import LoadedModel, load_model
-from autoshard.frontend.table import graph_table
-from autoshard.frontend.trace import trace
+The tracing names load lazily, so that importing ``autoshard.frontend.graph`` (the data type the
+later stages read) does not load the tracer.
+"""
 
-__all__ = ["LoadedModel", "graph_table", "load_model", "node_caller", "run_graph", "trace"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "node_caller": "autoshard.frontend.call",
+    "run_graph": "autoshard.frontend.call",
+    "LoadedModel": "autoshard.frontend.load",
+    "load_model": "autoshard.frontend.load",
+    "graph_table": "autoshard.frontend.table",
+    "trace": "autoshard.frontend.trace",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'autoshard.frontend' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The tracing names (loaded lazily) and the module's own."""
+    return sorted(set(globals()) | set(_EXPORTS))

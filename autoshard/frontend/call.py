@@ -17,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoshard.frontend.schema import PYTHON_ENUMS, Slot
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 
 NODE_CALLS_KEY = "autoshard.node_calls"
 """Key of the ``{node name: NodeCall}`` table in ``OpGraph.module.meta``."""

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 from autoshard.frontend.call import NodeCall, Operand
 from autoshard.frontend.functionalize import DIFFERENTIABLE, OUT_OF_PLACE
 from autoshard.frontend.schema import bind_call
-from autoshard.graph import NodeKind, OpNode, TensorMeta
+from autoshard.frontend.graph import NodeKind, OpNode, TensorMeta
 
 
 def _carries_tensor(value: Any) -> bool:

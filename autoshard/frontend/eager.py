@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autoshard.errors import AutoshardError
 from autoshard.frontend.load import describe_error
 from autoshard.frontend.loss import includes_loss, model_name
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 
 _NOT_USERS = tuple(str(Path(module.__file__).resolve().parent) + os.sep for module in (torch, contextlib))
 """Frames under these folders (torch, the standard library) are not the user's code."""

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall, Operand
-from autoshard.graph import EXPERTS_OP, NodeKind, OpGraph, OpNode, TensorMeta
+from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, OpNode, TensorMeta
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,

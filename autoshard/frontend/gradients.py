@@ -28,7 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoshard.frontend.call import node_caller
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 
 
 def mark_gradients(graph: OpGraph) -> bool:

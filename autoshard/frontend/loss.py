@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from autoshard.errors import AutoshardError
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 
 
 def _argument_names(function: Callable, skip: int, count: int, fallback: str, taken: set[str]) -> list[str]:

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
 from autoshard.frontend.experts import register_grouped_mm_flops
-from autoshard.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 UNMEASURED = OpWork(measured=False)
 ELEMENT = OpWork(alias_of=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from autoshard.graph import NodeKind, OpGraph, OpNode, TensorMeta
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode, TensorMeta
 
 _STATE_KINDS = (NodeKind.PARAM, NodeKind.BUFFER)
 

@@ -14,7 +14,7 @@
 - ``auto``: fx, falling back to export when fx fails.
 
 Both trace the model in eval mode (the user's train/eval flags are restored afterwards) and
-normalise to the same vocabulary (see ``autoshard.graph``), so a model traced both ways gives the
+normalise to the same vocabulary (see ``autoshard.frontend.graph``), so a model traced both ways gives the
 same ops. ``OpGraph.module`` is an executable GraphModule (``module(*example_inputs)`` runs the
 model) whose ``meta`` holds each node's replayable call for ``autoshard.frontend.call``.
 """
@@ -41,7 +41,7 @@ from autoshard.frontend.eager import mixed_dtypes, quiet_fake_tensor_logs, raise
 from autoshard.frontend.load import describe_error
 from autoshard.frontend.loss import model_name
 from autoshard.frontend.profile import profile_graph
-from autoshard.graph import OpGraph
+from autoshard.frontend.graph import OpGraph
 
 FRONTENDS = ("auto", "fx", "export")
 _SET_GRAD_ENABLED = torch.ops.higher_order.wrap_with_set_grad_enabled

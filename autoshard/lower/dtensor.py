@@ -41,9 +41,9 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
-from autoshard.graph import NodeKind, OpGraph, OpNode
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
 from autoshard.lower.tp_styles import NotMappable, Style, style_arguments, tp_styles
-from autoshard.plan import NodePlacement, Plan
+from autoshard.problem.plan import NodePlacement, Plan
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.reshard import ALL_GATHER, SLICE, Step
 from autoshard.sharding.rules import load_rules

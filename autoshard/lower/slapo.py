@@ -14,9 +14,9 @@ torch.distributed runtime executes them from the JSON plan.
 
 from __future__ import annotations
 
-from autoshard.fold import fold, layer_key
-from autoshard.graph import NodeKind, OpGraph
-from autoshard.plan import EdgeReshard, Plan
+from autoshard.lower.fold import fold, layer_key
+from autoshard.frontend.graph import NodeKind, OpGraph
+from autoshard.problem.plan import EdgeReshard, Plan
 from autoshard.sharding.spec import TensorSpec
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from autoshard.graph import NodeKind, OpGraph, OpNode
-from autoshard.plan import EdgeReshard, Plan
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
+from autoshard.problem.plan import EdgeReshard, Plan
 from autoshard.sharding.rules import load_rules
 from autoshard.sharding.spec import TensorSpec
 

@@ -13,12 +13,12 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from autoshard.build import fingerprint, graph_signature
-from autoshard.candidates import operand_meta
+from autoshard.frontend.graph import fingerprint, graph_signature
+from autoshard.problem.candidates import operand_meta
 from autoshard.cost.memory import out_metas
 from autoshard.errors import AutoshardError
-from autoshard.graph import NodeKind, OpGraph, TensorMeta
-from autoshard.plan import EdgeReshard, Plan
+from autoshard.frontend.graph import NodeKind, OpGraph, TensorMeta
+from autoshard.problem.plan import EdgeReshard, Plan
 from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE
 from autoshard.runtime.experts import exchange_label
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, COLLECTIVES, SLICE, Step, reshard_steps

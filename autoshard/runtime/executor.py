@@ -1,6 +1,6 @@
 """Run a solved plan on torch.distributed with the numerics of the unsharded model, forward and backward.
 
-:func:`parallelize` turns a model and its :class:`~autoshard.plan.Plan` into a
+:func:`parallelize` turns a model and its :class:`~autoshard.problem.plan.Plan` into a
 :class:`ParallelModule` that holds only this rank's pieces of the parameters and buffers (laid
 out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph node by node:
 
@@ -43,8 +43,8 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
 from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
-from autoshard.graph import NodeKind, OpGraph, OpNode
-from autoshard.plan import Plan
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
+from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.runtime.checks import Collective, check_backend, check_model, check_world, count_label, edge_label
 from autoshard.runtime.collectives import FORWARD, CommLog, mask_to_first, reshard, run_steps

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from autoshard.frontend.experts import expert_mlp, moe_experts
-from autoshard.graph import OpNode
-from autoshard.plan import NodePlacement
+from autoshard.frontend.graph import OpNode
+from autoshard.problem.plan import NodePlacement
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog, CommRecord
 from autoshard.runtime.groups import MeshGroups
 from autoshard.sharding.reshard import ALL_TO_ALL

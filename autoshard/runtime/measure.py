@@ -29,8 +29,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoshard.errors import AutoshardError
-from autoshard.graph import OpGraph
-from autoshard.plan import Plan
+from autoshard.frontend.graph import OpGraph
+from autoshard.problem.plan import Plan
 from autoshard.runtime.executor import parallelize
 from autoshard.runtime.groups import MeshGroups
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autoshard.frontend.call import node_caller
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.runtime.groups import MeshGroups
 
 

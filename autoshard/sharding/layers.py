@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from autoshard.graph import OpGraph, OpNode
+from autoshard.frontend.graph import OpGraph, OpNode
 
 _INDEXED = re.compile(r"^(?P<prefix>.*?)\.(?P<index>\d+)(?:\.|$)")
 

@@ -37,7 +37,7 @@ import tomllib
 from pathlib import Path
 from typing import Callable, Sequence
 
-from autoshard.graph import TensorMeta
+from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
                                   elementwise_instance)
 from autoshard.sharding.rules_moe import MOE_KINDS, exchange_variants

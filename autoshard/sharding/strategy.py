@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Sequence
 
-from autoshard.graph import TensorMeta
+from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.sharding.rules_base import Labels, OpInstance
 from autoshard.sharding.spec import TensorSpec

@@ -42,7 +42,7 @@ import time
 import numpy as np
 
 from autoshard.errors import AutoshardError
-from autoshard.problem import ShardingProblem
+from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import Core
 from autoshard.solver.events import EventCallback, Reduced, Started
 from autoshard.solver.memory import attach_memory, smallest_peak

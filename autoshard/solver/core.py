@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 
 INF = FORBIDDEN
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.problem import FORBIDDEN, Evaluation, ShardingProblem
+from autoshard.solver.problem import FORBIDDEN, Evaluation, ShardingProblem
 from autoshard.solver.core import Core, flat, offsets
 
 

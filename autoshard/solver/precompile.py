@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from autoshard.problem import ShardingProblem
+from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.evaluation import Expansion, FlatProblem
 from autoshard.solver.heuristics import Search

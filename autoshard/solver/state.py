@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from autoshard.problem import ShardingProblem
+from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.cut import DualCut
 from autoshard.solver.evaluation import Expansion, FlatProblem

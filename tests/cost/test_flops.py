@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from autoshard.api import build_model_problem
 from autoshard.frontend.call import node_caller
 from autoshard.frontend.trace import trace
-from autoshard.graph import NodeKind
+from autoshard.frontend.graph import NodeKind
 from tests.frontend.helpers import EXAMPLE_NAMES, loaded
 
 

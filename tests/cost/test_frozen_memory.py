@@ -7,7 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoshard.api import build_model_problem
 from autoshard.frontend.trace import trace
-from autoshard.planning import make_plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.measure import measure_peak
 from tests.frozen import frozen_linears, inputs
 from tests.runtime.dist import run_ranks

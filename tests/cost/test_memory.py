@@ -8,12 +8,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
-from autoshard.baselines import megatron_choice
+from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.cost.lifetimes import lifetimes
 from autoshard.cost.memory import param_precision
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.planning import make_plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.measure import measure_peak
 from tests.frontend.helpers import EXAMPLES
 from tests.graphs import mlp_graph
@@ -103,7 +103,7 @@ def test_precision_bytes():
 
 
 def test_bf16_mixed_keeps_fp32_masters_and_moments_and_bf16_copies():
-    from autoshard.build import BuildOptions, build_problem
+    from autoshard.problem.build import BuildOptions, build_problem
     from autoshard.cost.communication import make_cost_model
     from autoshard.sharding.mesh import parse_mesh
 

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
-from autoshard.build import ModelProblem
+from autoshard.problem.build import ModelProblem
 from autoshard.frontend.trace import trace
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import Collective, expected_collectives, relative_errors
 from autoshard.runtime.executor import distribute, gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups

@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoshard.frontend import LoadedModel, load_model, trace
-from autoshard.graph import OpGraph
+from autoshard.frontend.graph import OpGraph
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FX_EXAMPLES = ["mlp", "attention", "cnn", "cnn_loss"]

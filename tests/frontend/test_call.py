@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autoshard.frontend import node_caller, run_graph
-from autoshard.graph import NodeKind
+from autoshard.frontend.graph import NodeKind
 from tests.frontend.helpers import EXAMPLE_NAMES, FX_EXAMPLES, eager_outputs, loaded, traced
 
 

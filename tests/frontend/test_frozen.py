@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autoshard.frontend import run_graph, trace
-from autoshard.graph import NodeKind
+from autoshard.frontend.graph import NodeKind
 from tests.frozen import SliceFills, frozen_linears, inputs
 
 

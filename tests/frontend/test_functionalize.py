@@ -9,7 +9,7 @@ from torch import nn
 
 from autoshard.errors import AutoshardError
 from autoshard.frontend import run_graph, trace
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 
 
 class MaskedMLP(nn.Module):

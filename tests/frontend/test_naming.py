@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoshard.frontend import run_graph, trace
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 
 
 class Spellings(nn.Module):

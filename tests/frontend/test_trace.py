@@ -11,7 +11,7 @@ from torch import nn
 
 from autoshard.errors import AutoshardError
 from autoshard.frontend import run_graph, trace
-from autoshard.graph import NodeKind, OpGraph, TensorMeta
+from autoshard.frontend.graph import NodeKind, OpGraph, TensorMeta
 from tests.frontend.helpers import EXAMPLE_NAMES, FX_EXAMPLES, loaded, traced
 
 EXPECTED_FRONTEND = {name: "fx" if name in FX_EXAMPLES else "export" for name in EXAMPLE_NAMES}

@@ -17,15 +17,15 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from autoshard.baselines import megatron_choice
-from autoshard.build import BuildOptions, ModelProblem, build_problem
+from autoshard.problem.baselines.megatron import megatron_choice
+from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.sharding.mesh import parse_mesh
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from autoshard.api import default_solve_options, solve_model_problem
-from autoshard.baselines_torchtitan import torchtitan_choice
-from autoshard.planning import make_plan
-from autoshard.report import fit_line
+from autoshard.problem.baselines.torchtitan import torchtitan_choice
+from autoshard.problem.readback import make_plan
+from autoshard.cli.report import fit_line
 
 from .test_recompute import _problem
 

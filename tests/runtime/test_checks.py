@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from autoshard.api import build_model_problem
 from autoshard.errors import AutoshardError
 from autoshard.frontend.trace import trace
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import (NOISE_FLOOR, check_layouts, check_model, count_label, expected_collectives,
                                       relative_errors)
 from autoshard.runtime.executor import parallelize
@@ -122,7 +122,7 @@ def test_a_token_sharded_mean_loss_lists_and_charges_its_count_all_reduce(monkey
     steps = count_steps(candidate.strategies[counted[0]], 4, (4,))
     assert [(s.kind, s.axis, s.sent_bytes(4)) for s in steps] == [(ALL_REDUCE, 0, 6)]
     # charged: each counted strategy costs one all-reduce of a float32 scalar more than its computation alone
-    monkeypatch.setattr("autoshard.candidates.count_steps", lambda *args: ())
+    monkeypatch.setattr("autoshard.problem.candidates.count_steps", lambda *args: ())
     uncharged = build_model_problem(t.graph, "4", mode="training").candidates[loss].costs
     mesh = mp.mesh
     extra = mp.cost_model.ticks(mesh.latency[0] + 6 / mesh.bandwidth[0])

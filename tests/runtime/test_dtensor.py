@@ -23,12 +23,12 @@ from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoshard.api import solve_model_problem
-from autoshard.graph import NodeKind
+from autoshard.frontend.graph import NodeKind
 from autoshard.lower.dtensor import export_dtensor
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import relative_errors
-from autoshard.train import quiet_dtensor_hints
+from autoshard.cli.train import quiet_dtensor_hints
 
 from .dist import run_ranks
 from .plans import (Traced, batch_pins, data_parallel_choice, loss_weights, megatron_pins, plans, problem,

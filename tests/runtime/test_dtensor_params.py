@@ -20,9 +20,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from autoshard.api import plan_model
-from autoshard.baselines import megatron_choice
-from autoshard.planning import make_plan
-from autoshard.plan import Plan
+from autoshard.problem.baselines.megatron import megatron_choice
+from autoshard.problem.readback import make_plan
+from autoshard.problem.plan import Plan
 from autoshard.runtime.checks import relative_errors
 from autoshard.runtime.executor import as_dtensor, distribute, gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups

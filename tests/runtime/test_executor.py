@@ -19,7 +19,7 @@ from torch import nn
 
 from autoshard.cost.communication import make_cost_model
 from autoshard.errors import AutoshardError
-from autoshard.plan import Plan
+from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import REDUCE_SCATTER
 from autoshard.runtime.collectives import BACKWARD, FORWARD
 from autoshard.runtime.checks import (Collective, check_backend, expected_collectives, relative_errors,

@@ -17,17 +17,17 @@ import torch
 from torch import nn
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
-from autoshard.baselines import megatron_choice
+from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.errors import AutoshardError
 from autoshard.frontend.trace import trace
-from autoshard.graph import OpGraph
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
-from autoshard.run import Prepared, _loss_weights, _reference, _sharded_step
+from autoshard.frontend.graph import OpGraph
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
+from autoshard.cli.run import Prepared, _loss_weights, _reference, _sharded_step
 from autoshard.runtime.checks import check_model, expected_collectives, relative_errors, same_collectives
 from autoshard.runtime.executor import distribute, local_of, parallelize
 from autoshard.runtime.groups import MeshGroups
-from autoshard.train import make_optimizer
+from autoshard.cli.train import make_optimizer
 from tests.frozen import FrozenEmbedding, LoRAMLP, SliceFills, frozen_linears, inputs
 
 from .dist import run_ranks

@@ -19,7 +19,7 @@ import torch
 from autoshard.api import build_model_problem, solve_model_problem
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.plan import Plan
+from autoshard.problem.plan import Plan
 from autoshard.runtime.checks import expected_collectives, same_collectives
 from autoshard.runtime.experts import exchange_label
 

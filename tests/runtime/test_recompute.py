@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.baselines_torchtitan import torchtitan_choice
-from autoshard.build import BuildOptions, ModelProblem, build_problem
+from autoshard.problem.baselines.torchtitan import torchtitan_choice
+from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
-from autoshard.planning import make_plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.collectives import BACKWARD, RECOMPUTE
 from autoshard.runtime.checks import expected_collectives, same_collectives
 from autoshard.sharding.mesh import parse_mesh

@@ -17,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 from autoshard.api import build_model_problem
-from autoshard.baselines import megatron_choice
+from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
-from autoshard.run import main
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
+from autoshard.cli.run import main
 from autoshard.runtime.executor import gather_full, parallelize
 from autoshard.runtime.groups import MeshGroups
 

@@ -14,7 +14,7 @@ from autoshard.errors import AutoshardError
 from autoshard.sharding.mesh import Mesh, default_links
 from autoshard.runtime.collectives import BACKWARD, FORWARD, CommLog
 from autoshard.runtime.groups import MeshGroups
-from autoshard.schedule import create_schedule
+from autoshard.runtime.schedule import create_schedule
 
 from .dist import run_ranks
 from .plans import _example_module

@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 
 from autoshard.api import build_model_problem
-from autoshard.baselines import megatron_choice
+from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
-from autoshard.train import Training, build_parser, main, make_optimizer, quiet_dtensor_hints, train, training_steps
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
+from autoshard.cli.train import Training, build_parser, main, make_optimizer, quiet_dtensor_hints, train, training_steps
 
 from .dist import run_ranks
 from .plans import EXAMPLES

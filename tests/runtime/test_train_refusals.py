@@ -20,8 +20,8 @@ import pytest
 import torch.distributed as dist
 
 from autoshard.errors import AutoshardError
-from autoshard.process import refuse
-from autoshard.train import Training, main, make_optimizer, quiet_dtensor_hints, save_checkpoint, train
+from autoshard.cli.process import refuse
+from autoshard.cli.train import Training, main, make_optimizer, quiet_dtensor_hints, save_checkpoint, train
 
 from .dist import run_ranks
 from .plans import EXAMPLES
@@ -105,7 +105,7 @@ def test_refusals_reach_torchrun_through_its_error_file(tmp_path: Path, monkeypa
 def test_a_worker_that_outlives_the_wait_prints_its_own_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture) -> None:
     """Rank 2 refuses but rank 0 did not (torchrun did not end rank 2 while it waited): rank 2's line is printed."""
-    monkeypatch.setattr("autoshard.process.FIRST_RANK_WAIT_S", 0.0)
+    monkeypatch.setattr("autoshard.cli.process.FIRST_RANK_WAIT_S", 0.0)
     environ = {"TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json"), "LOCAL_RANK": "2"}
     assert refuse("autoshard.train", AutoshardError("no GPU 2"), 2, environ) == 2
     assert capsys.readouterr().err == "autoshard.train: error: no GPU 2\n"

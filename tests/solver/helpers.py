@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver.core import Compact, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core

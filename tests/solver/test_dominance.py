@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from autoshard.problem import ShardingProblem
+from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import INF, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import _SAFE, prune_dominated

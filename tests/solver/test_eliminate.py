@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.problem import ShardingProblem
+from autoshard.solver.problem import ShardingProblem
 from autoshard.solver import SolveOptions, solve
 from autoshard.solver.core import Core
 from autoshard.solver.eliminate import EliminationPlan

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from autoshard.errors import AutoshardError
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver.core import Core
 from autoshard.solver.api import solve
 from autoshard.solver.evaluation import Expansion, FlatProblem

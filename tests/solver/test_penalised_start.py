@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver.core import Core
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.memory import attach_memory

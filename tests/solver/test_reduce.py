@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.problem import ShardingProblem
+from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import Core
 from autoshard.solver.memory import attach_memory, compress_rows, smallest_peak
 from autoshard.solver.reduce import NoAssignment, reduce_core

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.iopddl import load_problem
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.iopddl import load_problem
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver import Checked, EngineFailed, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
 from autoshard.solver.engine_pool import EnginePool
 from autoshard.solver.milp import solve_problem_milp

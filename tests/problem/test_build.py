@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from autoshard.build import BuildOptions, ModelProblem, build_problem
+from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
 from autoshard.errors import AutoshardError
-from autoshard.problem import FORBIDDEN
-from autoshard.graph import NodeKind
+from autoshard.solver.problem import FORBIDDEN
+from autoshard.frontend.graph import NodeKind
 from autoshard.lower.slapo import schedule_lines
 from autoshard.sharding.mesh import parse_mesh
-from autoshard.planning import make_plan
+from autoshard.problem.readback import make_plan
 from tests.graphs import mlp_graph
 
 
@@ -148,7 +148,7 @@ def test_a_mesh_that_divides_nothing_warns_and_replicates():
 
 
 def test_plan_json_round_trip(tmp_path):
-    from autoshard.plan import Plan
+    from autoshard.problem.plan import Plan
 
     mp = build(mlp_graph(12, 256, 256, 1024), mode="training")
     _, choice = brute_force(mp)
@@ -161,7 +161,7 @@ def test_plan_json_round_trip(tmp_path):
 
 
 def test_malformed_plan_files_get_one_line_errors(tmp_path):
-    from autoshard.plan import Plan
+    from autoshard.problem.plan import Plan
 
     path = tmp_path / "plan.json"
     path.write_text("{not json")

@@ -20,20 +20,19 @@ merge it back into its owner (functional merging carries memory), so it costs th
 from __future__ import annotations
 
 import difflib
-import hashlib
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
-from autoshard.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
+from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
 from autoshard.cost.memory import PRECISIONS, MemoryItem, out_metas
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
-from autoshard.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import reshard_steps
@@ -166,20 +165,6 @@ class ModelProblem:
             if item.interval[0] <= time < item.interval[1]:
                 totals[item.what] = totals.get(item.what, 0) + item.usage[choice[index[item.owner]]]
         return totals
-
-
-def graph_signature(graph: OpGraph) -> list[str]:
-    """One ``name:op:shape`` line per node: what a plan is valid for (hashed by :func:`fingerprint`).
-
-    A frozen parameter's op is ``frozen``: a plan made with it frozen has no gradient steps for it.
-    """
-    ops = {n.name: "frozen" if n.kind == NodeKind.PARAM and not n.requires_grad else n.op for n in graph}
-    return [f"{n.name}:{ops[n.name]}:{getattr(n.tensor, 'shape', None)}" for n in graph]
-
-
-def fingerprint(graph: OpGraph) -> str:
-    """A short hash of the graph's node names, ops and shapes: plans are only valid for one model."""
-    return hashlib.sha256(";".join(graph_signature(graph)).encode()).hexdigest()[:16]
 
 
 class _EdgePrices:

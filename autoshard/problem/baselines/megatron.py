@@ -12,8 +12,8 @@ search space, so a proved optimum can never cost more.
 
 from __future__ import annotations
 
-from autoshard.build import ModelProblem
-from autoshard.graph import NodeKind
+from autoshard.problem.build import ModelProblem
+from autoshard.frontend.graph import NodeKind
 
 
 def _incoming_cost(mp: ModelProblem, name: str, strategy: int, choice: list[int | None]) -> int:

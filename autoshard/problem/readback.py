@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from autoshard.build import ModelProblem, graph_signature
-from autoshard.candidates import expert_exchanges_of, operand_meta
-from autoshard.graph import NodeKind
-from autoshard.plan import EdgeReshard, NodePlacement, Plan
+from autoshard.frontend.graph import graph_signature
+from autoshard.problem.build import ModelProblem
+from autoshard.problem.candidates import expert_exchanges_of, operand_meta
+from autoshard.frontend.graph import NodeKind
+from autoshard.problem.plan import EdgeReshard, NodePlacement, Plan
 from autoshard.sharding.exchange import Exchange
 from autoshard.sharding.reshard import reshard_steps
 from autoshard.sharding.rules import load_rules

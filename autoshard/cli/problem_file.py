@@ -6,9 +6,9 @@ plan, and ends with the contest's solution format ``[i, j, ...]`` as the last li
 
 The time limit counts the whole process, as the contest does: interpreter start, imports and
 reading the file come out of it (``Clock``), the solver stops ``reserve`` seconds early, and a
-watchdog prints the best plan found so far and exits if the solver overruns anyway. The CLI
-process leaves through ``autoshard.process.exit_now`` (flush, then os._exit): tearing down the
-Python objects of a 65k-node problem would take seconds after the answer is out.
+watchdog prints the best plan found so far and exits if the solver overruns anyway. The
+process leaves through ``autoshard.cli.process.exit_now`` (flush, then os._exit; autoshard/solve.py):
+tearing down the Python objects of a 65k-node problem would take seconds after the answer is out.
 """
 
 from __future__ import annotations
@@ -19,16 +19,18 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from autoshard.errors import AutoshardError
-from autoshard.iopddl import format_solution, load_problem, write_problem
-from autoshard.process import exit_now, is_cli_process
+from autoshard.solver.iopddl import format_solution, load_problem, write_problem
+from autoshard.cli.process import is_cli_process
+from autoshard.cli.progress import HEARTBEAT, EventView, LogLines, failure_line, gap
 from autoshard.solver import Solution, SolveOptions, solve
+from autoshard.solver.events import Checked, EngineFailed, Event, Improved, Reduced, Started
 
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,167 +73,61 @@ def solve_options(args: argparse.Namespace, base: SolveOptions | None = None) ->
     return replace(base, **changes)
 
 
-HEARTBEAT = 10.0
-"""Seconds of silence after which ``--log`` and a display that is not a terminal print a status
-line: between better plans a 240 s search can go a minute without one (IOPDDL R: 24 s -> 82 s)."""
-
-
-class Heartbeat:
-    """Calls ``beat`` from a daemon thread whenever ``every`` seconds pass without ``touch``, so
-    long stretches without news still show that the search is alive and where it stands. With
-    ``on`` False (a terminal, where the live line moves anyway) there is no thread."""
-
-    def __init__(self, beat: Callable[[], None], every: float = HEARTBEAT, on: bool = True) -> None:
-        self.beat, self.every = beat, every
-        self.last = time.monotonic()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True) if on else None
-        if self.thread is not None:
-            self.thread.start()
-
-    def touch(self) -> None:
-        """Something was just printed: the next beat is ``every`` seconds from now."""
-        self.last = time.monotonic()
-
-    def stop(self) -> None:
-        """No more beats (the run is over)."""
-        self.stopped.set()
-
-    def _run(self) -> None:
-        while not self.stopped.wait(max(0.05, self.last + self.every - time.monotonic())):
-            if time.monotonic() - self.last >= self.every:
-                self.beat()
-                self.touch()
-
-
-class LogLines:
-    """``--log``: one plain line per better plan, better lower bound (at most one a second) and
-    the final proof, on stderr, whatever else is shown, and a status line after HEARTBEAT seconds
-    without one; forwards every event to ``forward``. ``close`` stops the status lines."""
-
-    def __init__(self, forward: Any = None, stream: Any = None, every: float = HEARTBEAT) -> None:
-        self.forward, self.stream = forward, stream or sys.stderr
-        self.best: int | None = None
-        self.lower: int | None = None
-        self.last_bound = -1.0
-        self.phase = "starting"
-        self.start = time.monotonic()
-        self.lock = threading.Lock()
-        self.heartbeat = Heartbeat(self._status, every)
-
-    def __call__(self, event: Any) -> None:
-        kind = type(event).__name__
-        if isinstance(getattr(event, "elapsed", None), float):  # the status line's clock is the solver's
-            self.start = time.monotonic() - event.elapsed
-        if kind == "Phase":
-            self.phase = event.name
-        elif kind == "Improved":
-            self.best = event.cost
-            self._write(f"{event.elapsed:.2f}s plan {event.cost} by {event.source} gap {_gap(self.best, self.lower)}")
-        elif kind == "LowerBound":
-            self.lower = event.value
-            if event.elapsed - self.last_bound >= 1.0 or event.value == self.best:
-                self.last_bound = event.elapsed
-                self._write(f"{event.elapsed:.2f}s bound {event.value} by {event.source} gap {_gap(self.best, self.lower)}")
-        elif kind == "EngineFailed":
-            self._write(failure_line(event))
-        elif kind == "Finished":
-            self.close()
-            sol = event.solution
-            what = f"proved by {sol.proof}" if sol.status == "optimal" else f"gap {_gap(sol.cost, sol.lower_bound)}"
-            self._write(f"{sol.elapsed:.2f}s {sol.status} {sol.cost} {what}")
-        if self.forward is not None:
-            self.forward(event)
-
-    def close(self) -> None:
-        """Stop the status lines (the run ended, or failed)."""
-        self.heartbeat.stop()
-
-    def _status(self) -> None:
-        best = "-" if self.best is None else str(self.best)
-        self._write(f"{time.monotonic() - self.start:.2f}s searching ({self.phase}): best {best} "
-                    f"gap {_gap(self.best, self.lower)}")
-
-    def _write(self, text: str) -> None:
-        with self.lock:
-            self.stream.write(text + "\n")
-            self.stream.flush()
-        self.heartbeat.touch()
-
-
-class _Display:
-    """Prints one line per improvement and keeps a live status line (events -> text); on a console
-    that is not a terminal (no live line) the status is printed after HEARTBEAT s of silence."""
+class ProblemDisplay(EventView):
+    """Prints one line per improvement and keeps a live status line; on a console that is not a
+    terminal (no live line) the status is printed after HEARTBEAT s of silence."""
 
     def __init__(self, console: Console, live: Live | None, every: float = HEARTBEAT) -> None:
         self.console, self.live = console, live
-        self.start = time.monotonic()
-        self.best: int | None = None
-        self.lower: int | None = None
-        self.phase = "starting"
-        self.checks = 0
-        self.heartbeat = Heartbeat(lambda: self._line(self.status().plain), every, on=not console.is_terminal)
-
-    def close(self) -> None:
-        """Stop the status lines."""
-        self.heartbeat.stop()
+        super().__init__(every, heartbeat=not console.is_terminal)
 
     def status(self) -> Text:
         """The live line: phase, best, bound, gap, z3 checks, time."""
         best = "-" if self.best is None else str(self.best)
         lower = "-" if self.lower is None else str(self.lower)
         return Text(
-            f"{self.phase}: best {best}  lower bound {lower}  gap {_gap(self.best, self.lower)}  "
+            f"{self.phase}: best {best}  lower bound {lower}  gap {gap(self.best, self.lower)}  "
             f"z3 checks {self.checks}  {time.monotonic() - self.start:.1f}s",
             style="cyan",
         )
 
-    def __call__(self, event: Any) -> None:
-        kind = type(event).__name__
-        if kind == "Started":
-            self.phase = "exact reductions"
-            limit = "none" if event.usage_limit is None else str(event.usage_limit)
-            self._line(f"{event.name or 'problem'}: {event.nodes} nodes, {event.edges} edges, "
-                       f"{event.strategies} strategies, usage limit {limit}")
-        elif kind == "Reduced" and not event.counts:
-            self._line(f"no reductions: z3 sees {event.nodes_after} nodes / {event.edges_after} edges "
-                       f"({event.memory_rows} memory rows)")
-        elif kind == "Reduced":
-            self._line(f"reduced in {event.elapsed:.2f}s: {event.nodes_before} nodes / {event.edges_before} edges "
-                       f"-> {event.nodes_after} / {event.edges_after} ({event.strategies_after} strategies, "
-                       f"{event.memory_rows} memory rows)")
-        elif kind == "Phase":
-            self.phase = event.name
-        elif kind == "Improved":
-            self.best = event.cost
-            bound = "" if event.bound is None else f"  (asked < {event.bound})"
-            self._line(f"{event.elapsed:8.2f}s  cost {event.cost}  by {event.source}{bound}  "
-                       f"gap {_gap(self.best, self.lower)}")
-        elif kind == "LowerBound":
-            self.lower = event.value
-        elif kind == "EngineFailed":
-            self._line(failure_line(event))
-        elif kind == "Checked":
-            self.checks += 1
-            if event.result == "unsat":
-                self._line(f"{event.elapsed:8.2f}s  z3: no plan cheaper than {event.bound} (UNSAT)")
+    def status_text(self) -> str:
+        return self.status().plain
+
+    def on_started(self, event: Started) -> None:
+        self.phase = "exact reductions"
+        limit = "none" if event.usage_limit is None else str(event.usage_limit)
+        self.line(f"{event.name or 'problem'}: {event.nodes} nodes, {event.edges} edges, "
+                  f"{event.strategies} strategies, usage limit {limit}")
+
+    def on_reduced(self, event: Reduced) -> None:
+        if not event.counts:
+            self.line(f"no reductions: z3 sees {event.nodes_after} nodes / {event.edges_after} edges "
+                      f"({event.memory_rows} memory rows)")
+        else:
+            self.line(f"reduced in {event.elapsed:.2f}s: {event.nodes_before} nodes / {event.edges_before} edges "
+                      f"-> {event.nodes_after} / {event.edges_after} ({event.strategies_after} strategies, "
+                      f"{event.memory_rows} memory rows)")
+
+    def on_improved(self, event: Improved) -> None:
+        bound = "" if event.bound is None else f"  (asked < {event.bound})"
+        self.line(f"{event.elapsed:8.2f}s  cost {event.cost}  by {event.source}{bound}  "
+                  f"gap {gap(self.best, self.lower)}")
+
+    def on_engine_failed(self, event: EngineFailed) -> None:
+        self.line(failure_line(event))
+
+    def on_checked(self, event: Checked) -> None:
+        if event.result == "unsat":
+            self.line(f"{event.elapsed:8.2f}s  z3: no plan cheaper than {event.bound} (UNSAT)")
+
+    def after(self, event: Event) -> None:
         if self.live is not None:
             self.live.update(self.status(), refresh=True)
 
-    def _line(self, text: str) -> None:
+    def line(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         self.heartbeat.touch()
-
-
-def failure_line(event: Any) -> str:
-    """An EngineFailed event as one line: which engine, why, and that the search goes on."""
-    return f"{event.elapsed:.2f}s {event.method} engine failed ({event.error}); the search goes on without it"
-
-
-def _gap(best: int | None, lower: int | None) -> str:
-    if best is None or lower is None:
-        return "-"
-    return f"{100 * (best - lower) / max(abs(best), 1):.2f}%"
 
 
 class Clock:
@@ -296,8 +192,8 @@ class _Watchdog:
             self.timer.daemon = True
             self.timer.start()
 
-    def __call__(self, event: Any) -> None:
-        if type(event).__name__ == "Improved":
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Improved):
             self.choice = event.choice
         if self.forward is not None:
             self.forward(event)
@@ -347,14 +243,14 @@ def run(
     watchdog = _Watchdog(clock.hard_deadline() if is_cli_process() else None, None)
     log_lines = LogLines(watchdog) if log else None
     listener = log_lines or watchdog
-    display: _Display | None = None
+    display: ProblemDisplay | None = None
     try:
         if quiet:
             solution = _load_and_solve(path, clock, options, listener, write_to)
         else:
             # refreshed twice a second, so the phase and the time move even between events
             with Live(console=console, transient=True, refresh_per_second=2) as live:
-                watchdog.forward = display = _Display(console, live)
+                watchdog.forward = display = ProblemDisplay(console, live)
                 display.phase = "reading the file"
                 live.update(display.status())
                 solution = _load_and_solve(path, clock, options, listener, write_to)
@@ -383,30 +279,8 @@ def _summary(console: Console, solution: Solution) -> None:
                 f"({solution.iterations} z3 checks)")
     else:
         lower = "none" if solution.lower_bound is None else str(solution.lower_bound)
-        text = (f"time limit: best cost {solution.cost}, lower bound {lower}, gap {_gap(solution.cost, solution.lower_bound)}, "
+        text = (f"time limit: best cost {solution.cost}, lower bound {lower}, gap {gap(solution.cost, solution.lower_bound)}, "
                 f"{solution.elapsed:.2f}s")
     if solution.peak is not None:
         text += f"; peak memory {solution.peak}"
     console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry: ``python -c 'from autoshard.problem_cli import main; main()' file.json``."""
-    parser = argparse.ArgumentParser(prog="autoshard-problem", description="Solve an IOPDDL problem file.")
-    parser.add_argument("path", help="problem file (.json or .json.gz)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="wall seconds for the whole process; default: until proved optimal")
-    parser.add_argument("--quiet", action="store_true", help="print only the solution list")
-    add_solver_arguments(parser)
-    args = parser.parse_args(argv)
-    console = Console()
-    try:
-        return run(args.path, args.timeout, console, quiet=args.quiet, options=solve_options(args),
-                   log=args.log, write_to=args.write_problem)
-    except AutoshardError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return 2
-
-
-if __name__ == "__main__":
-    exit_now(main())

@@ -31,7 +31,7 @@ from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
                                    recompute_variants, state_items)
 from autoshard.cost.recompute import NO_BLOCKS, Blocks
-from autoshard.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
+from autoshard.frontend.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
 """(op node, local operand shapes) -> (forward, backward) flops of one device's piece

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autoshard.iopddl import load_problem, parse_solution, write_problem
-from autoshard.problem_cli import (Clock, Heartbeat, _Display, LogLines, add_solver_arguments, launch_time, main, run,
-                                   solve_options)
+from autoshard.solver.iopddl import load_problem, parse_solution, write_problem
+from autoshard.cli.problem_file import Clock, ProblemDisplay, add_solver_arguments, launch_time, run, solve_options
+from autoshard.cli.progress import Heartbeat, LogLines
+from autoshard.cli.solve import main
 from autoshard.solver import EngineFailed, Phase, SolveOptions
 
 from tests.solver.helpers import EXAMPLE, infeasible_beyond_the_smallest_peak_bound, needs_shared
@@ -144,11 +145,10 @@ def test_gap_flag_is_checked_and_passed_on(capsys):
 
 
 def test_model_cli_writes_its_problem_for_other_solvers(tmp_path, capsys):
-    from autoshard.solve import main as solve_main
 
     path = tmp_path / "mlp.json.gz"
     mlp = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
-    assert solve_main([str(mlp), "--mesh", "8", "--quiet", "--tables", "none", "--log",
+    assert main([str(mlp), "--mesh", "8", "--quiet", "--tables", "none", "--log",
                        "--write-problem", str(path)]) == 0
     out, err = capsys.readouterr()
     problem = load_problem(path)
@@ -185,7 +185,7 @@ def test_an_engine_failure_is_one_line_in_the_log_and_on_the_console():
     lines.close()
     assert stream.getvalue() == "12.50s lagrange engine failed (MemoryError: ); the search goes on without it\n"
     console = Console(file=io.StringIO(), width=200)
-    display = _Display(console, None, every=60.0)
+    display = ProblemDisplay(console, None, every=60.0)
     display(failure)
     display.close()
     assert "lagrange engine failed (MemoryError: )" in console.file.getvalue()
@@ -206,8 +206,8 @@ def test_heartbeat_beats_only_after_silence():
 
 def test_display_without_a_terminal_prints_its_status_after_silence():
     con, out = console()
-    display = _Display(con, None, every=0.1)
+    display = ProblemDisplay(con, None, every=0.1)
     display(Phase("lns", "neighbourhood search", 0.0))
     assert wait_for(lambda: "lns: best -  lower bound -" in out.getvalue())
     display.close()
-    assert _Display(Console(file=io.StringIO(), force_terminal=True), None).heartbeat.thread is None
+    assert ProblemDisplay(Console(file=io.StringIO(), force_terminal=True), None).heartbeat.thread is None

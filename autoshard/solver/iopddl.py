@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from autoshard.errors import AutoshardError
-from autoshard.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 
 _INT64_MAX = np.iinfo(np.int64).max
 

@@ -20,9 +20,9 @@ The plan is one point of our search space, so a proved optimum never costs more.
 
 from __future__ import annotations
 
-from autoshard.baselines import _incoming_cost
-from autoshard.build import ModelProblem
-from autoshard.graph import NodeKind
+from autoshard.problem.baselines.megatron import _incoming_cost
+from autoshard.problem.build import ModelProblem
+from autoshard.frontend.graph import NodeKind
 from autoshard.sharding.spec import TensorSpec
 
 

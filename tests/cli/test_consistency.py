@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from autoshard.errors import AutoshardError
-from autoshard.plan import Plan
-from autoshard.solve import main
+from autoshard.problem.plan import Plan
+from autoshard.cli.solve import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLP = str(ROOT / "examples" / "mlp.py")
 
 BLOCKS = """

@@ -16,6 +16,8 @@ Conventions every producer of an OpGraph keeps:
 
 from __future__ import annotations
 
+import hashlib
+
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -152,3 +154,17 @@ class OpGraph:
             for index, src in enumerate(node.inputs):
                 g.add_edge(src, node.name, key=index, operand=index)
         return g
+
+
+def graph_signature(graph: OpGraph) -> list[str]:
+    """One ``name:op:shape`` line per node: what a plan is valid for (hashed by :func:`fingerprint`).
+
+    A frozen parameter's op is ``frozen``: a plan made with it frozen has no gradient steps for it.
+    """
+    ops = {n.name: "frozen" if n.kind == NodeKind.PARAM and not n.requires_grad else n.op for n in graph}
+    return [f"{n.name}:{ops[n.name]}:{getattr(n.tensor, 'shape', None)}" for n in graph]
+
+
+def fingerprint(graph: OpGraph) -> str:
+    """A short hash of the graph's node names, ops and shapes: plans are only valid for one model."""
+    return hashlib.sha256(";".join(graph_signature(graph)).encode()).hexdigest()[:16]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.planning import make_plan
-from autoshard.run import _check_ranks
-from autoshard.solve import main
+from autoshard.problem.readback import make_plan
+from autoshard.cli.run import _check_ranks
+from autoshard.cli.solve import main
 from tests.runtime.plans import problem, traced
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LLAMA = str(ROOT / "examples" / "llama.py")
 
 
@@ -94,7 +94,7 @@ def test_the_run_check_says_a_replicated_plan_sent_nothing_because_it_shards_not
 def test_a_refusal_is_one_line_and_torchruns_error_file_repeats_it(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun reports any non-zero exit of a worker at length; its ``traceback :`` field then shows our line."""
-    from autoshard.run import main as run_main
+    from autoshard.cli.run import main as run_main
 
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"),
                         ("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))):

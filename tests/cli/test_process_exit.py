@@ -1,4 +1,4 @@
-"""The command-line entry points end without interpreter finalization (autoshard/process.py).
+"""The command-line entry points end without interpreter finalization (autoshard/cli/process.py).
 
 Under torchrun, finalization raced gloo's worker threads still dropping the last collective's
 tensors and aborted finished runs (SIGABRT in about one run in twelve); the abort itself is
@@ -36,7 +36,7 @@ def test_torchrun_entry_points_skip_finalization(module: str, args: list[str]) -
 
 def test_in_process_callers_get_a_normal_exit() -> None:
     """Tests and notebooks calling exit_now get SystemExit, so their own process goes on."""
-    from autoshard.process import exit_now
+    from autoshard.cli.process import exit_now
 
     with pytest.raises(SystemExit) as raised:
         exit_now(3)

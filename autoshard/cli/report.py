@@ -12,13 +12,13 @@ from typing import Callable, NamedTuple
 
 from rich.table import Table
 
-from autoshard.build import ModelProblem
+from autoshard.problem.build import ModelProblem
 from autoshard.cost.devices import PRESETS, Device
-from autoshard.fold import fold, fold_groups, layer_key
-from autoshard.units import format_bytes
-from autoshard.graph import NodeKind, OpNode
-from autoshard.plan import Plan
-from autoshard.planning import edge_cost
+from autoshard.lower.fold import fold, fold_groups, layer_key
+from autoshard.cost.units import format_bytes
+from autoshard.frontend.graph import NodeKind, OpNode
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import edge_cost
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
 

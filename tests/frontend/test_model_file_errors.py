@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.solve import main
+from autoshard.cli.solve import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SHAPE_MISMATCH = """
 import torch

@@ -7,7 +7,7 @@ import pytest
 from autoshard.errors import AutoshardError
 from autoshard.sharding.mesh import NETWORK_BANDWIDTH, NVLINK_BANDWIDTH, parse_mesh
 from autoshard.sharding.spec import TensorSpec
-from autoshard.units import format_bytes, parse_bytes
+from autoshard.cost.units import format_bytes, parse_bytes
 
 
 def test_mesh_shapes_and_default_links():

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.solve import build_parser, main
+from autoshard.cli.solve import build_parser, main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLP = str(ROOT / "examples" / "mlp.py")
 
 
@@ -151,11 +151,11 @@ def test_piped_model_solve_prints_its_status_after_silence():
 
     from rich.console import Console
 
-    from autoshard.solve import _Progress
+    from autoshard.cli.solve import ModelProgress
 
     out = io.StringIO()
     mp = SimpleNamespace(cost_model=SimpleNamespace(format=str))
-    progress = _Progress(mp, Console(file=out, force_terminal=False), "lines", SimpleNamespace(update=lambda _: None),
+    progress = ModelProgress(mp, Console(file=out, force_terminal=False), "lines", SimpleNamespace(update=lambda _: None),
                          every=0.1)
     until = time.monotonic() + 10.0
     while "iterations 0  bound < -" not in out.getvalue() and time.monotonic() < until:
@@ -164,5 +164,5 @@ def test_piped_model_solve_prints_its_status_after_silence():
     assert "iterations 0  bound < -" in out.getvalue()
     live = SimpleNamespace(update=lambda _: None)
     terminal, piped = Console(file=io.StringIO(), force_terminal=True), Console(file=io.StringIO(), force_terminal=False)
-    assert _Progress(mp, terminal, "lines", live).heartbeat.thread is None
-    assert _Progress(mp, piped, "lines", None).heartbeat.thread is None  # --quiet
+    assert ModelProgress(mp, terminal, "lines", live).heartbeat.thread is None
+    assert ModelProgress(mp, piped, "lines", None).heartbeat.thread is None  # --quiet

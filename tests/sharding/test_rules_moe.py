@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from autoshard.frontend.experts import grouped_mm, moe_experts
-from autoshard.graph import TensorMeta
+from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.rules import RuleError, instantiate, load_rules, strategies
 from tests.layout_sim import all_coords
-from tests.test_rules_numeric import MESHES, R, _meta, _partial_group, _piece, check_op
+from tests.sharding.test_rules_numeric import MESHES, R, _meta, _partial_group, _piece, check_op
 
 
 def _ends(*counts: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autoshard.graph import TensorMeta
+from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.rules import RuleError, instantiate, load_rules, strategies
 from autoshard.sharding.spec import TensorSpec
 from tests.layout_sim import all_coords

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 from autoshard.api import build_model_problem, solve_model_problem
-from autoshard.baselines_torchtitan import torchtitan_choice
+from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.errors import AutoshardError
 from autoshard.frontend.experts import EXPERTS_OP, experts_activation
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.plan import Plan
-from autoshard.planning import make_plan
+from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import Collective, expected_collectives, same_collectives
 from autoshard.sharding.exchange import expert_exchanges
-from autoshard.solve import main
+from autoshard.cli.solve import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIXTRAL = str(ROOT / "examples" / "mixtral.py")
 
 
