@@ -27,7 +27,7 @@ T = TypeVar("T")
 class CallServer:
     """Runs ``fn(*args)`` in a child forked on the first call and kept for the next ones; a call
     whose answer is not back by its deadline kills the child (the next call forks a new one).
-    ``fn`` and the args must pickle (a module's function, arrays, a Compact). Use it as a
+    ``fn`` and the args must pickle (a module's function, arrays, a FrozenCore). Use it as a
     context manager, so that the child ends with the work that needed it."""
 
     def __init__(self) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import z3
 
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, FrozenCore
 from autoshard.solver.cut import DualCut
 from autoshard.solver.toulbar import row_terms
 
@@ -49,7 +49,7 @@ class CheckResult:
     choice: list[int] | None = None
 
 
-def shifted(comp: Compact) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]], int]:
+def shifted(comp: FrozenCore) -> tuple[list[np.ndarray], list[tuple[int, int, np.ndarray]], int]:
     """Costs with every edge's row then column minima moved into its nodes, and node minima into
     the constant: the same total for every assignment, and small, sparse weights."""
     costs = [c.copy() for c in comp.costs]
@@ -73,14 +73,14 @@ def shifted(comp: Compact) -> tuple[list[np.ndarray], list[tuple[int, int, np.nd
 
 
 class Z3Search:
-    """An incremental z3 solver over a Compact; ``check(bound)`` asks for a plan with cost < bound.
+    """An incremental z3 solver over a FrozenCore; ``check(bound)`` asks for a plan with cost < bound.
 
     The formula is written as SMT-LIB2 text and parsed by z3 in one call, much faster than
     building it through the Python API object by object (measured: see benchmarks/README.md,
     "Measurements behind the design").
     """
 
-    def __init__(self, comp: Compact) -> None:
+    def __init__(self, comp: FrozenCore) -> None:
         self.comp = comp
         self.ctx = z3.Context()  # own context: safe to run in a thread, and to interrupt
         costs, edges, self.const = shifted(comp)
@@ -242,7 +242,7 @@ class Z3Search:
 class Z3Worker(threading.Thread):
     """z3 CEGIS in the background: checks with growing time slices against the latest bound."""
 
-    def __init__(self, comp: Compact, deadline: float | None, cut: DualCut | None) -> None:
+    def __init__(self, comp: FrozenCore, deadline: float | None, cut: DualCut | None) -> None:
         super().__init__(daemon=True)
         self.comp, self.deadline, self.cut = comp, deadline, cut
         self.bound: int | None = None
@@ -349,7 +349,7 @@ def _pb_le(row: list[tuple[str, int]], rhs: int) -> str:
     return _pb([lit for lit, _ in row], [w for _, w in row], rhs, "pble")
 
 
-def objective_size(comp: Compact) -> int:
+def objective_size(comp: FrozenCore) -> int:
     """Weighted literals z3 would need: nonzero edge entries, strategies and the memory rows'
     terms (a small core can have millions of row terms, and z3's formula grows with them)."""
     return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs) + row_terms(comp)

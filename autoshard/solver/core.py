@@ -8,8 +8,8 @@ node that absorbed another one carries that node's memory too). Every reduction 
 ``Core.expand`` turns a choice for the survivors back into a choice for every original node.
 
 Costs are int64 saturated at ``INF`` (= FORBIDDEN, 10**18): sums of two saturated values never
-overflow, and anything at ``INF`` is forbidden. ``Compact`` is the frozen, 0..n-1 indexed view of
-what is left, with exact (Python int) cost and memory evaluation; ``Compact.arrays`` is the same
+overflow, and anything at ``INF`` is forbidden. ``FrozenCore`` is the frozen, 0..n-1 indexed view of
+what is left, with exact (Python int) cost and memory evaluation; ``FrozenCore.arrays`` is the same
 core as flat arrays with offsets, which is what the compiled (numba) loops of the solvers take.
 """
 
@@ -120,13 +120,13 @@ class Core:
             choice[rec.node] = int(rec.table[idx])
         return choice
 
-    def freeze(self) -> Compact:
-        """The alive part as a Compact (nodes renumbered 0..n-1 in increasing original id)."""
+    def freeze(self) -> FrozenCore:
+        """The alive part as a FrozenCore (nodes renumbered 0..n-1 in increasing original id)."""
         nodes = sorted(self.alive)
         index = {v: i for i, v in enumerate(nodes)}
         edges = [(index[u], index[v], m) for u in nodes for v, m in self.adj[u].items() if u < v]
         segments = [[(s.start, s.stop, s.usage) for s in self.segments[v]] for v in nodes]
-        return Compact(
+        return FrozenCore(
             nodes=nodes,
             costs=[self.costs[v] for v in nodes],
             edges=edges,
@@ -137,7 +137,7 @@ class Core:
 
 
 @dataclass
-class Compact:
+class FrozenCore:
     """A frozen pairwise problem over nodes 0..n-1 with memory rows; what the core solvers read."""
 
     nodes: list[int]
@@ -175,11 +175,11 @@ class Compact:
         return self.capacity is not None and any(self.segments)
 
     @property
-    def arrays(self) -> CompactArrays:
+    def arrays(self) -> FrozenCoreArrays:
         """This core as flat arrays (built on first use, then kept)."""
         cached = self.__dict__.get("_arrays")
         if cached is None:
-            cached = self.__dict__["_arrays"] = CompactArrays.of(self)
+            cached = self.__dict__["_arrays"] = FrozenCoreArrays.of(self)
         return cached
 
     def cost(self, x: np.ndarray | list[int]) -> int:
@@ -211,8 +211,8 @@ class Compact:
 
 
 @dataclass
-class CompactArrays:
-    """A Compact flat: node i's costs are ``costs[c_off[i]:c_off[i+1]]``; its neighbours are
+class FrozenCoreArrays:
+    """A FrozenCore flat: node i's costs are ``costs[c_off[i]:c_off[i+1]]``; its neighbours are
     ``nb_other[nb_ptr[i]:nb_ptr[i+1]]``, each with the edge's matrix oriented (i's strategy,
     the neighbour's) and flattened row-major at ``nb_mats[nb_moff[p]:]`` (every edge twice, once
     per end); its memory segments are rows ``seg_start..seg_stop`` with usage
@@ -232,12 +232,12 @@ class CompactArrays:
     seg_use: np.ndarray
 
     @staticmethod
-    def of(comp: Compact) -> CompactArrays:
+    def of(comp: FrozenCore) -> FrozenCoreArrays:
         """``comp`` flattened."""
         nbrs = [(j, m) for row in comp.nbrs for j, m in row]
         segs = [seg for row in comp.segments for seg in row]
         sizes = [len(c) for c in comp.costs]
-        return CompactArrays(
+        return FrozenCoreArrays(
             offsets(sizes),
             max(sizes, default=0),
             flat(comp.costs),

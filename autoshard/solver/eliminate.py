@@ -23,16 +23,16 @@ import time
 
 import numpy as np
 
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, FrozenCore
 
 MAX_TABLE = 2_000_000
 """Largest table (entries, the eliminated node's axis included) a plan may need."""
 
 
 class EliminationPlan:
-    """An elimination order for a Compact and the scope each eliminated node leaves behind."""
+    """An elimination order for a FrozenCore and the scope each eliminated node leaves behind."""
 
-    def __init__(self, comp: Compact, max_table: int = MAX_TABLE, deadline: float | None = None) -> None:
+    def __init__(self, comp: FrozenCore, max_table: int = MAX_TABLE, deadline: float | None = None) -> None:
         self.comp = comp
         size = [len(c) for c in comp.costs]
         adj: list[set[int]] = [set() for _ in range(comp.n)]

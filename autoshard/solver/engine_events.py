@@ -2,7 +2,7 @@
 
 Every engine (workers.py) reports typed ``EngineEvent``s, pickled one per length-prefixed frame
 (forks.py) on a pipe of its own (``send`` in the child, ``receive`` in the parent). Costs are whole costs
-of the core (``Compact.const`` included). toulbar2 is the one engine whose progress exists only
+of the core (``FrozenCore.const`` included). toulbar2 is the one engine whose progress exists only
 as the text its C++ search prints; ``ToulbarText`` turns those lines into the same events on the
 parent's side, and the final answer of its search (the value ``CFN.Solve`` returns) is sent as
 typed events like every other engine's.

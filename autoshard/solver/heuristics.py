@@ -5,7 +5,7 @@
 - ``descend``: iterated conditional modes, each node to its best strategy given its
   neighbours, never breaking the memory limit once it holds (with a ``penalty``: on the
   penalised cost, memory not enforced — used to polish a Lagrangian plan); its loop is compiled
-  by numba over the core's flat arrays (``Compact.arrays``, ``FlatBlocks``);
+  by numba over the core's flat arrays (``FrozenCore.arrays``, ``FlatBlocks``);
 - ``repair``: while some row overflows, take the change that frees the most memory on the worst
   row per unit of extra cost.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core import INF, Compact, flat, offsets
+from autoshard.solver.core import INF, FrozenCore, flat, offsets
 
 
 VISITS = 4096
@@ -29,11 +29,11 @@ VISITS = 4096
 
 
 class Search:
-    """An assignment of a Compact with its cost and memory slack, and moves that improve it."""
+    """An assignment of a FrozenCore with its cost and memory slack, and moves that improve it."""
 
     def __init__(
         self,
-        comp: Compact,
+        comp: FrozenCore,
         x: np.ndarray,
         rng: np.random.Generator,
         penalty: np.ndarray | None = None,
@@ -142,8 +142,8 @@ class Search:
         return usage
 
 
-def node_blocks(comp: Compact) -> list[list[tuple[int, int, np.ndarray]]]:
-    """Every node's segments as disjoint row ranges (computed once per Compact)."""
+def node_blocks(comp: FrozenCore) -> list[list[tuple[int, int, np.ndarray]]]:
+    """Every node's segments as disjoint row ranges (computed once per FrozenCore)."""
     cached = comp.__dict__.get("_blocks")
     if cached is None:
         cached = comp.__dict__["_blocks"] = [_disjoint(segs) for segs in comp.segments]
@@ -164,7 +164,7 @@ def _disjoint(segs: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, n
     return out
 
 
-def segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def segment_index(comp: FrozenCore) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Owner node, first row and end row of every segment, as arrays."""
     flat = [(i, start, stop) for i, segs in enumerate(comp.segments) for start, stop, _ in segs]
     if not flat:
@@ -174,13 +174,13 @@ def segment_index(comp: Compact) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
-def memory_areas(comp: Compact) -> list[np.ndarray]:
+def memory_areas(comp: FrozenCore) -> list[np.ndarray]:
     """Per node, each strategy's usage summed over the node's memory rows."""
     return [sum((u.astype(np.float64) * (stop - start) for start, stop, u in segs), np.zeros(len(c)))
             for c, segs in zip(comp.costs, comp.segments)]
 
 
-def min_memory_start(comp: Compact) -> np.ndarray:
+def min_memory_start(comp: FrozenCore) -> np.ndarray:
     """Nodes in order, each on its smallest-memory strategy (then cheapest) among those allowed
     with the neighbours already placed: fits whenever anything fits node by node, and avoids the
     forbidden pairs of a core the reductions only partly shrank (large instances, short limits)."""
@@ -204,8 +204,8 @@ class FlatBlocks:
     none: tuple[np.ndarray, ...]
 
 
-def flat_blocks(comp: Compact) -> FlatBlocks:
-    """``comp``'s FlatBlocks (built once per Compact, like ``node_blocks``)."""
+def flat_blocks(comp: FrozenCore) -> FlatBlocks:
+    """``comp``'s FlatBlocks (built once per FrozenCore, like ``node_blocks``)."""
     cached = comp.__dict__.get("_flat_blocks")
     if cached is None:
         per_node = node_blocks(comp)

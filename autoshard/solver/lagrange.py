@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core import Compact, views
+from autoshard.solver.core import FrozenCore, views
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.heuristics import Search
@@ -65,7 +65,7 @@ class LagrangianSearch:
 
     def __init__(
         self,
-        comp: Compact,
+        comp: FrozenCore,
         rng: np.random.Generator,
         sweeps: int = SWEEPS,
         plan: EliminationPlan | None = None,
@@ -89,7 +89,7 @@ class LagrangianSearch:
         self.direction: np.ndarray | None = None
 
     def penalties(self) -> np.ndarray | None:
-        """The penalty of every strategy, flat (``Compact.arrays.c_off``'s layout, which every
+        """The penalty of every strategy, flat (``FrozenCore.arrays.c_off``'s layout, which every
         consumer takes as is): its usage times the summed multipliers of its rows."""
         if not len(self.lam) or not self.lam.any():
             return None

@@ -26,10 +26,10 @@ import numpy as np
 from numba import njit
 
 from autoshard.solver.call_server import CallServer
-from autoshard.solver.core import INF, Compact, offsets, views
+from autoshard.solver.core import INF, FrozenCore, offsets, views
 from autoshard.solver.heuristics import segment_index
 from autoshard.solver.memory import merge_rows
-from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.milp import solve_core_milp
 from autoshard.solver.shares import Shares
 from autoshard.solver.toulbar import can_take, improve
 
@@ -61,7 +61,7 @@ class NeighbourhoodSearch:
     2006; ``pick``); ``run`` improves a plan. The two taking turns beat either alone (measured: see
     benchmarks/README.md, "Measurements behind the design")."""
 
-    def __init__(self, comp: Compact, rng: np.random.Generator, size: int = 16) -> None:
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, size: int = 16) -> None:
         self.comp = comp
         self.rng = rng
         size = max(MIN_SIZE, min(size, comp.n))
@@ -136,7 +136,7 @@ class NeighbourhoodSearch:
         design")."""
         return self.solvers[self.shares.next()]
 
-    def pose(self, x: np.ndarray) -> tuple[SubSolver, np.ndarray, Compact]:
+    def pose(self, x: np.ndarray) -> tuple[SubSolver, np.ndarray, FrozenCore]:
         """The solver picked, its neighbourhood of x and the restricted problem. toulbar2's
         neighbourhood shrinks until its rows are small enough for it (``toulbar.can_take``);
         HiGHS takes it where even MIN_SIZE nodes are too many."""
@@ -151,7 +151,7 @@ class NeighbourhoodSearch:
             else:
                 solver.size = max(MIN_SIZE, int(solver.size * 0.7))
 
-    def solve(self, solver: SubSolver, sub: Compact, start: np.ndarray, left: float) -> tuple[np.ndarray | None, bool]:
+    def solve(self, solver: SubSolver, sub: FrozenCore, start: np.ndarray, left: float) -> tuple[np.ndarray | None, bool]:
         """A better plan of the restricted problem ``sub`` than ``start`` by ``solver`` (or None,
         or no better one), and whether the solver finished (proved it) rather than ran out of time."""
         if solver.name == "toulbar2":
@@ -166,7 +166,7 @@ class NeighbourhoodSearch:
         # process its fds 1 and 2 would be on /dev/null while it runs (milp.silenced), taking the
         # status lines other threads print with them
         limit = max(1.0, min(MAX_SOLVE, 0.5 * left))
-        result = self.server.call(solve_compact_milp, (sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
+        result = self.server.call(solve_core_milp, (sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
         return (None, False) if result is None else (result.choice, result.optimal)
 
     def neighbourhood(self, x: np.ndarray, size: int) -> np.ndarray:
@@ -232,7 +232,7 @@ def _grow(first, size, max_columns, order, c_off, nb_ptr, nb_other):  # pragma: 
     return out[:count]
 
 
-def node_costs(comp: Compact, x: np.ndarray) -> np.ndarray:
+def node_costs(comp: FrozenCore, x: np.ndarray) -> np.ndarray:
     """Each node's cost in x plus half of its edges', at most 1e30 (float: only for sampling).
     Compiled: in Python the loop over the edges was a visible share of a slice (measured: see
     benchmarks/README.md, "Solver throughput")."""
@@ -254,7 +254,7 @@ def _node_costs(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma:
     return share
 
 
-def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
+def restrict(comp: FrozenCore, x: np.ndarray, nodes: np.ndarray) -> FrozenCore:
     """The problem over ``nodes`` with every other node fixed at x: edges to fixed nodes become
     costs, memory rows keep what the fixed nodes leave free, merged where they see the same
     nodes and dropped where they cannot overflow (``memory.merge_rows``), which leaves few enough
@@ -283,7 +283,7 @@ def restrict(comp: Compact, x: np.ndarray, nodes: np.ndarray) -> Compact:
             lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
             segments = [[(start - lo, stop - lo, usage) for start, stop, usage in comp.segments[v]] for v in nodes]
             capacity, segments, _ = merge_rows(free[lo:hi], segments)
-    return Compact(nodes=[comp.nodes[v] for v in nodes], costs=costs, edges=edges, capacity=capacity,
+    return FrozenCore(nodes=[comp.nodes[v] for v in nodes], costs=costs, edges=edges, capacity=capacity,
                    segments=segments)
 
 

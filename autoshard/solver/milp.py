@@ -1,4 +1,4 @@
-"""The standard linearised ILP of a Compact, solved by HiGHS (scipy): the reference optimum the
+"""The standard linearised ILP of a FrozenCore, solved by HiGHS (scipy): the reference optimum the
 tests and the benchmark compare against (``solve_problem_milp``), and the LP relaxation that
 ``relax.py`` turns into a proven lower bound.
 
@@ -30,7 +30,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array, csr_array
 
 from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import INF, Compact, Core
+from autoshard.solver.core import INF, FrozenCore, Core
 from autoshard.solver.memory import attach_memory
 
 
@@ -81,7 +81,7 @@ class Linearised:
         return [int(np.argmax(z[self.offsets[i] : self.offsets[i + 1]])) for i in range(len(self.offsets) - 1)]
 
 
-def linearise(comp: Compact) -> Linearised:
+def linearise(comp: FrozenCore) -> Linearised:
     """Build the standard ILP of ``comp`` (forbidden entries get cost 0 and upper bound 0)."""
     offsets = np.concatenate([[0], np.cumsum([len(c) for c in comp.costs])]).astype(np.int64)
     nx = int(offsets[-1])
@@ -148,7 +148,7 @@ def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None
     attach_memory(core, problem)
     compact = core.freeze()
     left = None if time_limit is None else max(1.0, time_limit - (time.monotonic() - start))
-    result = solve_compact_milp(compact, left)
+    result = solve_core_milp(compact, left)
     elapsed = time.monotonic() - start
     if result.choice is None:
         return MilpResult(None, None, result.bound, False, elapsed)
@@ -159,10 +159,10 @@ def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None
     return MilpResult(choice, ev.cost, result.bound, result.optimal, elapsed)
 
 
-def solve_compact_milp(
-    compact: Compact, time_limit: float | None = None, exact: bool = False, gap: float = 0.0
+def solve_core_milp(
+    compact: FrozenCore, time_limit: float | None = None, exact: bool = False, gap: float = 0.0
 ) -> MilpResult:
-    """HiGHS MILP on a Compact; the choice is in the compact's local strategy indices.
+    """HiGHS MILP on a FrozenCore; the choice is in the core's local strategy indices.
 
     ``exact`` asks for a zero relative gap (HiGHS stops at 0.01% by default), for proofs;
     ``gap`` > 0 for that relative gap instead.

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, FrozenCore
 from autoshard.solver.heuristics import Search, memory_areas
 from autoshard.solver.trws import MessagePassing
 
@@ -34,7 +34,7 @@ PROBES = 12
 """At most this many multipliers are tried."""
 
 
-def balanced_weight(comp: Compact, areas: list[np.ndarray]) -> float:
+def balanced_weight(comp: FrozenCore, areas: list[np.ndarray]) -> float:
     """The multiplier at which the summed spread of memory areas weighs as much as that of costs."""
     def spread(vectors: list[np.ndarray]) -> float:
         total = 0.0
@@ -48,7 +48,7 @@ def balanced_weight(comp: Compact, areas: list[np.ndarray]) -> float:
     return spread(comp.costs) / memory if memory > 0 else 1.0
 
 
-def weighted_start(comp: Compact, rng: np.random.Generator, deadline: float) -> Search | None:
+def weighted_start(comp: FrozenCore, rng: np.random.Generator, deadline: float) -> Search | None:
     """The cheapest fitting plan over the multipliers tried before ``deadline`` (polished by
     local search), or None when none fits."""
     if comp.capacity is None or not len(comp.capacity):
@@ -58,7 +58,7 @@ def weighted_start(comp: Compact, rng: np.random.Generator, deadline: float) -> 
     mp = MessagePassing(comp)
     best: Search | None = None
     previous: bool | None = None
-    flat_areas = np.concatenate(areas).astype(np.float64)  # the penalty's layout (Compact.arrays)
+    flat_areas = np.concatenate(areas).astype(np.float64)  # the penalty's layout (FrozenCore.arrays)
     for _ in range(PROBES):
         if time.monotonic() >= deadline:
             break

@@ -40,7 +40,7 @@ from autoshard.solver.events import Phase
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
-from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.milp import solve_core_milp
 from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
@@ -97,7 +97,7 @@ class Portfolio:
         self.state = state
         self.z3 = Z3Phases(state)
         self.pool = EnginePool(state)
-        self.stopgap: int | None = None  # the memory-weighted start's cost (penalised_start.py), when that was the start
+        self.weighted_start_cost: int | None = None  # the memory-weighted start's cost (penalised_start.py), when that was the start
         self.lns_paid = False  # the last slice of neighbourhood search improved the best plan
 
     def warm_search(self) -> None:
@@ -161,16 +161,16 @@ class Portfolio:
         search = Search(comp, min_memory_start(comp), state.rng)
         if not search.feasible:
             search.repair(state.soon(max(5.0, 0.5 * state.left()) if state.deadline else 5.0))
-        stopgap = False
+        weighted = False
         if not search.feasible:  # groups of nodes that must move together (penalised_start.py)
             search = weighted_start(comp, state.rng, state.soon(min(5.0, 0.2 * state.left()) if state.deadline else 5.0)) \
                 or search
-            stopgap = True
+            weighted = True
         if search.feasible:
             search.descend(state.soon(5.0))
             state.offer(search.x, "greedy", None)
-            if stopgap:
-                self.stopgap = state.best_cost
+            if weighted:
+                self.weighted_start_cost = state.best_cost
         state.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
 
     def _toulbar_search(self) -> None:
@@ -255,7 +255,7 @@ class Portfolio:
             # the memory-weighted start's cost is no target for Polyak's step: the steps overshoot
             # from it and the search ends worse (measured: see benchmarks/README.md, "Measurements
             # behind the design")
-            target = None if state.best_cost == self.stopgap else state.best_cost
+            target = None if state.best_cost == self.weighted_start_cost else state.best_cost
             result = lag.step(target, state.soon(30.0))
             last_step = time.monotonic() - began
             own = result.plan is not None and state.offer(result.plan, "lagrange", None)
@@ -370,7 +370,7 @@ class Portfolio:
         many weighted literals) or stopped without a verdict, HiGHS solves the core's ILP to a zero gap."""
         state = self.state
         state.emit(Phase("milp", f"exact ILP of the {state.comp.n}-node core (HiGHS, zero gap)", state.elapsed()))
-        result = solve_compact_milp(state.comp, exact=True)
+        result = solve_core_milp(state.comp, exact=True)
         if result.choice is not None:
             state.offer(result.choice, "milp", None)
         if result.optimal and result.cost is not None:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import Compact, Core
+from autoshard.solver.core import FrozenCore, Core
 from autoshard.solver.evaluation import Expansion, FlatProblem
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
@@ -23,9 +23,9 @@ from autoshard.solver.reduce import reduce_core
 from autoshard.solver.trws import MessagePassing
 
 
-def tiny_core() -> Compact:
+def tiny_core() -> FrozenCore:
     """Two nodes of two strategies, one edge, one memory row: every loop has something to do."""
-    return Compact(
+    return FrozenCore(
         nodes=[0, 1],
         costs=[np.array([1, 2], dtype=np.int64), np.array([3, 1], dtype=np.int64)],
         edges=[(0, 1, np.array([[0, 2], [2, 0]], dtype=np.int64))],

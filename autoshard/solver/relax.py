@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-from autoshard.solver.core import Compact
+from autoshard.solver.core import FrozenCore
 from autoshard.solver.cut import DualCut
 from autoshard.solver.milp import linearise, silenced
 from autoshard.solver.trws import safe_bound
@@ -46,12 +46,12 @@ class Relaxation:
     infeasible: bool = False
 
 
-def lp_columns(comp: Compact) -> int:
+def lp_columns(comp: FrozenCore) -> int:
     """Variables of the linearised ILP: one per strategy and one per edge-matrix entry."""
     return sum(len(c) for c in comp.costs) + sum(m.size for _, _, m in comp.edges)
 
 
-def lp_bound(comp: Compact, time_limit: float) -> Relaxation:
+def lp_bound(comp: FrozenCore, time_limit: float) -> Relaxation:
     """Solve the LP relaxation within ``time_limit`` seconds and certify its bound."""
     start = time.monotonic()
     if comp.capacity is not None and len(comp.capacity) and int(comp.capacity.min()) < 0:
@@ -97,7 +97,7 @@ def _linprog(lin, time_limit: float):
     )
 
 
-def _cut(comp: Compact, lin, reduced: np.ndarray, bound: int) -> DualCut:
+def _cut(comp: FrozenCore, lin, reduced: np.ndarray, bound: int) -> DualCut:
     """The reduced-cost cut: integer weights floor(|r_j|) on the columns that can raise the cost."""
     weights = np.floor(np.abs(np.where(lin.upper > 0, reduced, 0.0))).astype(np.int64)
     positive = reduced > 0

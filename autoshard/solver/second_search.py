@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from autoshard.solver.core import Compact
+from autoshard.solver.core import FrozenCore
 from autoshard.solver.engine_events import EngineEvent
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
@@ -46,7 +46,7 @@ class Incumbent:
     """The best fitting plan so far; ``offer`` reports each better one (to the parent, through
     workers.EngineWorker's event pipe) and says whether it was better."""
 
-    def __init__(self, comp: Compact, cost: int | None, plan: list[int] | None,
+    def __init__(self, comp: FrozenCore, cost: int | None, plan: list[int] | None,
                  report: Callable[[EngineEvent], None]) -> None:
         self.comp, self.report = comp, report
         self.cost = cost
@@ -68,7 +68,7 @@ class LagrangianTurns:
     toulbar2 on the penalised problem when ``toulbar``, every CFN_EVERY-th step at most and
     after as much time of steps as its last call took (``PenalisedProbe.due``)."""
 
-    def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, toulbar: bool, best: Incumbent) -> None:
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, toulbar: bool, best: Incumbent) -> None:
         self.comp, self.best = comp, best
         self.lag = LagrangianSearch(comp, rng, deflect=False)
         self.lns = NeighbourhoodSearch(comp, rng)
@@ -94,7 +94,7 @@ class LagrangianTurns:
 class WeightTurns:
     """toulbar2 on the core with usage weights in place of its rows (usage_weights.py)."""
 
-    def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, best: Incumbent) -> None:
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, best: Incumbent) -> None:
         self.comp, self.rng, self.seed, self.best = comp, rng, seed, best
         self.weights = UsageWeights(comp)
         self.calls = 0
@@ -112,7 +112,7 @@ class WeightTurns:
         self.weights.update(y)
 
 
-def run(comp: Compact, seed: int, upper: int | None, plan: list[int] | None, toulbar: bool,
+def run(comp: FrozenCore, seed: int, upper: int | None, plan: list[int] | None, toulbar: bool,
         report: Callable[[EngineEvent], None]) -> None:
     """Turns until killed: Lagrangian ones only, or with ``toulbar`` (toulbar2 takes the core
     without its rows) the two kinds sharing the time by ``Shares``. ``upper``/``plan``: the best

@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import Compact, Core
+from autoshard.solver.core import FrozenCore, Core
 from autoshard.solver.cut import DualCut
 from autoshard.solver.evaluation import Expansion, FlatProblem
 from autoshard.solver.events import EventCallback, Finished, Improved, LowerBound
@@ -40,7 +40,7 @@ class RunState:
     ``comp`` are set once the problem is reduced."""
 
     core: Core
-    comp: Compact
+    comp: FrozenCore
 
     def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: EventCallback) -> None:
         self.problem, self.options, self.emit = problem, options, emit

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from autoshard.solver.core import Compact
+from autoshard.solver.core import FrozenCore
 from autoshard.solver.heuristics import Search
 from autoshard.solver.toulbar import solve_penalised
 
@@ -49,7 +49,7 @@ class PenalisedProbe:
     must not be starved by the calls; measured: see benchmarks/README.md, "Measurements behind
     the design")."""
 
-    def __init__(self, comp: Compact, rng: np.random.Generator, seed: int, back_off: bool = False) -> None:
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, back_off: bool = False) -> None:
         self.comp = comp
         self.rng = rng
         self.seed = seed
@@ -81,7 +81,7 @@ class PenalisedProbe:
         return search
 
 
-def fitted(comp: Compact, y: np.ndarray, rng: np.random.Generator, deadline: float = math.inf) -> Search | None:
+def fitted(comp: FrozenCore, y: np.ndarray, rng: np.random.Generator, deadline: float = math.inf) -> Search | None:
     """Plan ``y`` of a relaxation (memory rows left out) repaired to fit (up to REPAIR_SECONDS)
     and polished by local search (up to POLISH_SECONDS), neither past ``deadline``; None when no
     repair fits."""

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from autoshard.solver.core import INF, Compact, views
+from autoshard.solver.core import INF, FrozenCore, views
 from autoshard.solver.milp import silenced
 
 MAX_ROW_TERMS = 100_000
@@ -35,14 +35,14 @@ MAX_EXACT_COST = 2**53
 """toulbar2 reads costs as doubles: a core with a finite cost at or above this stays ours."""
 
 
-def row_terms(comp: Compact) -> int:
+def row_terms(comp: FrozenCore) -> int:
     """Total (row, node, strategy) terms the knapsack rows of ``comp`` would hold."""
     if comp.capacity is None:
         return 0
     return sum((stop - start) * int(np.count_nonzero(u)) for segs in comp.segments for start, stop, u in segs)
 
 
-def can_take(comp: Compact, rows: bool = True) -> bool:
+def can_take(comp: FrozenCore, rows: bool = True) -> bool:
     """True when toulbar2 can solve ``comp`` exactly and well (rows small, costs exact in
     doubles); with ``rows`` False, the core without its memory rows."""
     if comp.n == 0 or (rows and row_terms(comp) > MAX_ROW_TERMS):
@@ -52,7 +52,7 @@ def can_take(comp: Compact, rows: bool = True) -> bool:
     return top < MAX_EXACT_COST
 
 
-def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool = False,
+def solve_cfn(comp: FrozenCore, upper: int | None, gap: float, seed: int, vns: bool = False,
               rows: bool = True) -> list[int] | None:
     """Build the network of ``comp`` and let toulbar2 search it, printing each better plan and
     bound as it goes: hybrid best-first branch and bound (exact), or with ``vns`` variable-
@@ -73,9 +73,9 @@ def solve_cfn(comp: Compact, upper: int | None, gap: float, seed: int, vns: bool
     return None if found is None else [int(v) for v in found[0]]
 
 
-def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
+def solve_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
     """The best plan toulbar2's neighbourhood search finds in ``seconds`` (CPU) for the core's
-    costs plus ``penalty`` (per strategy, flat as in ``Compact.arrays``), memory rows left out:
+    costs plus ``penalty`` (per strategy, flat as in ``FrozenCore.arrays``), memory rows left out:
     the Lagrangian subproblem of lagrange.py solved as a cost-function network (the contest
     winner's method), or None when it found none in time. No upper bound is given (the best
     fitting plan's penalised cost as one did worse; measured: see benchmarks/README.md,
@@ -91,7 +91,7 @@ def solve_penalised(comp: Compact, penalty: np.ndarray, seconds: int, seed: int)
     return None if found is None else np.asarray(found[0], dtype=np.int64)
 
 
-def improve(comp: Compact, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
+def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
     """A plan of ``comp`` that fits and costs less than x, by toulbar2's branch and bound with the
     memory rows as knapsack constraints and x's cost as the upper bound, within ``seconds`` (CPU);
     None when there is none or none was found in time. Large-neighbourhood search (lns.py) calls
@@ -105,7 +105,7 @@ def improve(comp: Compact, x: np.ndarray, seconds: int, seed: int) -> np.ndarray
     return None if found is None else np.asarray(found[0], dtype=np.int64)
 
 
-def _network(cfn: object, comp: Compact, unary: list[np.ndarray], rows: bool = False) -> None:
+def _network(cfn: object, comp: FrozenCore, unary: list[np.ndarray], rows: bool = False) -> None:
     """Variables, unary costs ``unary`` (entries at INF forbidden) and the edges of ``comp`` in a
     pytoulbar2 CFN, with ``rows`` its memory rows as knapsack constraints too."""
     wcsp = cfn.CFN.wcsp  # type: ignore[attr-defined]
@@ -126,7 +126,7 @@ def _doubles(costs: np.ndarray) -> list[float]:
     return np.where(costs < INF, costs.astype(np.float64), np.inf).tolist()
 
 
-def knapsack_rows(comp: Compact) -> list[tuple[list[int], str]]:
+def knapsack_rows(comp: FrozenCore) -> list[tuple[list[int], str]]:
     """Every distinct memory row as toulbar2's knapsack parameters: ``-capacity`` then, per node
     of the scope, the number of strategies with usage and (strategy, -usage) pairs.
 

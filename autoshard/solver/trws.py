@@ -1,4 +1,4 @@
-"""Sequential tree-reweighted message passing (TRW-S, Kolmogorov 2006) on a Compact.
+"""Sequential tree-reweighted message passing (TRW-S, Kolmogorov 2006) on a FrozenCore.
 
 It solves the dual of the problem's LP relaxation (the local polytope) approximately. On the
 reduced cores that LP is often tight or nearly so, which makes TRW-S a strong source of plans
@@ -22,7 +22,7 @@ import time
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core import INF, Compact, offsets, views
+from autoshard.solver.core import INF, FrozenCore, offsets, views
 from autoshard.solver.cut import DualCut
 
 _CAP = 1e250  # messages are clipped here so inf - inf never appears
@@ -31,9 +31,9 @@ CHUNK = 256
 
 
 class MessagePassing:
-    """Messages of TRW-S over a Compact; ``sweep`` runs one forward and one backward pass."""
+    """Messages of TRW-S over a FrozenCore; ``sweep`` runs one forward and one backward pass."""
 
-    def __init__(self, comp: Compact) -> None:
+    def __init__(self, comp: FrozenCore) -> None:
         self.comp = comp
         n = comp.n
         self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoshard.solver.core import INF, Compact
+from autoshard.solver.core import INF, FrozenCore
 from autoshard.solver.heuristics import node_blocks, segment_index
 
 STEP = 3.0
@@ -46,7 +46,7 @@ benchmarks/README.md, "Measurements behind the design" and "Tried and dropped").
 class UsageWeights:
     """Per-node usage weights of ``comp`` (a core with memory rows) and their bisection."""
 
-    def __init__(self, comp: Compact) -> None:
+    def __init__(self, comp: FrozenCore) -> None:
         self.comp = comp
         self.peak = node_peaks(comp)
         self.live = can_overflow(comp)
@@ -91,7 +91,7 @@ def bisect(
     return nxt, lb, ub
 
 
-def node_peaks(comp: Compact) -> list[np.ndarray]:
+def node_peaks(comp: FrozenCore) -> list[np.ndarray]:
     """Per node, each strategy's largest usage on any one row, less the smallest such (float):
     the largest over its disjoint row ranges (heuristics.node_blocks, where overlapping segments
     add up)."""
@@ -102,7 +102,7 @@ def node_peaks(comp: Compact) -> list[np.ndarray]:
     return out
 
 
-def can_overflow(comp: Compact) -> np.ndarray:
+def can_overflow(comp: FrozenCore) -> np.ndarray:
     """Nodes whose usage depends on their strategy and that are live on a row some plan could
     overflow (every node there at its largest usage): the only ones that get a weight."""
     live = np.zeros(comp.n, dtype=bool)
@@ -120,7 +120,7 @@ def can_overflow(comp: Compact) -> np.ndarray:
     return live
 
 
-def broken_nodes(comp: Compact, y: np.ndarray, owner: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+def broken_nodes(comp: FrozenCore, y: np.ndarray, owner: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """Nodes live on a row that plan ``y`` overflows (``owner``, ``starts``, ``stops``: the
     segments, heuristics.segment_index)."""
     hit = np.zeros(comp.n, dtype=bool)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from autoshard.solver.core import Compact
+from autoshard.solver.core import FrozenCore
 from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
 from autoshard.solver.forks import die_with_parent, kill_and_reap
 
@@ -45,7 +45,7 @@ class EngineWorker:
     ``upper``, where one is known. ``toulbar``: the second search may call toulbar2 on its
     penalised and weighted problems."""
 
-    def __init__(self, comp: Compact, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
+    def __init__(self, comp: FrozenCore, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
                  plan: list[int] | None = None, toulbar: bool = False) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown engine {method!r}")
@@ -204,10 +204,10 @@ def _run_engine(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> 
 def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
     """HiGHS on the core: its plan, its verdict and its dual bound (less a margin for HiGHS's
     floating-point tolerances)."""
-    from autoshard.solver.milp import solve_compact_milp
+    from autoshard.solver.milp import solve_core_milp
 
     comp = worker.comp
-    result = solve_compact_milp(comp, None, exact=worker.gap <= 0, gap=worker.gap)
+    result = solve_core_milp(comp, None, exact=worker.gap <= 0, gap=worker.gap)
     if result.choice is not None and result.cost is not None and comp.is_feasible(result.choice):
         report(EngineEvent("plan", result.cost, list(result.choice)))
         if result.optimal and worker.gap <= 0:

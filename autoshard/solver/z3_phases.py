@@ -9,7 +9,7 @@ import queue
 from typing import Callable
 
 from autoshard.solver.cegis import CheckResult, Z3Search, Z3Worker, objective_size
-from autoshard.solver.core import Compact
+from autoshard.solver.core import FrozenCore
 from autoshard.solver.cut import DualCut
 from autoshard.solver.events import Checked, Phase
 from autoshard.solver.state import RunState
@@ -26,7 +26,7 @@ within seconds, above it gave no verdict in minutes even with a near-optimal cut
 benchmarks/README.md, "Measurements behind the design")."""
 
 
-def z3_takes(comp: Compact) -> bool:
+def z3_takes(comp: FrozenCore) -> bool:
     """True when z3 is given the core at all (at most Z3_MAX_TERMS weighted literals)."""
     return objective_size(comp) <= Z3_MAX_TERMS
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autoshard.solver.problem import FORBIDDEN, ShardingProblem
-from autoshard.solver.core import Compact, Core
+from autoshard.solver.core import FrozenCore, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.reduce import NoAssignment, reduce_core
 
@@ -109,7 +109,7 @@ def infeasible_beyond_the_smallest_peak_bound() -> ShardingProblem:
     return random_problem(rng, int(rng.integers(1, 7)), memory=True)
 
 
-def core_of(seed: int, nodes: int = 7) -> Compact | None:
+def core_of(seed: int, nodes: int = 7) -> FrozenCore | None:
     """The reduced core of a small random problem with memory and forbidden pairs (None: no plan)."""
     rng = np.random.default_rng(seed)
     problem = random_problem(rng, nodes, max_k=4, memory=True, forbid_prob=0.1)
@@ -122,7 +122,7 @@ def core_of(seed: int, nodes: int = 7) -> Compact | None:
     return core.freeze()
 
 
-def optimum(comp: Compact) -> int | None:
+def optimum(comp: FrozenCore) -> int | None:
     """The core's optimum by enumeration (None when nothing fits)."""
     costs = [comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs])
              if comp.is_feasible(list(x))]

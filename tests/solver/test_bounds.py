@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core import Compact, Core
+from autoshard.solver.core import FrozenCore, Core
 from autoshard.solver.cut import DualCut
 from autoshard.solver.lagrange import LagrangianSearch, deflected
 from autoshard.solver.memory import attach_memory
@@ -19,7 +19,7 @@ from autoshard.solver.trws import safe_bound
 from tests.solver.helpers import random_problem
 
 
-def reduced(seed: int, memory: bool) -> Compact | None:
+def reduced(seed: int, memory: bool) -> FrozenCore | None:
     rng = np.random.default_rng(seed)
     problem = random_problem(rng, int(rng.integers(2, 8)), max_k=4, memory=memory, forbid_prob=0.1)
     core = Core(problem)
@@ -31,7 +31,7 @@ def reduced(seed: int, memory: bool) -> Compact | None:
     return core.freeze()
 
 
-def optimum(comp: Compact) -> tuple[int, list[int]] | None:
+def optimum(comp: FrozenCore) -> tuple[int, list[int]] | None:
     import itertools
 
     best = None
@@ -43,7 +43,7 @@ def optimum(comp: Compact) -> tuple[int, list[int]] | None:
     return best
 
 
-def cut_value(comp: Compact, cut: DualCut, x: list[int]) -> int:
+def cut_value(comp: FrozenCore, cut: DualCut, x: list[int]) -> int:
     """const + the weights of the literals plan x makes true (pair literals as exact indicators)."""
     total = cut.const
     for i, s, w, positive in cut.node_terms:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core import INF, Compact, Core, views
+from autoshard.solver.core import INF, FrozenCore, Core, views
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import node_costs
@@ -23,14 +23,14 @@ from autoshard.solver.trws import _CAP, MessagePassing
 from tests.solver.helpers import random_problem
 
 
-def compact(seed: int, nodes: int, forbid: float = 0.1) -> Compact:
+def compact(seed: int, nodes: int, forbid: float = 0.1) -> FrozenCore:
     problem = random_problem(np.random.default_rng(seed), nodes, max_k=5, forbid_prob=forbid)
     core = Core(problem)
     attach_memory(core, problem)
     return core.freeze()
 
 
-def penalty_of(comp: Compact, rng: np.random.Generator) -> list[np.ndarray]:
+def penalty_of(comp: FrozenCore, rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.random(len(c)) * 40 for c in comp.costs]
 
 
@@ -136,14 +136,14 @@ def test_a_deadline_in_the_past_stops_a_sweep_and_leaves_the_messages():
     assert all(not m.any() for m in mp.to_u + mp.to_v)
 
 
-def local_costs(comp: Compact, x: np.ndarray, i: int) -> np.ndarray:
+def local_costs(comp: FrozenCore, x: np.ndarray, i: int) -> np.ndarray:
     vec = comp.costs[i].copy()
     for j, m in comp.nbrs[i]:
         vec = np.minimum(vec + m[:, x[j]], INF)
     return vec
 
 
-def reference_descend(comp: Compact, x: np.ndarray, order: np.ndarray, penalty: list[np.ndarray] | None) -> np.ndarray:
+def reference_descend(comp: FrozenCore, x: np.ndarray, order: np.ndarray, penalty: list[np.ndarray] | None) -> np.ndarray:
     """Nodes off a FIFO queue (``order`` first), each to the first of its cheapest strategies
     (penalised with a penalty; else among those after which every row the node covers fits),
     its neighbours queued when it moves; memory judged on whole profiles."""
@@ -195,7 +195,7 @@ def test_descent_moves_as_the_reference_does_with_exact_cost_and_slack(seed, pen
 
 @pytest.mark.parametrize("seed", range(30))
 def test_cost_profile_and_penalties_match_plain_sums(seed):
-    """Compact.cost (exact Python ints, forbidden terms included), Compact.profile, the nodes'
+    """FrozenCore.cost (exact Python ints, forbidden terms included), FrozenCore.profile, the nodes'
     shares of a plan's cost (neighbourhood search's sampling weights) and the Lagrangian
     penalties against per-node, per-edge, per-segment sums."""
     comp = compact(seed, 8, forbid=0.3)
@@ -229,7 +229,7 @@ def test_cost_profile_and_penalties_match_plain_sums(seed):
 
 def test_cost_of_many_forbidden_terms_is_exact_past_int64():
     """Sums of forbidden terms leave int64's range: the cost falls back to Python ints."""
-    comp = Compact(nodes=list(range(12)), costs=[np.array([INF]) for _ in range(12)], edges=[],
+    comp = FrozenCore(nodes=list(range(12)), costs=[np.array([INF]) for _ in range(12)], edges=[],
                    capacity=None, segments=[[] for _ in range(12)])
     assert comp.cost([0] * 12) == 12 * INF
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from autoshard.solver.core import Compact, Core
+from autoshard.solver.core import FrozenCore, Core
 from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.toulbar import can_take, knapsack_rows, solve_penalised
@@ -20,7 +20,7 @@ from autoshard.solver.workers import EngineWorker
 from tests.solver.helpers import core_of, infeasible_beyond_the_smallest_peak_bound, optimum, random_problem
 
 
-def run(comp: Compact, method: str, upper: int | None = None, limit: float = 20.0, toulbar: bool = False) -> list:
+def run(comp: FrozenCore, method: str, upper: int | None = None, limit: float = 20.0, toulbar: bool = False) -> list:
     worker = EngineWorker(comp, method, upper, toulbar=toulbar)
     worker.start()
     events, deadline = [], time.monotonic() + limit
@@ -70,7 +70,7 @@ def test_an_upper_bound_at_the_optimum_gets_no_plan_and_says_so():
     pytest.fail("no feasible core among the seeds")
 
 
-def first_core(nodes: int) -> Compact:
+def first_core(nodes: int) -> FrozenCore:
     """The first random core with memory rows and a feasible plan that toulbar2 takes."""
     for seed in range(100):
         comp = core_of(seed, nodes)
@@ -112,7 +112,7 @@ def test_toulbar2_minimises_the_penalised_problem_and_prints_nothing(capfd):
     assert out == "" and err == ""
 
 
-def assert_rows_are_the_profile(comp: Compact) -> None:
+def assert_rows_are_the_profile(comp: FrozenCore) -> None:
     """Each knapsack row r reads as usage of the scope's strategies <= capacity[r]: the same
     (capacity, usage) pairs as the core's own profile, for several assignments."""
     rows = knapsack_rows(comp)
@@ -144,7 +144,7 @@ def test_knapsack_rows_add_a_node_s_overlapping_segments_and_skip_its_gaps():
     """Node 0's segments overlap on row 2 (their usages add there), node 1's leave rows 2-4 out
     (it is in no scope there), node 2 has none, and rows 3 and 4 are the same row (kept once)."""
     u = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
-    comp = Compact(
+    comp = FrozenCore(
         nodes=[0, 1, 2],
         costs=[u(0, 1, 2), u(3, 0), u(1, 1)],
         edges=[],

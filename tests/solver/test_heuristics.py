@@ -7,21 +7,21 @@ import time
 import numpy as np
 import pytest
 
-from autoshard.solver.core import INF, Compact, Core
+from autoshard.solver.core import INF, FrozenCore, Core
 from autoshard.solver.heuristics import Search
 from autoshard.solver.memory import attach_memory
 
 from tests.solver.helpers import random_problem
 
 
-def compact(seed: int, nodes: int) -> Compact:
+def compact(seed: int, nodes: int) -> FrozenCore:
     problem = random_problem(np.random.default_rng(seed), nodes, max_k=5, forbid_prob=0.1)
     core = Core(problem)
     attach_memory(core, problem)
     return core.freeze()
 
 
-def reference_repair(comp: Compact, x: list[int]) -> list[int]:
+def reference_repair(comp: FrozenCore, x: list[int]) -> list[int]:
     """On the worst row, the (node, strategy) of least extra cost per unit freed, first in node
     then strategy order, until every row fits or no move frees memory there."""
     x = list(x)

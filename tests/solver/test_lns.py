@@ -15,7 +15,7 @@ import autoshard.solver.lns as lns_module
 import autoshard.solver.shares as shares_module
 from autoshard.solver.lns import NeighbourhoodSearch, restrict
 from autoshard.solver.memory import attach_memory
-from autoshard.solver.milp import solve_compact_milp
+from autoshard.solver.milp import solve_core_milp
 from autoshard.solver.solution import SolveOptions
 from autoshard.solver.toulbar import improve
 
@@ -51,7 +51,7 @@ def test_lns_never_worsens_and_reaches_the_optimum_when_it_covers_everything(see
     if solver == "highs":  # as for neighbourhoods whose rows are too large for toulbar2
         monkeypatch.setattr(lns_module, "can_take", lambda sub: False)
     comp = compact(100 + seed, 9, forbid=0.0)  # the minimum-memory start then fits
-    best = solve_compact_milp(comp, 10.0)
+    best = solve_core_milp(comp, 10.0)
     start = Search(comp, min_memory_start(comp), np.random.default_rng(seed))
     start.repair(time.monotonic() + 1.0)
     if best.choice is None or not best.optimal or not start.feasible:
@@ -226,7 +226,7 @@ def test_each_neighbourhoods_relative_gain_is_recorded_for_its_solver(seed, monk
 
 
 def grown_by_the_rule(comp, first, size, max_columns, order):
-    """``lns._grow``'s rule in plain Python over the Compact's own neighbour lists."""
+    """``lns._grow``'s rule in plain Python over the FrozenCore's own neighbour lists."""
     taken: list[int] = []
     queue, columns = list(first), 0
     while queue and len(taken) < size:
