@@ -183,7 +183,8 @@ def recompute(tmp: Path) -> dict[str, str]:
     recomputed, FSDP re-gathering): the line the CLI prints for a plan that recomputes and re-gathers."""
     from autoshard.api import build_model_problem
     from autoshard.problem.baselines.torchtitan import torchtitan_choice
-    from autoshard.frontend import load_model, trace
+    from autoshard.frontend.load import load_model
+    from autoshard.frontend.trace import trace
     from autoshard.problem.readback import make_plan
     from autoshard.cli.report import fit_line
 

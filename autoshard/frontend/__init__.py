@@ -1,7 +1,10 @@
-"""Frontend: load a user's model file and trace it into the torch-free OpGraph (graph.py).
+"""Frontend: load a user's model file (load.py) and trace it (trace.py: ``trace``) into the
+torch-free OpGraph (graph.py).
 
-The tracing names load lazily, so that importing ``autoshard.frontend.graph`` (the data type the
-later stages read) does not load the tracer.
+The names below load lazily, so that importing ``autoshard.frontend.graph`` (the data type the
+later stages read, also on the torch-free IOPDDL path) does not load torch. ``trace`` is not among
+them: a package attribute named like its submodule is the submodule once that is imported, so
+import it from ``autoshard.frontend.trace``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ _EXPORTS = {
     "LoadedModel": "autoshard.frontend.load",
     "load_model": "autoshard.frontend.load",
     "graph_table": "autoshard.frontend.table",
-    "trace": "autoshard.frontend.trace",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,9 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from autoshard.frontend import LoadedModel, load_model, trace
+from autoshard.frontend.load import LoadedModel, load_model
+
+from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import OpGraph
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoshard.frontend import node_caller, run_graph
+from autoshard.frontend.call import node_caller, run_graph
 from autoshard.frontend.graph import NodeKind
 from tests.frontend.helpers import EXAMPLE_NAMES, FX_EXAMPLES, eager_outputs, loaded, traced
 

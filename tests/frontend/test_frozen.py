@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoshard.frontend import run_graph, trace
+from autoshard.frontend.call import run_graph
+
+from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import NodeKind
 from tests.frozen import SliceFills, frozen_linears, inputs
 

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoshard.errors import AutoshardError
-from autoshard.frontend import run_graph, trace
+from autoshard.frontend.call import run_graph
+from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import NodeKind, OpGraph
 
 

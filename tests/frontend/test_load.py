@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autoshard.errors import AutoshardError
-from autoshard.frontend import load_model
+from autoshard.frontend.load import load_model
 
 
 def write(tmp_path: Path, source: str, name: str = "net.py") -> str:

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoshard.frontend import run_graph, trace
+from autoshard.frontend.call import run_graph
+
+from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import NodeKind, OpGraph
 
 

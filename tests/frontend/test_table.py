@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from autoshard.frontend import graph_table
+from autoshard.frontend.table import graph_table
 from tests.frontend.helpers import traced
 
 
