@@ -212,7 +212,7 @@ def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
     """The distributed part: parallelize, run, gather, report on rank 0; every rank gets the verdict."""
     prep.inputs = broadcast_from_first(prep.inputs)
     groups = MeshGroups.create(prep.plan.mesh)
-    parallel = parallelize(prep.model, prep.plan, groups, graph=prep.graph)
+    parallel = parallelize(prep.model, prep.plan, groups, graph=prep.graph, validate=False)  # prepare() checked it
     training = prep.plan.mode == "training"
     outputs, grads = _sharded_step(prep, parallel, groups, training)
     summaries: list[Any] = [None] * dist.get_world_size()

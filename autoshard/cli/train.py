@@ -298,7 +298,8 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
         loaded = replace(loaded, example_inputs=broadcast_from_first(loaded.example_inputs),
                          example_targets=broadcast_from_first(loaded.example_targets))
     groups = MeshGroups.create(plan.mesh)
-    module = parallelize(training.loaded.model, plan, groups, graph=training.graph)
+    module = parallelize(training.loaded.model, plan, groups, graph=training.graph,
+                         validate=False)  # prepare() checked it
     optimizer = make_optimizer(module, args)
     folder = Path(args.checkpoint) if args.checkpoint else None
     done, was = 0, ""

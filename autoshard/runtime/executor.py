@@ -46,7 +46,8 @@ from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
 from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import Step, reshard_steps
-from autoshard.runtime.checks import Collective, check_backend, check_model, check_world, count_label, edge_label
+from autoshard.runtime.checks import (Collective, check_backend, check_layouts, check_model, check_world, count_label,
+                                      edge_label)
 from autoshard.runtime.collectives import FORWARD, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
@@ -334,11 +335,15 @@ def parallelize(
     *,
     example_inputs: Sequence[torch.Tensor] | None = None,
     graph: OpGraph | None = None,
+    validate: bool = True,
 ) -> ParallelModule:
     """This rank's part of ``model`` running ``plan``; call on every rank with the same arguments.
 
     The model is re-traced on ``example_inputs`` with the plan's frontend unless its ``graph`` is given, and checked
-    against the plan (fingerprint, world size, collectives of the backend) before anything runs.
+    against the plan (fingerprint, world size, collectives of the backend) before anything runs; with ``validate``
+    the plan's recorded layouts and steps are also checked to fit together (``check_layouts``: a hand-edited or
+    damaged plan is refused in one line instead of failing inside a collective). Callers that checked already,
+    or that run deliberately wrong plans to test the executor, pass ``validate=False``.
     ``mesh_groups`` defaults to the plan mesh's groups over the initialized default process group.
     The mesh's first rank broadcasts its parameters and buffers to the others (collective);
     ``model`` itself is not modified.
@@ -350,6 +355,8 @@ def parallelize(
     distributed = dist.is_available() and dist.is_initialized()
     world = mesh_groups.mesh.size if mesh_groups is not None else dist.get_world_size() if distributed else 1
     check_model(plan, graph)
+    if validate:
+        check_layouts(plan, graph)
     check_world(plan, world)
     if mesh_groups is not None and mesh_groups.mesh.shape != plan.mesh.shape:
         raise AutoshardError(f"plan is for mesh {plan.mesh.label} but the groups span mesh {mesh_groups.mesh.label}: "

@@ -98,7 +98,7 @@ def _execute(rank: int, world: int, t: Traced, plans: dict[str, Plan],
     for label, plan in plans.items():
         want_outputs, want_grads = references[plan.mode]
         try:
-            module = parallelize(t.model, plan, groups, graph=t.graph)
+            module = parallelize(t.model, plan, groups, graph=t.graph, validate=False)  # wrong plans too
             local = module(*[x.clone() for x in t.inputs])
             local = list(local) if isinstance(local, tuple) else [local]
             outputs = [gather_full(o.detach(), s, groups) for o, s in zip(local, module.output_specs)]

@@ -217,3 +217,15 @@ def test_malformed_plan_files_name_what_is_wrong(tmp_path: Path) -> None:
         Plan.load(path)
     with pytest.raises(AutoshardError, match="is a folder: give the file autoshard.solve --out wrote"):
         Plan.load(tmp_path)
+
+
+def test_parallelize_refuses_an_edited_plan_unless_told_not_to_check() -> None:
+    """The API checks what run and train check: an edge whose steps were removed is one line, not a
+    failure inside a collective; ``validate=False`` (for tests of the executor) lets it through."""
+    t = traced("sp_block")
+    plan = plans(t, "4", "training", 0)["megatron"]
+    edited = _edited(plan, lambda d: _first(d["edges"], "steps").update(steps=[]))
+    with pytest.raises(AutoshardError, match="is inconsistent: the edge"):
+        parallelize(t.model, edited, graph=t.graph)
+    with pytest.raises(AutoshardError, match=r"plan is for mesh 4 \(4 devices\) but the world has 1 ranks"):  # the next check
+        parallelize(t.model, edited, graph=t.graph, validate=False)
