@@ -40,11 +40,6 @@ def _exchanges(mp: ModelProblem, name: str, strategy: OpStrategy) -> tuple[Excha
     return expert_exchanges_of(node, operands, strategy, mp.mesh.shape, mp.options.capacity_factor, backward)
 
 
-def node_cost(mp: ModelProblem, name: str, choice: list[int]) -> int:
-    """The node's own cost (compute) under ``choice``."""
-    return mp.candidates[name].costs[choice[mp.names.index(name)]]
-
-
 def edge_cost(mp: ModelProblem, index: int | None, choice: list[int]) -> int:
     """The cost of problem edge ``index`` under ``choice`` (0 for edges the problem omits)."""
     if index is None:

@@ -19,7 +19,7 @@ import time
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
-from autoshard.solver.forks import LENGTH, kill_and_reap, quiet_child, read_frame, send_frame
+from autoshard.solver.forks import LENGTH, fork_child, kill_and_reap, quiet_child, read_frame, send_frame
 
 T = TypeVar("T")
 
@@ -69,14 +69,8 @@ class CallServer:
     def _start(self) -> None:
         request_read, self._request = os.pipe()
         self._answer, answer_write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            os.close(self._request)
-            os.close(self._answer)
-            _serve(request_read, answer_write)
-        os.close(request_read)
-        os.close(answer_write)
-        self.pid = pid
+        self.pid = fork_child(lambda: _serve(request_read, answer_write), [self._request, self._answer],
+                              [request_read, answer_write])
         self.forks += 1
 
     def _receive(self, until: float) -> bytes | None:
@@ -101,19 +95,16 @@ class CallServer:
 
 
 def _serve(requests: int, answers: int) -> None:
-    """The child: answer requests until the parent closes its end, then exit without returning.
-    An answer is (True, value) or (False, None) when the call raised."""
-    try:
-        quiet_child()
-        while True:
-            whole, request = read_frame(requests)
-            if not whole:
-                break
-            try:
-                fn, args = request
-                answer = (True, fn(*args))
-            except Exception:  # noqa: BLE001 - the call failed: the caller gets no value
-                answer = (False, None)
-            send_frame(answers, answer)
-    finally:
-        os._exit(0)
+    """The child: answer requests until the parent closes its end. An answer is (True, value),
+    or (False, None) when the call raised."""
+    quiet_child()
+    while True:
+        whole, request = read_frame(requests)
+        if not whole:
+            return
+        try:
+            fn, args = request
+            answer = (True, fn(*args))
+        except Exception:  # noqa: BLE001 - the call failed: the caller gets no value
+            answer = (False, None)
+        send_frame(answers, answer)

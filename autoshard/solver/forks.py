@@ -1,10 +1,10 @@
 """Forked children and the pipes between them and the parent: the one place the solver forks.
 
 C code (toulbar2, HiGHS) holds the GIL, runs past its own limits and prints to the C stdout; in
-a forked child it can be killed at a wall-clock deadline and its prints sent nowhere. Three
-users: ``call_forked`` (one call, abandoned at a deadline), call_server.py (a child kept for call
-after call) and workers.py (the engines). Messages on a pipe are pickles behind their length
-(8 bytes, little endian): ``send_frame`` and ``read_frame``.
+a forked child it can be killed at a wall-clock deadline and its prints sent nowhere. Every
+fork is ``fork_child``'s; its users: ``call_forked`` (one call, abandoned at a deadline),
+call_server.py (a child kept for call after call) and workers.py (the engines). Messages on a
+pipe are pickles behind their length (8 bytes, little endian): ``send_frame`` and ``read_frame``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 import struct
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 LENGTH = struct.Struct("<Q")
@@ -56,6 +56,28 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def fork_child(child: Callable[[], object], parent_ends: Sequence[int | None] = (),
+               child_ends: Sequence[int | None] = ()) -> int:
+    """Fork: the child closes the pipe ends the parent keeps (``parent_ends``), runs ``child()``
+    and exits without returning (status 0, or 1 when it raised); the parent closes the child's
+    ends (``child_ends``) and gets the child's pid. None entries are skipped."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            for fd in parent_ends:
+                if fd is not None:
+                    os.close(fd)
+            child()
+            status = 0
+        finally:
+            os._exit(status)
+    for fd in child_ends:
+        if fd is not None:
+            os.close(fd)
+    return pid
+
+
 def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None) -> T | None:
     """``fn()`` in a forked child (fds 0-2 on /dev/null), its result pickled back through a pipe:
     a call the caller can abandon at ``until`` (time.monotonic), for C code (HiGHS) that runs
@@ -63,11 +85,7 @@ def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], boo
     came first or ``idle()`` (called every 50 ms of waiting) returned True; the child is then
     killed."""
     read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        _call_child(fn, write)
-    os.close(write)
+    pid = fork_child(lambda: _call_child(fn, write), [read], [write])
     chunks: list[bytes] = []
     try:
         while True:
@@ -92,14 +110,9 @@ def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], boo
 
 
 def _call_child(fn: Callable[[], object], write: int) -> None:
-    """The child of ``call_forked``: run ``fn``, write its pickle, exit without returning."""
-    status = 1
-    try:
-        quiet_child()
-        write_all(write, pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
-        status = 0
-    finally:
-        os._exit(status)
+    """The child of ``call_forked``: run ``fn`` and write its pickle."""
+    quiet_child()
+    write_all(write, pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def quiet_child() -> None:

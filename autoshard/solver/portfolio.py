@@ -206,13 +206,8 @@ class Portfolio:
             relax = lp_bound(comp, 0.0)  # only the instant infeasibility check
         else:
             state.emit(Phase("lp", "LP relaxation of the core (HiGHS, child process)", state.elapsed()))
-
-            def heard() -> bool:
-                self.pool.poll()
-                return state.finished()
-
             with state.timed("lp"):
-                relax = call_forked(lambda: lp_bound(comp, budget), state.soon(budget + LP_GRACE), heard)
+                relax = call_forked(lambda: lp_bound(comp, budget), state.soon(budget + LP_GRACE), self._heard)
             relax = relax or Relaxation(None, None, 0.0)
         if relax.infeasible:
             state.proof = "lp"
@@ -291,12 +286,8 @@ class Portfolio:
         if penalty is None:
             return False
 
-        def heard() -> bool:
-            self.pool.poll()
-            return state.finished()
-
         def run(call: Callable[[], np.ndarray | None], seconds: float) -> np.ndarray | None:
-            return call_forked(call, state.soon(seconds), heard)
+            return call_forked(call, state.soon(seconds), self._heard)
 
         search = probe.plan(penalty, steps, state.best_cost, state.soon(30.0), run)
         return search is not None and state.offer(search.x, "lagrange", None)
@@ -351,6 +342,11 @@ class Portfolio:
                     break  # out of the slice's time (or finished), not stopped by another's plan
                 own[0] = state.best_cost
         state.emit(Phase("lagrange", "back to the Lagrangian search", state.elapsed()))
+
+    def _heard(self) -> bool:
+        """Take in the engines' reports while this process waits on a child; True once finished."""
+        self.pool.poll()
+        return self.state.finished()
 
     def _z3_cut(self) -> DualCut | None:
         """The cut z3 gets: the LP's when the core's LP is small enough, else TRW-S's after a

@@ -21,7 +21,7 @@ from typing import Callable
 
 from autoshard.solver.core import FrozenCore
 from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
-from autoshard.solver.forks import die_with_parent, kill_and_reap
+from autoshard.solver.forks import die_with_parent, fork_child, kill_and_reap
 
 METHODS = {
     "toulbar2": "toulbar2's hybrid best-first branch and bound with the memory rows as knapsack "
@@ -86,16 +86,8 @@ class EngineWorker:
         """Fork the child and start reading what it reports."""
         events_read, events_write = os.pipe()
         text_read, text_write = os.pipe() if self.prints else (None, None)
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            os.close(events_read)
-            if text_read is not None:
-                os.close(text_read)
-            _child(self, events_write, text_write)
-        os.close(events_write)
-        if text_write is not None:
-            os.close(text_write)
-        self.pid = pid
+        self.pid = fork_child(lambda: _child(self, events_write, text_write), [events_read, text_read],
+                              [events_write, text_write])
         self._readers = [threading.Thread(target=self._read_events, args=(events_read,), daemon=True)]
         if text_read is not None:
             self._readers.append(threading.Thread(target=self._read_text, args=(text_read,), daemon=True))
@@ -161,8 +153,7 @@ class EngineWorker:
 
 def _child(worker: EngineWorker, events: int, text: int | None) -> None:
     """Run the engine, its events on ``events`` and fds 1 and 2 on ``text`` (toulbar2's) or
-    /dev/null; exit without returning."""
-    status = 1
+    /dev/null; a failure is reported as an "error" event (fork_child then exits with status 1)."""
     try:
         die_with_parent()
         null = os.open(os.devnull, os.O_RDWR)
@@ -174,11 +165,9 @@ def _child(worker: EngineWorker, events: int, text: int | None) -> None:
             send(events, event)
 
         _run_engine(worker, report)
-        status = 0
     except BaseException as err:  # noqa: BLE001 - reported as an event; the parent then sees the end
         send(events, EngineEvent("error", message=f"{type(err).__name__}: {err}"))
-    finally:
-        os._exit(status)
+        raise
 
 
 def _run_engine(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:

@@ -41,7 +41,7 @@ def _seed_plan(path: Path, mesh: str) -> None:
 
 def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return subprocess.run([str(TORCHRUN), f"--nproc_per_node={nproc}", "-m", "autoshard.run", *args],
+    return subprocess.run([str(TORCHRUN), "--standalone", f"--nproc_per_node={nproc}", "-m", "autoshard.run", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 

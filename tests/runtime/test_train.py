@@ -227,7 +227,7 @@ def test_torchrun_command_prints_a_line_per_step_and_checkpoints(tmp_path: Path)
     reference = copy.deepcopy(loaded.model)
     want = [loss for _, loss, _ in training_steps(reference, make_optimizer(reference, _args()), loaded, 1, 6, 1.0)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([str(TORCHRUN), "--nproc_per_node=2", "-m", "autoshard.train", str(tmp_path / "tiny.py"),
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "autoshard.train", str(tmp_path / "tiny.py"),
                            "--plan", str(tmp_path / "plan.json"), "--steps", "6", "--lr", LR,
                            "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "3"],
                           cwd=EXAMPLES.parent, env=env | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,

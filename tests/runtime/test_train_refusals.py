@@ -129,7 +129,7 @@ def test_torchrun_on_4_ranks_prints_one_line_for_a_checkpoint_of_another_model(t
     tiny_training(tmp_path / "tiny.py", mesh="4").plan.save(tmp_path / "plan.json")
     before = _listing(tmp_path / "ckpt")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([str(TORCHRUN), "--nproc_per_node=4", "-m", "autoshard.train", str(tmp_path / "tiny.py"),
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=4", "-m", "autoshard.train", str(tmp_path / "tiny.py"),
                            "--plan", str(tmp_path / "plan.json"), "--steps", "4",
                            "--checkpoint", str(tmp_path / "ckpt"), "--resume"],
                           cwd=EXAMPLES.parent, env=env | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True,

@@ -20,12 +20,16 @@ from autoshard.solver.workers import EngineWorker
 from tests.solver.helpers import core_of, infeasible_beyond_the_smallest_peak_bound, optimum, random_problem
 
 
-def run(comp: FrozenCore, method: str, upper: int | None = None, limit: float = 20.0, toulbar: bool = False) -> list:
+def run(comp: FrozenCore, method: str, upper: int | None = None, limit: float = 20.0, toulbar: bool = False,
+        plans: int | None = None) -> list:
+    """The engine's events until it ends, ``limit`` seconds pass or (plan-only engines, which run
+    until stopped) it has reported ``plans`` plans."""
     worker = EngineWorker(comp, method, upper, toulbar=toulbar)
     worker.start()
     events, deadline = [], time.monotonic() + limit
     try:
-        while not worker.done and time.monotonic() < deadline:
+        while not worker.done and time.monotonic() < deadline and \
+                (plans is None or sum(e.kind == "plan" for e in events) < plans):
             events += worker.poll(0.05)
         events += worker.poll(0.0)
     finally:
@@ -83,7 +87,7 @@ def first_core(nodes: int) -> FrozenCore:
 def test_plan_only_engines_give_exact_fitting_plans(method, toulbar):
     comp = first_core(12)
     best = optimum(comp)
-    plans = [e for e in run(comp, method, limit=4.0 if toulbar else 2.0, toulbar=toulbar) if e.kind == "plan"]
+    plans = [e for e in run(comp, method, limit=30.0, toulbar=toulbar, plans=1) if e.kind == "plan"]
     assert plans and plans[-1].cost >= best
     for e in plans:
         assert comp.cost(e.choice) == e.cost and comp.is_feasible(e.choice)
