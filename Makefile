@@ -1,4 +1,5 @@
 # Two commands: `make demo` and `make test`. Both create .venv and install into it first.
+# `make test` runs the suite on two worker processes (pytest-xdist), a file per worker at a time.
 # `make fuzz SEED=3 PLANS=12` runs the long differential test (every model, more random plans).
 PYTHON ?= python3
 VENV := .venv
@@ -25,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m autoshard.solve examples/mlp.py --mesh 8 --out plan.json
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 fuzz: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m tests.differential.fuzz --seed $(SEED) --plans $(PLANS)

@@ -178,8 +178,9 @@ def layout_summary(mp: ModelProblem, choice: list[int], every: bool = False) -> 
         for name in [fold(names)] if len(names) >= 3 else names:
             table.add_row(name, *key[1:])
     parameters = sum(len(names) for names in groups.values())
-    if table.row_count < parameters:
-        table.add_row(f"({parameters} parameters in {table.row_count} rows; --params all lists each)", "", "", "")
+    if table.row_count < parameters:  # below the table, so that it never widens or wraps the first column
+        table.caption = f"({parameters} parameters in {table.row_count} rows; --params all lists each)"
+        table.caption_justify = "left"
     return table
 
 

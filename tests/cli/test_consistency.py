@@ -75,8 +75,9 @@ def test_a_mesh_that_divides_nothing_is_named_as_the_reason_and_no_given_flag_is
         "mesh 3 divides no shardable dim of this model")
 
 
-def test_repeated_layers_are_summarised_and_listed_in_full_on_request(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+def test_repeated_layers_are_summarised_and_listed_in_full_on_request(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # a narrow console: the summary line must not wrap
     path = blocks_file(tmp_path, 12)
     grouped = solve(capsys, path, "--mesh", "2", "--mode", "training", "--quiet", *SLOW_DEVICE)
     every = solve(capsys, path, "--mesh", "2", "--mode", "training", "--quiet", "--params", "all", *SLOW_DEVICE)

@@ -4,6 +4,7 @@ and ``python -m autoshard.solve`` run from another folder solves the example wit
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,10 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's wheel, built without build isolation (setuptools from this venv, no index)."""
-    out = tmp_path_factory.mktemp("wheel")
+    """The project's wheel, built without build isolation (setuptools from this venv, no index)
+    from a copy of the sources, so that no build/ or egg-info left in the checkout adds files."""
+    source, out = tmp_path_factory.mktemp("source") / "autoshard", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                                "tests", "benchmarks", "docs"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                            "--wheel-dir", str(out), str(ROOT)], capture_output=True, text=True)
+                            "--wheel-dir", str(out), str(source)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-2000:]
     (found,) = out.glob("autoshard-*.whl")
     return found
@@ -28,7 +32,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_ships_the_rules_and_every_module(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "autoshard/sharding/ops.toml" in names
-    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "autoshard").rglob("*.py")}
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "autoshard").rglob("*.py")}
     assert modules <= names, sorted(modules - names)[:5]
 
 
