@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="torchrun --nproc_per_node=N -m autoshard.train",
         description="Train a model with a sharding plan: AdamW with gradient clipping, a loss curve, checkpoints "
-                    "that resume under any plan of the same world size.",
+                    "that resume under any plan of the same model, on any world size.",
     )
     p.add_argument("model", help="model file: `model`/`build()` and, for training, `loss`, `example_targets`, `batch`")
     p.add_argument("--plan", required=True, help="training plan written by autoshard.solve --mode training --out")

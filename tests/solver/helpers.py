@@ -109,10 +109,13 @@ def infeasible_beyond_the_smallest_peak_bound() -> ShardingProblem:
     return random_problem(rng, int(rng.integers(1, 7)), memory=True)
 
 
-def core_of(seed: int, nodes: int = 7) -> FrozenCore | None:
-    """The reduced core of a small random problem with memory and forbidden pairs (None: no plan)."""
+def core_of(seed: int, nodes: int | None = 7, memory: bool = True) -> FrozenCore | None:
+    """The reduced core of a small random problem with forbidden pairs and, if ``memory``, a memory
+    limit (None: no plan); ``nodes`` None draws 2-7 nodes from the seed."""
     rng = np.random.default_rng(seed)
-    problem = random_problem(rng, nodes, max_k=4, memory=True, forbid_prob=0.1)
+    if nodes is None:
+        nodes = int(rng.integers(2, 8))
+    problem = random_problem(rng, nodes, max_k=4, memory=memory, forbid_prob=0.1)
     core = Core(problem)
     attach_memory(core, problem)
     try:

@@ -8,27 +8,18 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core import FrozenCore, Core
+from autoshard.solver.core import FrozenCore
 from autoshard.solver.cut import DualCut
 from autoshard.solver.lagrange import LagrangianSearch, deflected
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.reduce import NoAssignment, reduce_core
 from autoshard.solver.relax import lp_bound
 from autoshard.solver.trws import safe_bound
 
-from tests.solver.helpers import random_problem
+from tests.solver.helpers import core_of
 
 
 def reduced(seed: int, memory: bool) -> FrozenCore | None:
-    rng = np.random.default_rng(seed)
-    problem = random_problem(rng, int(rng.integers(2, 8)), max_k=4, memory=memory, forbid_prob=0.1)
-    core = Core(problem)
-    attach_memory(core, problem)
-    try:
-        reduce_core(core)
-    except NoAssignment:
-        return None
-    return core.freeze()
+    """A reduced random core of 2-7 nodes (None: no plan)."""
+    return core_of(seed, None, memory)
 
 
 def optimum(comp: FrozenCore) -> tuple[int, list[int]] | None:
