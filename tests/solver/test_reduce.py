@@ -165,7 +165,7 @@ def test_repeated_blocks_reuse_reductions_and_stay_exact(monkeypatch):
     undominated, prune = reduce._undominated, reduce.prune_dominated
     monkeypatch.setattr(reduce, "_undominated", lambda core, v: computed.append(v) or undominated(core, v))
     monkeypatch.setattr(reduce, "prune_dominated", lambda core, v, memo=None: asked.append(v) or prune(core, v, memo))
-    for seed in range(12):
+    for seed in range(6):
         problem = repeated_problem(np.random.default_rng(seed), 4, 3)
         reference = brute_force(problem)
         best, _ = core_optimum(problem)
