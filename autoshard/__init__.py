@@ -7,7 +7,24 @@ The solver core (problem, reductions, z3) is torch-free; torch-facing names are 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
+
+
+def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` for names loaded on first use from the modules
+    ``exports`` maps them to, so importing the package loads none of them (``namespace``: the
+    package's globals, whose dunders ``dir`` shows beside the exports)."""
+    def getattr_(name: str) -> Any:
+        if name in exports:
+            return getattr(importlib.import_module(exports[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted(set(exports) | {name for name in namespace if name.startswith("__")})
+
+    return getattr_, dir_
+
 
 _EXPORTS = {
     "plan_model": "autoshard.api",
@@ -29,14 +46,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The public API (loaded lazily) and the module's dunders, so ``dir(autoshard)`` and completion show it."""
-    return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())  # dir(autoshard) and completion show the API

@@ -50,8 +50,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from autoshard.errors import AutoshardError
 from autoshard.frontend.load import LoadedModel, load_model
+from autoshard.frontend.loss import check_loss_output
 from autoshard.frontend.trace import trace
-from autoshard.frontend.graph import NodeKind, OpGraph
+from autoshard.frontend.graph import OpGraph
 from autoshard.problem.plan import Plan
 from autoshard.cli.process import refuse
 from autoshard.cli.run import launch_env
@@ -104,17 +105,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise AutoshardError("--resume needs --checkpoint DIR: the folder to resume from")
 
 
-def check_loss_graph(graph: OpGraph, name: str) -> None:
-    """Refuse a graph whose output is not one scalar: there is no loss to minimise."""
-    output = next(n for n in graph if n.kind == NodeKind.OUTPUT)
-    metas = [graph[src].tensor for src in output.inputs]
-    if len(metas) != 1 or metas[0] is None or metas[0].shape != () or not metas[0].is_float:
-        shapes = ", ".join(str(list(m.shape)) if m is not None else "?" for m in metas)
-        raise AutoshardError(f"the {name} model's output is {shapes}, not a scalar loss: define "
-                             "loss(outputs, *targets) and example_targets in the model file (or return the loss from "
-                             "forward)")
-
-
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int) -> Training:
     """Load and check flags, plan and model, cheapest checks first; raises AutoshardError, computes nothing."""
     check_args(args)
@@ -124,12 +114,13 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int) -> Train
     check_world(plan, world_size)
     check_backend(plan, args.backend)
     device = torch.device("cuda", local_rank) if args.backend == "nccl" else torch.device("cpu")
-    loaded = load_model(args.model).for_training()
+    defined = load_model(args.model)
+    loaded = defined.for_training()
     loaded.model.to(device)
     graph = trace(loaded.model, tuple(t.to(device) for t in loaded.example_inputs))
     check_model(plan, graph)
     check_layouts(plan, graph)
-    check_loss_graph(graph, loaded.name)
+    check_loss_output(graph, loaded.name, from_loss_function=defined.loss is not None)
     return Training(plan, loaded, graph, device)
 
 
@@ -344,8 +335,10 @@ def _whole_loss(module: ParallelModule, groups: MeshGroups) -> Callable[[torch.T
 
 
 def quiet_dtensor_hints() -> None:
-    """Silence DTensor's performance hint that clip_grad_norm_ on a 2-D mesh all-reduces the norm once
-    per mesh axis (logged by every rank); it is not about the plan, and stderr stays for errors."""
+    """Silence DTensor's performance hint that a redistribution over several mesh axes runs as one
+    collective per axis (logged by every rank). MeshGroups flattens the axes so that
+    clip_grad_norm_'s norm is one all-reduce; DTensor still logs the hint where axes cannot be
+    merged (uneven shapes, axes out of order). It is not about the plan, and stderr stays for errors."""
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 

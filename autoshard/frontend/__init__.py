@@ -9,8 +9,7 @@ import it from ``autoshard.frontend.trace``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autoshard import lazy_exports
 
 _EXPORTS = {
     "node_caller": "autoshard.frontend.call",
@@ -21,14 +20,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'autoshard.frontend' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The tracing names (loaded lazily) and the module's own."""
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -145,6 +145,13 @@ class OpGraph:
         """Nodes that consume ``name`` (each once, in topological order)."""
         return [n for n in self.nodes.values() if name in n.inputs]
 
+    def gradient_flows(self, node: OpNode, operand: int, meta: TensorMeta) -> bool:
+        """Whether training sends a gradient back along operand ``operand`` (of tensor ``meta``) of
+        ``node``: its producer requires grad, it is floating point, and autograd sends one through
+        that operand (``no_grad_operands``, frontend/gradients.py). The planner charges backward
+        steps on exactly these edges, and the plan check expects them there."""
+        return self[node.inputs[operand]].requires_grad and meta.is_float and operand not in node.no_grad_operands
+
     def to_networkx(self) -> nx.MultiDiGraph:
         """Dataflow graph: one edge per (producer, consumer operand), keyed by operand index."""
         g = nx.MultiDiGraph()

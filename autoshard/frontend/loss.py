@@ -76,13 +76,19 @@ def with_loss(model: nn.Module, loss: Callable[..., torch.Tensor], n_inputs: int
     return wrapped
 
 
-def check_loss_output(graph: OpGraph, name: str) -> None:
-    """Refuse a model traced with its loss whose output is not one floating-point scalar: backward
-    needs a scalar to start from."""
+def check_loss_output(graph: OpGraph, name: str, from_loss_function: bool = True) -> None:
+    """Refuse a graph to be trained whose output is not one floating-point scalar: backward needs a
+    scalar to start from. ``from_loss_function``: the output is the model file's ``loss`` (traced
+    with :func:`with_loss`), else the model's own output."""
     output = next(node for node in graph if node.kind is NodeKind.OUTPUT)
     metas = [graph[source].tensor for source in output.inputs]
     if len(metas) == 1 and metas[0] is not None and metas[0].shape == () and metas[0].is_float:
         return
+    if not from_loss_function:
+        shapes = ", ".join(str(list(m.shape)) if m is not None else "?" for m in metas)
+        raise AutoshardError(f"the {name} model's output is {shapes}, not a scalar loss: define "
+                             "loss(outputs, *targets) and example_targets in the model file (or return the loss from "
+                             "forward)")
     got = ", ".join("a non-tensor" if meta is None else f"{meta.dtype} {list(meta.shape)}" for meta in metas)
     raise AutoshardError(f"loss in the {name} model file returns {got or 'no tensor'}, not a floating-point scalar: "
                          "reduce it to one (e.g. .mean() or .sum())")

@@ -345,7 +345,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             if dst.strategies[0].in_specs[operand] is None:
                 edges.append(ModelEdge(src, node.name, operand, meta, False, None))
                 continue
-            backward = training and graph[src].requires_grad and meta.is_float and operand not in node.no_grad_operands
+            backward = training and graph.gradient_flows(node, operand, meta)
             owner = candidates[src].storage is not None and life.first_reader.get(src) == node.name \
                 and node.inputs.index(src) == operand and candidates[src].storage[0].use is not None
             matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner, blocks.same(src, node.name))

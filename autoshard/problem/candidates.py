@@ -230,8 +230,8 @@ class CandidateBuilder:
                 instance, options = None, []
         if not options:
             options = [replicated_strategy(operands, len(out_shape))]
-        needs = [self.training and node.requires_grad and self.graph[src].requires_grad and m is not None and m.is_float
-                 and k not in node.no_grad_operands for k, (src, m) in enumerate(zip(node.inputs, operands))]
+        needs = [self.training and node.requires_grad and m is not None and self.graph.gradient_flows(node, k, m)
+                 for k, m in enumerate(operands)]
         dtype = metas[0].dtype if metas else "float32"
         costs, flops, forward = [], [], []
         routed = instance is not None and instance.exchange is not None

@@ -182,7 +182,7 @@ def _fits(spec: TensorSpec | None, meta: TensorMeta | None, plan: Plan) -> bool:
 
 def _check_edges(plan: Plan, graph: OpGraph, refuse: Callable[[str], AutoshardError],
                  text: Callable[[TensorSpec | None], str]) -> None:
-    """Every edge the model has, recorded once with the steps its layouts need (``planning.make_plan``'s)."""
+    """Every edge the model has, recorded once with the steps its layouts need (``readback.make_plan``'s)."""
     recorded: dict[tuple[str, int], EdgeReshard] = {}
     for edge in plan.edges:
         if (edge.dst, edge.operand) in recorded:
@@ -205,8 +205,7 @@ def _check_edges(plan: Plan, graph: OpGraph, refuse: Callable[[str], AutoshardEr
                 raise refuse(f"{label} is recorded as {edge.src} {text(edge.src_spec)} -> {text(edge.dst_spec)}, "
                              f"the nodes' layouts are {text(produced)} -> {text(wanted)}")
             _check_steps(label, edge.steps, produced, wanted, meta, plan, refuse, text)
-            backward = plan.mode == "training" and place.in_specs[k] is not None and graph[src].requires_grad \
-                and meta.is_float and k not in node.no_grad_operands
+            backward = plan.mode == "training" and place.in_specs[k] is not None and graph.gradient_flows(node, k, meta)
             if not backward:
                 if edge.grad_steps or edge.grad_src_spec is not None:
                     raise refuse(f"{label} has gradient steps, but no gradient flows along it")
