@@ -15,7 +15,7 @@ computes the local piece of the global result:
 - ``masked_operands``: operands added into a partial-sum output (a bias) are kept only on the
   devices at coordinate 0 of the partial axes, so the sum counts them once;
 - ``count_steps``: a mean loss whose targets are sharded runs as a local sum divided by the
-  count of valid targets (not ``ignore_index``) all-reduced by these steps (``rules.count_steps``).
+  count of valid targets (not ``ignore_index``) all-reduced by these steps (``strategy.count_steps``).
 - ``exchange_axis`` and ``exchanges``: an expert-parallel op (mixture of experts) sends tokens to
   their experts' devices along that mesh axis and back; ``exchanges`` lists those all-to-alls
   with the bytes the cost model charged (balanced routing times the plan's ``capacity_factor``,
@@ -107,13 +107,13 @@ class Plan:
     frontend: str = ""
     signature: list[str] = field(default_factory=list)
     recompute: list[list[str]] = field(default_factory=list)
+    capacity_factor: float = 1.0
 
     def shards_nothing(self) -> bool:
         """True when every tensor the model reads is replicated: each device runs the whole model."""
         read = {edge.src for edge in self.edges}
         return all(spec is None or spec.is_replicated for node in self.nodes.values()
                    if node.name in read or node.op is not None for spec in (node.out_spec, *node.in_specs))
-    capacity_factor: float = 1.0
 
     def expert_parallel(self) -> dict[str, int]:
         """Module path (else node name) of every expert-parallel op -> the mesh axis it exchanges tokens over."""

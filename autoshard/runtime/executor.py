@@ -13,7 +13,7 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
   output's gradient arrives replicated over those axes, so each device has the whole gradient);
 - the op runs through ``frontend.call.node_caller`` with the plan's ``local_attrs`` and its
   output is multiplied by ``scale``; a mean loss with ``count_steps`` (targets sharded, see
-  ``rules.count_steps``) runs as the local sum divided by the number of valid targets
+  ``strategy.count_steps``) runs as the local sum divided by the number of valid targets
   all-reduced over the ranks that share the loss, so shards holding different numbers of
   ``ignore_index`` targets still give the unsharded mean;
 - the outputs are returned in their planned layout (replicated in inference; in training where
