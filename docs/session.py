@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from autoshard.cli.solve import PROGRESS_LINE
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 EXAMPLES = ROOT / "examples"
@@ -39,14 +41,15 @@ def normalise(text: str) -> str:
 
 
 def run(*argv: str, cwd: Path, torchrun: int = 0) -> str:
-    """stdout of ``python -m ARGV`` (or torchrun with ``torchrun`` ranks) in ``cwd``, piped, failing loudly."""
+    """stdout of ``python -m ARGV`` (or torchrun with ``torchrun`` ranks) in ``cwd``, piped, failing loudly;
+    without the progress lines a slow machine adds (``PROGRESS_LINE``)."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"OMP_NUM_THREADS": "1"}
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={torchrun}", "-m"] if torchrun \
         else [sys.executable, "-m"]
     done = subprocess.run([*launcher, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done.stdout
+    return "".join(line for line in done.stdout.splitlines(keepends=True) if not PROGRESS_LINE.fullmatch(line.rstrip()))
 
 
 def example(name: str) -> str:

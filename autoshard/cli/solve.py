@@ -11,17 +11,19 @@ For an IOPDDL problem file (.json / .json.gz): solve it and print the contest's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from autoshard.cli import problem_file
-from autoshard.cli.progress import HEARTBEAT, EventView, LogLines, failure_line
+from autoshard.cli.progress import HEARTBEAT, EventView, Heartbeat, LogLines, failure_line
 from autoshard.cost.communication import COST_MODELS
 from autoshard.cost.devices import GENERIC, PRESETS, get_device
 from autoshard.cost.memory import PRECISIONS
@@ -205,19 +207,18 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     pins = _pins(args.pin)
     clock = problem_file.Clock(args.timeout, problem_file.launch_time())
-    loaded = load_model(args.path)
-    with_loss = args.mode == "training" and loaded.loss is not None
-    if with_loss:  # a training plan shards the model's loss too (model file convention)
-        loaded = loaded.for_training()
-    with console.status(f"tracing {args.path}") if not args.quiet else _NoLive():
+    with _working(console, f"loading and tracing {args.path}", args.quiet):
+        loaded = load_model(args.path)
+        with_loss = args.mode == "training" and loaded.loss is not None
+        if with_loss:  # a training plan shards the model's loss too (model file convention)
+            loaded = loaded.for_training()
         graph = trace(loaded.model, loaded.example_inputs, args.frontend)
     if with_loss:
         check_loss_output(graph, loaded.name)
     console.print(_frontend_line(graph), highlight=False, markup=False)
     if args.graph or not args.quiet and len(graph) <= GRAPH_TABLE_MAX_NODES:
         console.print(graph_table(graph))
-    with console.status(f"building the problem: strategies and costs on mesh {mesh.label}") if not args.quiet \
-            else _NoLive():
+    with _working(console, f"building the problem: strategies and costs on mesh {mesh.label}", args.quiet):
         mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
                                  pins=pins, device=device, peak_flops=args.peak_flops,
                                  memory_bandwidth=args.memory_bandwidth, precision=args.precision,
@@ -242,7 +243,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
                   f"mesh {mesh.label}, {args.mode}, cost model {mp.cost_model.name}"
                   + (f", memory budget {format_bytes(budget)}" if budget else ""))
     options = problem_file.solve_options(args, default_solve_options(mp, clock.solver_budget()))
-    with Live(console=console, transient=True, refresh_per_second=2) if not args.quiet else _NoLive() as live:
+    with Live(console=console, transient=True, refresh_per_second=2) if not args.quiet else contextlib.nullcontext() as live:
         progress = ModelProgress(mp, console, args.tables, live if not args.quiet else None)
         log_lines = LogLines(progress) if args.log else None
         try:
@@ -359,12 +360,27 @@ def make_console() -> Console:
     return console
 
 
-class _NoLive:
-    def __enter__(self) -> None:
-        return None
+PROGRESS_LINE = re.compile(r"(loading and tracing|building the problem)\b.* \(\d+ s\)")
+"""The lines :func:`_working` prints while piped: present or not depending on the machine's speed."""
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+
+@contextlib.contextmanager
+def _working(console: Console, what: str, quiet: bool, every: float = HEARTBEAT) -> Iterator[None]:
+    """Show that ``what`` is under way: a spinner on a terminal; piped, a line ``what (20 s)`` after
+    every ``every`` seconds it takes (a large model traces for tens of seconds); nothing with --quiet."""
+    if quiet:
+        yield
+    elif console.is_terminal:
+        with console.status(what):
+            yield
+    else:
+        began = time.monotonic()
+        beat = Heartbeat(lambda: console.print(f"{what} ({time.monotonic() - began:.0f} s)", highlight=False,
+                                               markup=False), every)
+        try:
+            yield
+        finally:
+            beat.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from autoshard.problem.readback import make_plan
 from autoshard.cli.run import _check_ranks
-from autoshard.cli.solve import main
+from autoshard.cli.solve import PROGRESS_LINE, main
 from tests.runtime.plans import problem, traced
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def _tables(text: str) -> list[list[str]]:
 
 
 def test_piped_solve_of_a_causal_lm_is_short_and_every_column_whole(piped_llama: str) -> None:
-    lines = piped_llama.splitlines()
+    lines = [line for line in piped_llama.splitlines() if not PROGRESS_LINE.fullmatch(line)]  # a loaded machine's
     assert len(lines) < 80, len(lines)
     assert lines[0].startswith("traced with torch.export (torch.fx failed: ")
     assert "graph: " not in piped_llama  # 209 nodes: the graph table only with --graph

@@ -166,3 +166,24 @@ def test_piped_model_solve_prints_its_status_after_silence():
     terminal, piped = Console(file=io.StringIO(), force_terminal=True), Console(file=io.StringIO(), force_terminal=False)
     assert ModelProgress(mp, terminal, "lines", live).heartbeat.thread is None
     assert ModelProgress(mp, piped, "lines", None).heartbeat.thread is None  # --quiet
+
+
+def test_long_work_prints_a_line_now_and_then_when_piped_and_nothing_when_quiet():
+    """Piped output has no spinner: loading and tracing a large model (tens of seconds) prints
+    ``what (N s)`` every heartbeat instead of staying silent; --quiet prints nothing."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from autoshard.cli.solve import _working
+
+    for quiet in (False, True):
+        out = io.StringIO()
+        with _working(Console(file=out, force_terminal=False), "loading and tracing m.py", quiet, every=0.1):
+            time.sleep(1.0)
+        lines = out.getvalue().splitlines()
+        if quiet:
+            assert lines == []
+        else:
+            assert lines and all(re.fullmatch(r"loading and tracing m\.py \(\d+ s\)", line) for line in lines)
