@@ -98,6 +98,10 @@ class BoundCall:
     optional_tensor_lists: frozenset[str]
 
 
+DTYPE_METHODS = frozenset({"float", "double", "half", "bfloat16"})
+"""Tensor methods that convert the dtype (``x.float()``) and have no ATen op of their name."""
+
+
 def bind_call(
     kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], is_tensor: Callable[[Any], bool]
 ) -> BoundCall | None:
@@ -106,6 +110,8 @@ def bind_call(
     ``is_tensor`` says whether an argument value (an fx Node or a constant) carries a tensor.
     """
     if kind == "call_method":
+        if target in DTYPE_METHODS and len(args) == 1 and is_tensor(args[0]) and set(kwargs) <= {"memory_format"}:
+            return BoundCall(target, {"self": args[0]}, {"self": 0}, tuple(args), dict(kwargs), frozenset())
         # in-place methods (x.mul_(2)) compute what their functional op does: name them by it
         packet = target[:-1] if target.endswith("_") and not target.startswith("_") else target
         return _bind_positional(packet, args, kwargs, is_tensor, keywords=True, method=True)

@@ -164,9 +164,12 @@ def trace_fx(model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]) -
     module.recompile()
     parameters = {name for name, _ in module.named_parameters()}
     converter = GraphConverter()
+    first_read: dict[str, torch.fx.Node] = {}  # a buffer read in every layer (self.cos) is one node
     for node in module.graph.nodes:
         if node.op == "placeholder":
             converter.add_input(node, node.target)
+        elif node.op == "get_attr" and first_read.setdefault(node.target, node) is not node:
+            converter.alias(node, first_read[node.target])
         elif node.op == "get_attr":
             fetch = NodeCall(operator.attrgetter(node.target), (module,))
             converter.add_state(node, node.target, node.target in parameters, fetch)
