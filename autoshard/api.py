@@ -66,6 +66,8 @@ def build_model_problem(
     precision: str = "as-is",
     capacity_factor: float = 1.0,
     expert_parallel: int | None = None,
+    recompute: str = "full",
+    overlap: bool | None = None,
 ) -> ModelProblem:
     """The sharding problem of a traced model.
 
@@ -73,16 +75,20 @@ def build_model_problem(
     ``memory_bandwidth`` override its roofline. A memory budget of None means the device's
     capacity (none for the generic device). ``capacity_factor`` scales what expert-sharded
     mixture-of-experts layers are charged over balanced routing; ``expert_parallel`` (a mesh
-    axis) pins them to expert parallelism over that axis.
+    axis) pins them to expert parallelism over that axis. ``overlap`` (default: the device's)
+    lets parameter traffic hide under the neighbouring layer's compute (``problem/build.py``);
+    ``recompute`` is the recomputation policy (``cost/recompute.py``).
     """
     chosen = device if isinstance(device, Device) else get_device(device)
     chosen = chosen.with_roofline(peak_flops, memory_bandwidth)
     mesh = as_mesh(mesh, chosen)
     model = make_cost_model(cost_model, mesh, chosen)
     budget = memory_budget if memory_budget is not None else chosen.memory
-    options = BuildOptions(mode=mode, memory_budget=budget, pins=dict(pins or {}),
-                           slapo_space=cost_model == "slapo", precision=precision, capacity_factor=capacity_factor,
-                           expert_parallel=expert_parallel)
+    options = BuildOptions(mode=mode, memory_budget=None if budget is None else chosen.live_limit(budget),
+                           pins=dict(pins or {}), slapo_space=cost_model == "slapo", precision=precision,
+                           capacity_factor=capacity_factor, expert_parallel=expert_parallel,
+                           overlap=chosen.overlap if overlap is None else overlap, device_budget=budget,
+                           recompute=recompute)
     from autoshard.frontend.profile import LocalFlops
 
     return build_problem(graph, mesh, model, options, LocalFlops(graph) if graph.module is not None else None)
@@ -105,15 +111,20 @@ def solve_model_problem(
 
 
 def _budget_message(mp: ModelProblem) -> str:
-    """One line for a memory budget no plan meets, in bytes per device."""
-    budget = mp.problem.usage_limit
+    """One line for a memory budget no plan meets, in bytes per device (the device's budget, and
+    the live bytes it leaves once the allocator's headroom and the runtime's bytes are taken)."""
+    live = mp.problem.usage_limit
+    budget = live if mp.options.device_budget is None else mp.options.device_budget
+    device = mp.cost_model.device
+    limit = format_bytes(budget) if live == budget else f"{format_bytes(budget)} ({format_bytes(live)} live)"
     peak = smallest_peak(mp.problem)
-    if peak.value > budget:
+    if peak.value > live:
         least = "" if peak.exact else "at least "
-        return (f"--memory-budget {format_bytes(budget)} is below the smallest peak any plan reaches "
-                f"({least}{format_bytes(peak.value)} per device, {peak.value} bytes): raise the budget to at least "
-                f"{format_bytes(peak.value)} or use a larger mesh")
-    return (f"no plan fits --memory-budget {format_bytes(budget)} per device (proved by the solver): "
+        needed = device.reserved_bytes(peak.value) + device.runtime_bytes
+        return (f"--memory-budget {limit} is below the smallest peak any plan reaches "
+                f"({least}{format_bytes(peak.value)} live per device, {peak.value} bytes): raise the budget to at "
+                f"least {format_bytes(needed)} or use a larger mesh")
+    return (f"no plan fits --memory-budget {limit} per device (proved by the solver): "
             f"raise the budget or use a larger mesh")
 
 
@@ -130,7 +141,8 @@ def plan_model(
     """Trace ``model`` on ``example_inputs`` and return its optimal plan on ``mesh``.
 
     ``build_options`` are those of :func:`build_model_problem` (cost_model, mode, memory_budget,
-    pins, device, peak_flops, memory_bandwidth, precision, capacity_factor, expert_parallel).
+    pins, device, peak_flops, memory_bandwidth, precision, capacity_factor, expert_parallel,
+    recompute, overlap).
     """
     from autoshard.frontend.trace import trace
 

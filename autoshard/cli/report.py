@@ -243,12 +243,16 @@ def memory_line(mp: ModelProblem, choice: list[int]) -> str:
     parts = sorted(mp.memory_at(choice, time).items(), key=lambda kv: -kv[1])
     detail = ", ".join(f"{what} {format_bytes(size)}" for what, size in parts if size)
     line = f"peak memory per device: {format_bytes(peak)} at the {_moment(mp, time)} ({detail})"
-    capacity = mp.cost_model.device.memory
+    device = mp.cost_model.device
+    capacity = device.memory
+    reserved = device.reserved_bytes(peak) + device.runtime_bytes
+    if reserved != peak:
+        line += f"; {format_bytes(reserved)} as the allocator reserves it"
     budget = mp.problem.usage_limit
     if budget is not None:
-        line += f"; budget {format_bytes(budget)}"
-    if capacity is not None and peak > capacity:
-        line += f"\nwarning: {format_bytes(peak)} per device is more than a {mp.cost_model.device.name} has " \
+        line += f"; budget {format_bytes(mp.options.device_budget or budget)}"
+    if capacity is not None and reserved > capacity:
+        line += f"\nwarning: {format_bytes(reserved)} per device is more than a {device.name} has " \
                 f"({format_bytes(capacity)}): the plan does not fit"
     elif capacity is None and peak > LARGEST_DEVICE.memory:
         line += f"\nwarning: {format_bytes(peak)} per device is more than any GPU has (the largest preset, " \

@@ -23,10 +23,12 @@ from rich.live import Live
 from rich.text import Text
 
 from autoshard.cli import problem_file
+from autoshard.cli.baseline import BASELINES, cost_text, print_baseline
 from autoshard.cli.progress import HEARTBEAT, EventView, Heartbeat, LogLines, failure_line
 from autoshard.cost.communication import COST_MODELS
 from autoshard.cost.devices import GENERIC, PRESETS, get_device
 from autoshard.cost.memory import PRECISIONS
+from autoshard.cost.recompute import RECOMPUTE_POLICIES
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind
 from autoshard.sharding.layers import find_repeated_layers
@@ -88,7 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "megatron = column- then row-parallel linears (heads split), batch on other mesh axes; "
                         "torchtitan = FSDP (re-gathered) on the first mesh axis, tensor parallelism by module role "
                         "with sequence-parallel norms on the last, experts parallel on the last, every repeated "
-                        "layer recomputed (when recomputation is offered: training under a memory budget)")
+                        "layer recomputed under --recompute (when recomputation is offered: training under a "
+                        "memory budget)")
+    p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="full",
+                   help="what recomputing a repeated layer means (training under a memory budget): full (every op "
+                        "again, default), selective (torchtitan's op policy: keeps attention and every other "
+                        "matmul; costed, not yet run by the executor), none (never recompute)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="charge parameter gathers and gradient reductions in full, not only what the neighbouring "
+                        "layer's compute leaves exposed (the presets overlap them as FSDP2 and DDP do)")
     p.add_argument("--capacity-factor", type=float, default=1.0,
                    help="mixture-of-experts layers: charge expert-sharded layouts this many times the balanced "
                         "routing share of tokens (their compute and all-to-alls); default 1.0")
@@ -127,13 +137,6 @@ def _pins(items: Sequence[str]) -> dict[str, str]:
     return pins
 
 
-def _cost_text(mp: Any, ticks: int) -> str:
-    """``131072 elements`` or ``93.2 us (93200000 ps)``."""
-    if mp.cost_model.unit == "s":
-        return f"{mp.cost_model.format(ticks)} ({ticks} ps)"
-    return f"{ticks} {mp.cost_model.unit}"
-
-
 class ModelProgress(EventView):
     """Turns solver events into cost tables and a live status line; on a console that is not a
     terminal (piped: no live line) the status is printed after HEARTBEAT s without a line."""
@@ -162,12 +165,12 @@ class ModelProgress(EventView):
         self.iterations += 1
         if self.tables == "lines":
             self.print(f"[bold]Iteration {self.iterations}[/] ({event.source}): total "
-                       f"{_cost_text(self.mp, event.cost)}", highlight=False)
+                       f"{cost_text(self.mp, event.cost)}", highlight=False)
         elif self.tables == "all":
             from autoshard.cli.report import iteration_table
             bound = "" if event.bound is None else f", asked for < {self.mp.cost_model.format(event.bound)}"
             self.print(f"[bold]Iteration {self.iterations}[/] ({event.source}{bound}): "
-                       f"total {_cost_text(self.mp, event.cost)}", highlight=False)
+                       f"total {cost_text(self.mp, event.cost)}", highlight=False)
             self.print(iteration_table(self.mp, list(event.choice), None))
 
     def on_engine_failed(self, event: EngineFailed) -> None:
@@ -222,7 +225,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
                                  pins=pins, device=device, peak_flops=args.peak_flops,
                                  memory_bandwidth=args.memory_bandwidth, precision=args.precision,
-                                 capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel)
+                                 capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel,
+                                 recompute=args.recompute, overlap=False if args.no_overlap else None)
     links = mesh if args.bandwidth is not None or args.latency is not None else None
     console.print(device_line(mp.cost_model.device, args.device is None, args.peak_flops, args.memory_bandwidth,
                               links), highlight=False)
@@ -255,10 +259,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     solution, plan = result.solution, result.plan
     fmt = mp.cost_model.format
     if args.tables == "last" or progress.tables == "lines":
-        console.print(f"[bold]Best plan[/]: total {_cost_text(mp, solution.cost)}", highlight=False)
+        console.print(f"[bold]Best plan[/]: total {cost_text(mp, solution.cost)}", highlight=False)
         console.print(iteration_table(mp, list(solution.choice), None, compact=progress.tables == "lines"))
     if solution.status == "optimal":
-        console.print(f"[green]proved optimal[/]: no plan costs less than {_cost_text(mp, solution.cost)} "
+        console.print(f"[green]proved optimal[/]: no plan costs less than {cost_text(mp, solution.cost)} "
                       f"({solution.proof or 'z3 UNSAT'}; {solution.iterations} z3 checks, {solution.elapsed:.2f}s)",
                       highlight=False)
     else:
@@ -270,7 +274,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     if replicated:
         console.print(f"[yellow]{replicated}[/] ({_replicated_hint(args, replicated)})", highlight=False)
     if args.baseline is not None:
-        _print_baseline(mp, solution.cost, console, args.baseline, replicated)
+        print_baseline(mp, solution.cost, console, args.baseline, replicated)
     experts = expert_parallel_line(plan)
     if experts:
         console.print(experts, highlight=False)
@@ -311,38 +315,6 @@ def _replicated_hint(args: argparse.Namespace, replicated: str) -> str:
         return ("every device runs all of it; a slower device (--device, --peak-flops, --memory-bandwidth) or a "
                 "larger batch makes sharding pay")
     return "every device runs all of it; a slower device or a larger batch makes sharding pay"
-
-
-def _print_baseline(mp: Any, ours: int, console: Console, which: str, replicated: str) -> None:
-    """A hand-written plan costed in the same model, beside ours (ours can never be higher once proved);
-    when ours shards nothing (``replicated`` says why), a ratio would read as a win of sharding, so the
-    line says so instead."""
-    name, choose = BASELINES[which]
-    choice = choose(mp)
-    cost = mp.problem.cost(choice)
-    fits = "" if mp.problem.is_feasible(choice) else " (does not fit the memory budget)"
-    if replicated:
-        console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)}, {replicated}",
-                      highlight=False)
-        return
-    console.print(f"{name} baseline: {_cost_text(mp, cost)}{fits}; ours {_cost_text(mp, ours)} = "
-                  f"{ours / cost:.3f}x {name}", highlight=False)
-
-
-def _megatron(mp: Any) -> list[int]:
-    from autoshard.problem.baselines.megatron import megatron_choice
-
-    return megatron_choice(mp)
-
-
-def _torchtitan(mp: Any) -> list[int]:
-    from autoshard.problem.baselines.torchtitan import torchtitan_choice
-
-    return torchtitan_choice(mp)
-
-
-BASELINES = {"megatron": ("Megatron", _megatron), "torchtitan": ("torchtitan", _torchtitan)}
-"""``--baseline`` choices: (name printed, function giving its choice)."""
 
 
 def _frontend_line(graph: Any) -> str:

@@ -4,13 +4,20 @@ The flops are torch's own (``OpWork``, from ``torch.utils.flop_counter`` at glob
 strategy that assigns mesh axes of total size ``degree`` to the op's indices runs ``1/degree`` of
 them on each device (every formula torch counts — matmuls, convolutions, attention — is a
 product of index sizes, so this equals the formula applied to the local shapes; the tests check
-it). The bytes are those of the local operands and results:
+it). The bytes are those of the local operands and results. Each pass is a roofline at what its
+kernel class achieves on the device (``cost/devices.py``: ``achieved``):
 
-    forward  = max(flops / peak(dtype),          (sum_k in_k + out) / bandwidth)
-    backward = max(backward_flops / peak(dtype), (out + sum_k in_k + sum_{k needs grad} in_k) / bandwidth)
+    forward  = max(flops / rate(fwd),          (sum_k in_k + out) / streaming)
+    backward = max(backward_flops / rate(bwd), (out + sum_k in_k + sum_{k needs grad} in_k) / streaming)
 
-(the backward reads the output gradient and the saved operands, and writes the gradients of the
-operands that need one). A view costs nothing; an op torch could not replay counts its bytes only.
+with rate = peak(dtype) * achieved[class]: ``matmul`` for matmuls and convolutions, the fused
+attention classes for ``scaled_dot_product_attention`` (forward and backward apart), peak for
+any other op (they are bound by the bytes), and streaming = HBM bandwidth * achieved["memory"].
+Causal attention (``is_causal``) skips the masked half: torch's counter counts the full square,
+FlashAttention's kernels (and its benchmarks' Tflop/s) only the half they compute, so a causal
+pass runs half the counted flops at the attention rate.
+The backward reads the output gradient and the saved operands, and writes the gradients of the
+operands that need one. A view costs nothing; an op torch could not replay counts its bytes only.
 """
 
 from __future__ import annotations
@@ -21,6 +28,13 @@ from typing import Sequence
 from autoshard.cost.devices import Device
 from autoshard.frontend.graph import OpWork
 
+MATMUL_OPS = frozenset({"linear", "matmul", "bmm", "mm", "addmm", "baddbmm", "einsum", "outer", "dot", "mv",
+                        "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d",
+                        "conv_transpose3d", "moe_experts"})
+"""Ops whose flops run on the tensor cores as GEMMs (``achieved["matmul"]``)."""
+ATTENTION_OPS = frozenset({"scaled_dot_product_attention"})
+"""Fused attention (``achieved["attention_forward"]`` / ``["attention_backward"]``)."""
+
 
 @dataclass(frozen=True)
 class PassTimes:
@@ -30,9 +44,18 @@ class PassTimes:
     backward: float
 
 
-def roofline(flops: float, nbytes: float, peak: float, bandwidth: float) -> float:
-    """The slower of arithmetic at ``peak`` flop/s and memory traffic at ``bandwidth`` bytes/s."""
-    return max(flops / peak, nbytes / bandwidth)
+def kernel_classes(op: str | None) -> tuple[str, str]:
+    """(forward, backward) kernel class of an op name; ``peak`` for ops bound by their bytes."""
+    if op in MATMUL_OPS:
+        return "matmul", "matmul"
+    if op in ATTENTION_OPS:
+        return "attention_forward", "attention_backward"
+    return "peak", "peak"
+
+
+def roofline(flops: float, nbytes: float, rate: float, bandwidth: float) -> float:
+    """The slower of arithmetic at ``rate`` flop/s and memory traffic at ``bandwidth`` bytes/s."""
+    return max(flops / rate, nbytes / bandwidth)
 
 
 def backward_bytes(in_bytes: Sequence[int], needs_grad: Sequence[bool], out_bytes: int) -> int:
@@ -41,15 +64,20 @@ def backward_bytes(in_bytes: Sequence[int], needs_grad: Sequence[bool], out_byte
 
 
 def op_times(work: OpWork | None, degree: int, in_bytes: Sequence[int], needs_grad: Sequence[bool],
-             out_bytes: int, dtype: str, device: Device) -> PassTimes:
-    """Forward and backward seconds of one op on one device (local bytes, ``1/degree`` of its flops)."""
+             out_bytes: int, dtype: str, device: Device, op: str | None = None, causal: bool = False) -> PassTimes:
+    """Forward and backward seconds of one op ``op`` on one device (local bytes, ``1/degree`` of its
+    flops; ``causal``: masked attention, half of them)."""
     if work is not None and work.alias_of is not None:
         return PassTimes(0.0, 0.0)
-    flops = work.flops if work is not None else 0
-    backward_flops = work.backward_flops if work is not None else 0
-    peak, bandwidth = device.flops_per_second(dtype), device.memory_bandwidth
-    forward = roofline(flops / degree, sum(in_bytes) + out_bytes, peak, bandwidth)
+    share = 0.5 if causal and op in ATTENTION_OPS else 1.0
+    flops = work.flops * share if work is not None else 0
+    backward_flops = work.backward_flops * share if work is not None else 0
+    forward_class, backward_class = kernel_classes(op)
+    bandwidth = device.streaming_bandwidth
+    forward = roofline(flops / degree, sum(in_bytes) + out_bytes, device.flops_per_second(dtype, forward_class),
+                       bandwidth)
     backward = 0.0
     if any(needs_grad):
-        backward = roofline(backward_flops / degree, backward_bytes(in_bytes, needs_grad, out_bytes), peak, bandwidth)
+        backward = roofline(backward_flops / degree, backward_bytes(in_bytes, needs_grad, out_bytes),
+                            device.flops_per_second(dtype, backward_class), bandwidth)
     return PassTimes(forward, backward)

@@ -1,25 +1,38 @@
-"""Device presets: peak flop/s per dtype, memory bandwidth and capacity, and link speeds.
+"""Device presets: roofline, what kernels and collectives achieve of it, and allocator overheads.
 
-Figures are the vendors' published dense (non-sparse) peaks for the SXM parts (NVIDIA A100,
-H100 and H200 datasheets; the HGX B200 datasheet divided by its 8 GPUs). Link bandwidths are
-per device and per direction: NVLink's bidirectional figure halved (A100 600 GB/s, H100/H200
-900 GB/s, B200 1.8 TB/s), and one 200 Gb/s (A100, HDR InfiniBand) or 400 Gb/s (H100, H200, B200,
-NDR / ConnectX-7) network port per GPU across nodes. Latencies are per collective call, the
-order of nccl-tests' small-message all-reduce times (about 10 us inside a node, 25 us across);
-calibrate with ``--latency``. Capacities are the nominal ones (the usable amount is ~2% less).
+The presets are data (``devices.toml``, shipped in the package), every figure with its source.
+How they are used:
+
+- compute (``cost/compute.py``): a kernel of class ``c`` runs at ``peak(dtype) * achieved[c]``
+  flop/s and streams bytes at ``memory_bandwidth * achieved["memory"]``;
+- collectives (``cost/communication.py``): the links' bandwidths are the bus bandwidths NCCL
+  reaches (nccl-tests busBw), at which a collective moves its ring bytes;
+- memory: the caching allocator reserves ``1 + allocator_headroom`` times the live bytes, and
+  ``runtime_bytes`` (CUDA context, NCCL buffers) is never the allocator's: a plan fits a budget
+  ``M`` when its live peak is at most ``live_limit(M)``;
+- ``overlap``: parameter gathers and gradient reductions hide under compute (``problem/build.py``).
+
+``GENERIC`` (no ``--device``) is an ideal roofline: every fraction 1, no allocator overhead, no
+overlap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
 
 from autoshard.errors import AutoshardError
 from autoshard.sharding.mesh import NETWORK_BANDWIDTH, NETWORK_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY, Link
 
 GiB = 2**30
+PRESETS_PATH = Path(__file__).with_name("devices.toml")
 
 DTYPE_CLASSES = ("fp32", "tf32", "bf16", "fp8")
 """Peak flop/s are given per class: fp32 (also fp64 and integers), tf32, bf16 (and fp16), fp8."""
+KERNEL_CLASSES = ("matmul", "attention_forward", "attention_backward", "memory")
+"""The kernel classes ``achieved`` gives a fraction of peak for (``memory``: of HBM bandwidth)."""
 
 
 def dtype_class(dtype: str) -> str:
@@ -34,9 +47,13 @@ def dtype_class(dtype: str) -> str:
     return "fp32"
 
 
+def _ones(keys: tuple[str, ...]) -> dict[str, float]:
+    return {k: 1.0 for k in keys}
+
+
 @dataclass(frozen=True)
 class Device:
-    """One accelerator's roofline, capacity and links (bytes, bytes/s, flop/s, seconds)."""
+    """One accelerator's roofline, capacity, links and achieved fractions (bytes, bytes/s, flop/s, s)."""
 
     name: str
     peak_flops: dict[str, float]
@@ -47,6 +64,11 @@ class Device:
     inter_bandwidth: float
     inter_latency: float
     description: str = field(default="", compare=False)
+    achieved: Mapping[str, float] = field(default_factory=lambda: _ones(KERNEL_CLASSES))
+    allocator_headroom: float = 0.0
+    runtime_bytes: int = 0
+    overlap: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def intra(self) -> Link:
@@ -58,47 +80,62 @@ class Device:
         """(bandwidth, latency) of links across nodes."""
         return self.inter_bandwidth, self.inter_latency
 
-    def flops_per_second(self, dtype: str) -> float:
-        """Peak flop/s for work in ``dtype`` (a tensor dtype name)."""
-        cls = dtype_class(dtype)
-        return self.peak_flops.get(cls) or self.peak_flops["fp32"]
+    def flops_per_second(self, dtype: str, kernel: str = "matmul") -> float:
+        """Flop/s a kernel of class ``kernel`` reaches on work in ``dtype`` (a tensor dtype name)."""
+        peak = self.peak_flops.get(dtype_class(dtype)) or self.peak_flops["fp32"]
+        return peak * self.achieved.get(kernel, 1.0)
+
+    @property
+    def streaming_bandwidth(self) -> float:
+        """HBM bytes/s a streaming (memory-bound) kernel reaches."""
+        return self.memory_bandwidth * self.achieved["memory"]
+
+    def reserved_bytes(self, live: int) -> int:
+        """Bytes the caching allocator holds when ``live`` bytes are allocated."""
+        return round(live * (1 + self.allocator_headroom))
+
+    def live_limit(self, budget: int) -> int:
+        """The most live bytes a plan may hold so that reserved plus runtime bytes fit ``budget``."""
+        return max(0, int((budget - self.runtime_bytes) / (1 + self.allocator_headroom)))
 
     def with_roofline(self, peak_flops: float | None, memory_bandwidth: float | None) -> "Device":
         """The same device with a flat peak (every dtype) and/or another memory bandwidth."""
         peaks = dict(self.peak_flops) if peak_flops is None else {c: peak_flops for c in DTYPE_CLASSES}
         bandwidth = self.memory_bandwidth if memory_bandwidth is None else memory_bandwidth
-        return Device(self.name, peaks, bandwidth, self.memory, self.intra_bandwidth, self.intra_latency,
-                      self.inter_bandwidth, self.inter_latency, self.description)
+        return replace(self, peak_flops=peaks, memory_bandwidth=bandwidth)
 
 
-def _flat(value: float) -> dict[str, float]:
-    return {c: value for c in DTYPE_CLASSES}
-
-
-GENERIC = Device("generic", _flat(100e12), 2e12, None, NVLINK_BANDWIDTH, NVLINK_LATENCY, NETWORK_BANDWIDTH,
-                 NETWORK_LATENCY,
+GENERIC = Device("generic", {c: 100e12 for c in DTYPE_CLASSES}, 2e12, None,
+                 NVLINK_BANDWIDTH, NVLINK_LATENCY, NETWORK_BANDWIDTH, NETWORK_LATENCY,
                  "no preset: 100 Tflop/s in every dtype, 2 TB/s memory, 300 GB/s and 1 us inside a node, "
-                 "100 GB/s and 5 us across nodes, no memory capacity")
+                 "100 GB/s and 5 us across nodes, no memory capacity, every kernel and collective at peak")
 """What applies without ``--device``: the round figures the cost model always used."""
 
-PRESETS: dict[str, Device] = {
-    "a100": Device("a100", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp8": 312e12}, 2.039e12,
-                   80 * GiB, 300e9, 10e-6, 25e9, 25e-6,
-                   "NVIDIA A100 SXM 80GB: fp32 19.5, tf32 156, bf16 312 Tflop/s (no fp8: bf16 rate), "
-                   "HBM2e 2.04 TB/s, NVLink 3 600 GB/s, HDR 200 Gb/s per GPU"),
-    "h100": Device("h100", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp8": 1978.9e12}, 3.35e12,
-                   80 * GiB, 450e9, 10e-6, 50e9, 25e-6,
-                   "NVIDIA H100 SXM 80GB: fp32 67, tf32 495, bf16 989, fp8 1979 Tflop/s, HBM3 3.35 TB/s, "
-                   "NVLink 4 900 GB/s, NDR 400 Gb/s per GPU"),
-    "h200": Device("h200", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp8": 1978.9e12}, 4.8e12,
-                   141 * GiB, 450e9, 10e-6, 50e9, 25e-6,
-                   "NVIDIA H200 SXM 141GB: compute as H100, HBM3e 4.8 TB/s, NVLink 4 900 GB/s, "
-                   "NDR 400 Gb/s per GPU"),
-    "b200": Device("b200", {"fp32": 75e12, "tf32": 1125e12, "bf16": 2250e12, "fp8": 4500e12}, 8e12,
-                   180 * GiB, 900e9, 10e-6, 50e9, 25e-6,
-                   "NVIDIA B200 (HGX B200 / 8): fp32 75, tf32 1125, bf16 2250, fp8 4500 Tflop/s, "
-                   "HBM3e 8 TB/s, NVLink 5 1.8 TB/s, 400 Gb/s per GPU"),
-}
+
+def _preset(name: str, data: dict) -> Device:
+    """One ``devices.toml`` table as a Device (checked: every kernel class given)."""
+    achieved = dict(data["achieved"])
+    missing = [k for k in KERNEL_CLASSES if k not in achieved]
+    if missing:
+        raise ValueError(f"devices.toml [{name}] lacks {', '.join(missing)}")
+    peaks = data["peak_flops"]
+    summary = (f"{data['description']}: " + ", ".join(f"{c} {peaks[c] / 1e12:.4g}" for c in DTYPE_CLASSES)
+               + f" Tflop/s (matmuls at {achieved['matmul']:.0%}), HBM {data['memory_bandwidth'] / 1e12:.3g} TB/s, "
+               f"NCCL {data['intra']['bandwidth'] / 1e9:.0f} GB/s in a node, {data['inter']['bandwidth'] / 1e9:.0f} "
+               f"GB/s across")
+    return Device(name, dict(peaks), data["memory_bandwidth"], int(data["memory"] * GiB),
+                  data["intra"]["bandwidth"], data["intra"]["latency"], data["inter"]["bandwidth"],
+                  data["inter"]["latency"], summary, achieved, data["allocator"]["headroom"],
+                  int(data["allocator"]["runtime_gib"] * GiB), data["overlap"], dict(data["sources"]))
+
+
+def load_presets(path: Path = PRESETS_PATH) -> dict[str, Device]:
+    """Every preset in ``path`` by name."""
+    with path.open("rb") as f:
+        return {name: _preset(name, table) for name, table in tomllib.load(f).items()}
+
+
+PRESETS: dict[str, Device] = load_presets()
 
 
 def get_device(name: str | None) -> Device:

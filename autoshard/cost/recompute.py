@@ -16,17 +16,27 @@ a tensor ``x`` produced in a recomputed block ``β`` (on the timeline of ``cost/
 The decision is one per block; every node of the block carries it (its strategies are doubled,
 keep then recompute) and the edges inside a block forbid disagreeing pairs, so the problem
 stays in the IOPDDL form. Pure functions of the graph and the lifetimes.
+
+Policies (``RECOMPUTE_POLICIES``): ``full`` recomputes every op of the block; ``selective`` is
+torchtitan's op-level policy (selective activation checkpointing): a recomputed block keeps the
+outputs of fused attention and of every other matrix multiply by a weight (the 1st, 3rd, ... in
+forward order; ``Blocks.saved``), which are neither dropped nor run again; every other op is
+recomputed as above. ``none`` offers no recomputation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoshard.cost.compute import ATTENTION_OPS
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.sharding.layers import RepeatedLayers
 
 Interval = tuple[int, int]
+RECOMPUTE_POLICIES = ("full", "selective", "none")
+WEIGHT_MATMULS = frozenset({"linear", "mm"})
+"""The ops that run as ``aten.mm`` by a weight, which the selective policy counts."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,11 @@ class Blocks:
 
     block_of: dict[str, int]
     last: tuple[str, ...]
+    saved: frozenset[str] = frozenset()
+
+    def reruns(self, name: str) -> bool:
+        """True when recomputing the block of ``name`` runs its forward again (it is not kept)."""
+        return name in self.block_of and name not in self.saved
 
     def same(self, a: str, b: str) -> bool:
         """True when nodes ``a`` and ``b`` are in one block (their recompute choices must agree)."""
@@ -48,22 +63,30 @@ class Blocks:
 NO_BLOCKS = Blocks({}, ())
 
 
-def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None, kept_ops: frozenset[str] = frozenset()) -> Blocks:
+def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None, kept_ops: frozenset[str] = frozenset(),
+                 policy: str = "full") -> Blocks:
     """One block per repeated layer (its op nodes that require grad); a layer holding an op of
-    ``kept_ops`` (ops whose re-run the executor does not replay, e.g. expert exchanges) is never recomputed."""
-    if layers is None:
+    ``kept_ops`` (ops whose re-run the executor does not replay, e.g. expert exchanges) is never
+    recomputed. ``policy``: which ops a recomputed block keeps (module doc)."""
+    if layers is None or policy == "none":
         return NO_BLOCKS
     block_of: dict[str, int] = {}
     last: list[str] = []
+    saved: set[str] = set()
     order = {name: t for t, name in enumerate(graph.nodes)}
     for names in layers.layers:
-        ops = [n for n in names if graph[n].kind == NodeKind.OP and graph[n].requires_grad]
+        ops = sorted((n for n in names if graph[n].kind == NodeKind.OP and graph[n].requires_grad),
+                     key=order.__getitem__)
         if not ops or any(graph[n].op in kept_ops for n in ops):
             continue
         for n in ops:
             block_of[n] = len(last)
-        last.append(max(ops, key=order.__getitem__))
-    return Blocks(block_of, tuple(last))
+        last.append(ops[-1])
+        if policy == "selective":
+            matmuls = [n for n in ops if graph[n].op in WEIGHT_MATMULS]
+            saved.update(matmuls[::2])
+            saved.update(n for n in ops if graph[n].op in ATTENTION_OPS)
+    return Blocks(block_of, tuple(last), frozenset(saved))
 
 
 def value_windows(name: str, life: Lifetimes, blocks: Blocks) -> list[Interval]:

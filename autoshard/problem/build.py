@@ -10,6 +10,8 @@ a parameter to its owner allows only the owner strategies that read the paramete
 ``U``, and charges the gathers from the stored layout ``L`` (twice when it is re-gathered for
 backward) and the gradient's way back to ``L`` (a reduce-scatter under FSDP storage).
 
+Overlapped parameter traffic (``BuildOptions.overlap``) is priced in ``edges.py``.
+
 Memory (``cost/memory.py``) comes as items: bytes per strategy of one node over one interval of
 the step. The problem (IOPDDL form) gives each node one interval, so a node's first item is its
 own usage and every further item becomes an auxiliary node with the same strategies, tied to
@@ -26,16 +28,16 @@ from typing import Mapping
 import numpy as np
 
 from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
+from autoshard.problem.edges import EdgePrices
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
 from autoshard.cost.memory import PRECISIONS, MemoryItem, out_metas
-from autoshard.cost.recompute import NO_BLOCKS, Blocks, layer_blocks
+from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
 from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import reshard_steps
 from autoshard.sharding.strategy import OpStrategy
 from autoshard.sharding.spec import TensorSpec
 
@@ -49,11 +51,15 @@ class BuildOptions:
     ``slapo_space`` reproduces Slapo autoshard's search space: only the last two dims of a
     tensor are sharded, and every matmul-like op (one with a contracted index) is split.
     ``precision`` sets the bytes of parameters, gradients and optimizer state (cost/memory.py).
-    ``recompute``: in training under a memory budget, each repeated layer may be recomputed
-    (cost/recompute.py); without a budget recomputing only costs, so it is not offered.
+    ``recompute``: in training under a memory budget, each repeated layer may be recomputed under
+    this policy (``full``, ``selective`` or ``none``: cost/recompute.py); without a budget
+    recomputing only costs, so it is not offered.
     ``capacity_factor`` scales what expert-sharded ops are charged over balanced routing
     (sharding/exchange.py); ``expert_parallel`` pins every mixture-of-experts op to the layouts
-    that exchange tokens over that mesh axis.
+    that exchange tokens over that mesh axis. ``overlap``: parameter traffic of repeated layers
+    hides under the neighbouring layer's compute (``edges.py``). ``memory_budget`` bounds the live
+    bytes; ``device_budget`` is the device memory it was derived from (``Device.live_limit``), for
+    messages.
     """
 
     mode: str = "inference"
@@ -62,9 +68,11 @@ class BuildOptions:
     slapo_space: bool = False
     optimizer_slots: int = 2
     precision: str = "as-is"
-    recompute: bool = True
+    recompute: str = "full"
     capacity_factor: float = 1.0
     expert_parallel: int | None = None
+    overlap: bool = False
+    device_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,71 +175,6 @@ class ModelProblem:
         return totals
 
 
-class _EdgePrices:
-    """Cost matrices of edges, shared across identical edges (repeated layers)."""
-
-    def __init__(self, mesh: Mesh, cost_model: CostModel) -> None:
-        self.mesh, self.cost_model = mesh, cost_model
-        self.reshards: dict[tuple, int] = {}
-        self.matrices: dict[tuple, np.ndarray] = {}
-
-    def reshard(self, src: TensorSpec, dst: TensorSpec, meta: TensorMeta) -> int:
-        """Price of turning ``src`` into ``dst`` for a tensor of ``meta``."""
-        key = (src, dst, meta.shape, meta.itemsize)
-        if key not in self.reshards:
-            steps = reshard_steps(src, dst, meta.shape, meta.itemsize, self.mesh.shape)
-            self.reshards[key] = self.cost_model.ticks(sum(self.cost_model.step_cost(s, meta.shape) for s in steps))
-        return self.reshards[key]
-
-    def matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
-               owner: bool, same_block: bool) -> np.ndarray:
-        """Cost of every (producer strategy, consumer strategy) pair on one edge. A consumer that
-        recomputes its block pays the forward reshard again; inside one block, or from a
-        parameter to its owner, both ends must make the same recompute choice."""
-        key = (id(src.strategies), id(dst.strategies), operand, meta, backward, owner, same_block)
-        if key not in self.matrices:
-            matrix = self._storage(src, dst, operand, meta, backward) if owner else \
-                self._plain(src, dst, operand, meta, backward)
-            if dst.recompute is not None:
-                again = self._storage(src, dst, operand, meta, False, once=True) if owner else \
-                    self._plain(src, dst, operand, meta, False)
-                matrix = np.where(np.asarray(dst.recompute)[None, :], np.minimum(matrix + again, FORBIDDEN), matrix)
-                if (same_block or owner) and src.recompute is not None:
-                    differ = np.asarray(src.recompute)[:, None] != np.asarray(dst.recompute)[None, :]
-                    matrix = np.where(differ, FORBIDDEN, matrix)
-            matrix.flags.writeable = False  # shared by every identical edge: nobody may edit it in place
-            self.matrices[key] = matrix
-        return self.matrices[key]
-
-    def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
-        outs = sorted({s.out_spec for s in src.strategies})
-        ins = sorted({s.in_specs[operand] for s in dst.strategies})
-        fwd = np.array([[self.reshard(a, b, meta) for b in ins] for a in outs], dtype=np.int64)
-        matrix = fwd[np.ix_([outs.index(s.out_spec) for s in src.strategies],
-                            [ins.index(s.in_specs[operand]) for s in dst.strategies])]
-        if backward:
-            grads = sorted({s.grad_specs[operand] for s in dst.strategies})
-            expected = sorted({s.out_spec.without_partial() for s in src.strategies})
-            bwd = np.array([[self.reshard(g, e, meta) for g in grads] for e in expected], dtype=np.int64)
-            matrix = matrix + bwd[np.ix_([expected.index(s.out_spec.without_partial()) for s in src.strategies],
-                                         [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
-        return matrix
-
-    def _storage(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
-                 once: bool = False) -> np.ndarray:
-        """Parameter -> owner: only the owner strategies reading the use layout; gathers (again for
-        backward when re-gathered, unless ``once``) and the gradient's reshard back to the stored layout."""
-        matrix = np.full((len(src.strategies), len(dst.strategies)), FORBIDDEN, dtype=np.int64)
-        for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
-            gather = self.reshard(stored.out_spec, storage.use, meta) * (2 if storage.regather and not once else 1)
-            for j, s in enumerate(dst.strategies):
-                if s.in_specs[operand] != storage.use:
-                    continue
-                back = self.reshard(s.grad_specs[operand], stored.out_spec, meta) if backward else 0
-                matrix[i, j] = gather + back
-        return matrix
-
-
 def _apply_pins(candidates: dict[str, Candidate], pins: Mapping[str, str], mesh: Mesh) -> None:
     """Keep only the strategies whose output (a parameter's stored) layout is the pinned one."""
     by_qualname = {c.node.qualname: c for c in candidates.values() if c.node.qualname}
@@ -316,8 +259,12 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError("--mode training, but no output depends on a trainable parameter (frozen ones, "
                              "requires_grad=False, are not trained): plan --mode inference, or unfreeze what should train")
     life = lifetimes(graph, training)
-    blocks = layer_blocks(graph, find_repeated_layers(graph), frozenset({EXPERTS_OP})) \
-        if training and options.recompute and options.memory_budget is not None else NO_BLOCKS
+    repeated = find_repeated_layers(graph)
+    in_layers = frozenset(n for layer in repeated.layers for n in layer) if repeated and options.overlap else frozenset()
+    if options.recompute not in RECOMPUTE_POLICIES:
+        raise AutoshardError(f"--recompute {options.recompute!r} is unknown: use one of {', '.join(RECOMPUTE_POLICIES)}")
+    blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \
+        if training and options.memory_budget is not None else NO_BLOCKS
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
                                options.slapo_space, local_flops, blocks, options.capacity_factor)
     candidates: dict[str, Candidate] = {}
@@ -330,7 +277,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
-    prices = _EdgePrices(mesh, cost_model)
+    prices = EdgePrices(mesh, cost_model)
     edges: list[ModelEdge] = []
     pairs: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []
@@ -348,7 +295,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             backward = training and graph.gradient_flows(node, operand, meta)
             owner = candidates[src].storage is not None and life.first_reader.get(src) == node.name \
                 and node.inputs.index(src) == operand and candidates[src].storage[0].use is not None
-            matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner, blocks.same(src, node.name))
+            matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner, blocks.same(src, node.name),
+                                   owner and node.name in in_layers)
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)

@@ -48,7 +48,8 @@ from autoshard.sharding.spec import TensorSpec
 class Candidate:
     """A graph tensor as a decision node: its strategies, their own cost, and its memory items;
     for ops the (forward, backward) flops each strategy runs per device and the cost of its
-    forward alone; ``recompute[s]``: strategy s recomputes the node's block (cost/recompute.py)."""
+    forward alone; ``recompute[s]``: strategy s recomputes the node's block (cost/recompute.py),
+    ``reruns[s]``: and runs the node's forward again (not so for what the policy keeps)."""
 
     node: OpNode
     strategies: list[OpStrategy]
@@ -59,6 +60,7 @@ class Candidate:
     flops: list[tuple[int, int]] | None = None
     forward_costs: list[int] | None = None
     recompute: list[bool] | None = None
+    reruns: list[bool] | None = None
 
     @property
     def usages(self) -> list[int]:
@@ -72,7 +74,7 @@ class Candidate:
         self.items = [MemoryItem(m.owner, m.what, m.interval, tuple(m.usage[i] for i in indices)) for m in self.items]
         if self.storage is not None:
             self.storage = [self.storage[i] for i in indices]
-        for attr in ("flops", "forward_costs", "recompute"):
+        for attr in ("flops", "forward_costs", "recompute", "reruns"):
             if getattr(self, attr) is not None:
                 setattr(self, attr, [getattr(self, attr)[i] for i in indices])
 
@@ -101,7 +103,8 @@ class CandidateBuilder:
         self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
         self.local_flops, self.blocks = local_flops, blocks
         self.capacity_factor = capacity_factor
-        self.doubled: dict[int, tuple[list[OpStrategy], list[int], list[tuple[int, int]], list[bool]]] = {}
+        self.doubled: dict[tuple[int, bool], tuple[list[OpStrategy], list[int], list[tuple[int, int]], list[bool],
+                                                   list[bool]]] = {}
         self.training, self.precision, self.optimizer_slots = training, precision, optimizer_slots
         self.slapo_space = slapo_space
         self.allowed = (lambda d, r: d >= r - 2) if slapo_space else None
@@ -141,17 +144,19 @@ class CandidateBuilder:
         if node.name not in self.blocks.block_of:
             return Candidate(node, found.strategies, found.costs, self._op_items(node, found.strategies),
                              found.instance, flops=found.flops, forward_costs=found.forward_costs)
-        key = id(found.strategies)
+        reruns = self.blocks.reruns(node.name)
+        key = (id(found.strategies), reruns)
         if key not in self.doubled:  # shared by identical nodes, so their edge matrices are shared too
             k = len(found.strategies)
-            self.doubled[key] = (found.strategies * 2, found.costs + [c + f for c, f in zip(found.costs, found.forward_costs)],
-                                 found.flops * 2, [False] * k + [True] * k)
-        strategies, costs, flops, recompute = self.doubled[key]
+            again = [c + f for c, f in zip(found.costs, found.forward_costs)] if reruns else found.costs
+            self.doubled[key] = (found.strategies * 2, found.costs + again, found.flops * 2,
+                                 [False] * k + [True] * k, [False] * k + [reruns] * k)
+        strategies, costs, flops, recompute, rerun = self.doubled[key]
         k = len(found.strategies)
         items = recompute_variants(self._op_items(node, found.strategies),
-                                   self._op_items(node, found.strategies, self.blocks), k, k)
+                                   self._op_items(node, found.strategies, self.blocks if reruns else None), k, k)
         return Candidate(node, strategies, costs, items, found.instance, flops=flops,
-                         forward_costs=found.forward_costs * 2, recompute=recompute)
+                         forward_costs=found.forward_costs * 2, recompute=recompute, reruns=rerun)
 
     def _op_items(self, node: OpNode, options: list[OpStrategy], recomputed: Blocks | None = None) -> list[MemoryItem]:
         return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
@@ -247,7 +252,8 @@ class CandidateBuilder:
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
-            times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device)
+            times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device, node.op,
+                             bool(node.attrs.get("is_causal")))
             load = self.capacity_factor if routed and dict(s.assignment).get(instance.exchange[1]) else 1.0
             costs.append(self.cost_model.ticks((times.forward + times.backward) * load) + exchange
                          + self._count_ticks(s, metas))

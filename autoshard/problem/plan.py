@@ -31,7 +31,8 @@ Per edge it records the forward steps (producer spec -> required spec) and, in t
 the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient);
 ``regather`` marks a parameter gathered again for backward instead of kept from forward (its
 forward steps run once more in backward). ``Plan.recompute`` lists the recomputed segments (runs
-of consecutive graph nodes, each a repeated layer): their forward runs again in backward.
+of consecutive graph nodes, each a repeated layer): their forward runs again in backward, but
+for ``Plan.recompute_kept``, the ops a selective policy keeps (``cost/recompute.py``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Plan:
     signature: list[str] = field(default_factory=list)
     recompute: list[list[str]] = field(default_factory=list)
     capacity_factor: float = 1.0
+    recompute_kept: list[str] = field(default_factory=list)
 
     def shards_nothing(self) -> bool:
         """True when every tensor the model reads is replicated: each device runs the whole model."""
@@ -145,6 +147,7 @@ class Plan:
             "frontend": self.frontend,
             "signature": self.signature,
             "recompute": self.recompute,
+            "recompute_kept": self.recompute_kept,
             "capacity_factor": self.capacity_factor,
             "expert_parallel": self.expert_parallel(),
             "nodes": [_node_json(n, nd) for n in self.nodes.values()],
@@ -184,6 +187,7 @@ class Plan:
                 frontend=data.get("frontend", ""),
                 signature=list(data.get("signature", [])),
                 recompute=[list(names) for names in data.get("recompute", [])],
+                recompute_kept=list(data.get("recompute_kept", [])),
                 capacity_factor=data.get("capacity_factor", 1.0),
             )
             _check_axes(plan)

@@ -116,6 +116,7 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
         proved_optimal=proved_optimal,
         param_specs=param_specs,
         recompute=_segments(mp, choice),
+        recompute_kept=[n for block in mp.recomputed_blocks(choice) for n in block if n in mp.blocks.saved],
         frontend=mp.graph.frontend,
         signature=graph_signature(mp.graph),
         capacity_factor=mp.options.capacity_factor,

@@ -172,6 +172,10 @@ def check_layouts(plan: Plan, graph: OpGraph) -> None:
                      f"out {text(params.get(name))}")
     if stray := [name for segment in plan.recompute for name in segment if name not in graph.nodes]:
         raise refuse(f"it recomputes {stray[0]}, which is not a node of the model")
+    if plan.recompute_kept:
+        raise AutoshardError(f"the plan recomputes selectively (it keeps {len(plan.recompute_kept)} outputs, e.g. "
+                             f"{plan.recompute_kept[0]}), which the executor cannot run yet: plan again with "
+                             f"--recompute full to run or train it")
     _check_edges(plan, graph, refuse, text)
 
 

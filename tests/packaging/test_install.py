@@ -32,6 +32,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_ships_the_rules_and_every_module(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "autoshard/sharding/ops.toml" in names
+    assert "autoshard/cost/devices.toml" in names
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "autoshard").rglob("*.py")}
     assert modules <= names, sorted(modules - names)[:5]
 

@@ -1,0 +1,112 @@
+"""Edge cost matrices: what every (producer strategy, consumer strategy) pair of an edge costs.
+
+A plain edge charges the forward reshard from the producer's layout to the one the consumer
+reads, plus in training the gradient's reshard back; a consumer that runs again when its block
+is recomputed pays the forward reshard again. The edge from a parameter to its owner allows
+only the owner strategies reading the parameter's use layout and charges its gathers and its
+gradient's way back to the stored layout. Matrices are shared by identical edges (repeated layers).
+
+Overlap (``BuildOptions.overlap``): FSDP2 and DDP run a parameter's gathers and its gradient's
+reduction on a communication stream, prefetched under the neighbouring layer's compute. For an
+owner ``o`` inside a repeated layer, whose twin in the neighbouring layer runs the same
+strategy ``j``, the edge charges only what the twin's compute cannot hide:
+
+    cost(i, j) = max(0, F_ij - fwd_j) + max(0, B_ij - bwd_j)
+
+with ``F`` the forward-pass gathers, ``B`` the backward-pass ones (re-gather, recompute gather)
+plus the gradient's reduction, and ``fwd_j`` / ``bwd_j`` the owner's own forward and backward
+compute under ``j`` (recompute included). Pairing each parameter with its own op's twin, not the
+whole layer, never hides more than the layer could. Every other collective (activations, tensor
+parallelism) is exposed: the step is the sum of compute and exposed communication.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoshard.cost.communication import CostModel
+from autoshard.frontend.graph import TensorMeta
+from autoshard.problem.candidates import Candidate
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.spec import TensorSpec
+from autoshard.solver.problem import FORBIDDEN
+
+
+class EdgePrices:
+    """Cost matrices of edges, shared across identical edges (repeated layers)."""
+
+    def __init__(self, mesh: Mesh, cost_model: CostModel) -> None:
+        self.mesh, self.cost_model = mesh, cost_model
+        self.reshards: dict[tuple, int] = {}
+        self.matrices: dict[tuple, np.ndarray] = {}
+
+    def reshard(self, src: TensorSpec, dst: TensorSpec, meta: TensorMeta) -> int:
+        """Price of turning ``src`` into ``dst`` for a tensor of ``meta``."""
+        key = (src, dst, meta.shape, meta.itemsize)
+        if key not in self.reshards:
+            steps = reshard_steps(src, dst, meta.shape, meta.itemsize, self.mesh.shape)
+            self.reshards[key] = self.cost_model.ticks(sum(self.cost_model.step_cost(s, meta.shape) for s in steps))
+        return self.reshards[key]
+
+    def matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
+               owner: bool, same_block: bool, overlap: bool = False) -> np.ndarray:
+        """Cost of every (producer strategy, consumer strategy) pair on one edge. A consumer that
+        runs again when its block is recomputed pays the forward reshard again; inside one block, or from a
+        parameter to its owner, both ends must make the same recompute choice. ``overlap``: a
+        parameter's traffic to its owner hides under the owner's compute (module doc)."""
+        key = (id(src.strategies), id(dst.strategies), operand, meta, backward, owner, same_block, overlap)
+        if key not in self.matrices:
+            if owner:
+                matrix = self._owner(src, dst, operand, meta, backward, overlap)
+            else:
+                matrix = self._plain(src, dst, operand, meta, backward)
+                if dst.reruns is not None:
+                    again = self._plain(src, dst, operand, meta, False)
+                    matrix = np.where(np.asarray(dst.reruns)[None, :], np.minimum(matrix + again, FORBIDDEN),
+                                      matrix)
+            if dst.recompute is not None and (same_block or owner) and src.recompute is not None:
+                differ = np.asarray(src.recompute)[:, None] != np.asarray(dst.recompute)[None, :]
+                matrix = np.where(differ, FORBIDDEN, matrix)
+            matrix.flags.writeable = False  # shared by every identical edge: nobody may edit it in place
+            self.matrices[key] = matrix
+        return self.matrices[key]
+
+    def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
+        outs = sorted({s.out_spec for s in src.strategies})
+        ins = sorted({s.in_specs[operand] for s in dst.strategies})
+        fwd = np.array([[self.reshard(a, b, meta) for b in ins] for a in outs], dtype=np.int64)
+        matrix = fwd[np.ix_([outs.index(s.out_spec) for s in src.strategies],
+                            [ins.index(s.in_specs[operand]) for s in dst.strategies])]
+        if backward:
+            grads = sorted({s.grad_specs[operand] for s in dst.strategies})
+            expected = sorted({s.out_spec.without_partial() for s in src.strategies})
+            bwd = np.array([[self.reshard(g, e, meta) for g in grads] for e in expected], dtype=np.int64)
+            matrix = matrix + bwd[np.ix_([expected.index(s.out_spec.without_partial()) for s in src.strategies],
+                                         [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
+        return matrix
+
+    def _owner(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
+               overlap: bool) -> np.ndarray:
+        """Parameter -> owner: only the owner strategies reading the use layout. The forward pass
+        gathers the stored layout into the use layout; the backward pass gathers it again when
+        re-gathered or recomputed, and reshards the gradient back to the stored layout."""
+        forward = np.zeros((len(src.strategies), len(dst.strategies)), dtype=np.int64)
+        backward_pass = np.zeros_like(forward)
+        allowed = np.zeros(forward.shape, dtype=bool)
+        recompute = dst.recompute or [False] * len(dst.strategies)
+        for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
+            gather = self.reshard(stored.out_spec, storage.use, meta)
+            for j, s in enumerate(dst.strategies):
+                if s.in_specs[operand] != storage.use:
+                    continue
+                allowed[i, j] = True
+                back = self.reshard(s.grad_specs[operand], stored.out_spec, meta) if backward else 0
+                forward[i, j] = gather
+                backward_pass[i, j] = back + gather * (int(storage.regather) + int(recompute[j]))
+        if overlap and dst.forward_costs is not None:
+            own_forward = np.asarray(dst.forward_costs, dtype=np.int64)[None, :]
+            own_backward = np.asarray(dst.costs, dtype=np.int64)[None, :] - own_forward
+            forward = np.maximum(0, forward - own_forward)
+            backward_pass = np.maximum(0, backward_pass - own_backward)
+        return np.where(allowed, np.minimum(forward + backward_pass, FORBIDDEN), FORBIDDEN)

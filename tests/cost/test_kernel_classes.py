@@ -1,0 +1,38 @@
+"""Compute time per kernel class: GEMMs, fused attention (causal halves the counted flops), streaming ops."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.cost.compute import op_times
+from autoshard.cost.devices import PRESETS
+from autoshard.frontend.graph import OpWork
+
+H100 = PRESETS["h100"]
+WORK = OpWork(flops=4 * 10**12, backward_flops=8 * 10**12)
+
+
+def test_a_matmul_runs_at_the_achieved_gemm_rate() -> None:
+    times = op_times(WORK, 2, [1000, 1000], [True, True], 1000, "bfloat16", H100, "linear")
+    rate = H100.peak_flops["bf16"] * H100.achieved["matmul"]
+    assert times.forward == pytest.approx(2e12 / rate)
+    assert times.backward == pytest.approx(4e12 / rate)
+
+
+def test_causal_attention_runs_half_the_counted_flops_at_the_attention_rates() -> None:
+    full = op_times(WORK, 1, [1, 1, 1], [True] * 3, 1, "bfloat16", H100, "scaled_dot_product_attention")
+    causal = op_times(WORK, 1, [1, 1, 1], [True] * 3, 1, "bfloat16", H100, "scaled_dot_product_attention", True)
+    peak = H100.peak_flops["bf16"]
+    assert full.forward == pytest.approx(4e12 / (peak * H100.achieved["attention_forward"]))
+    assert full.backward == pytest.approx(8e12 / (peak * H100.achieved["attention_backward"]))
+    assert causal.forward == pytest.approx(full.forward / 2) and causal.backward == pytest.approx(full.backward / 2)
+    linear_causal = op_times(WORK, 1, [1, 1], [True] * 2, 1, "bfloat16", H100, "linear", True)
+    assert linear_causal == op_times(WORK, 1, [1, 1], [True] * 2, 1, "bfloat16", H100, "linear")
+
+
+def test_an_elementwise_op_streams_at_the_achieved_bandwidth() -> None:
+    nbytes = 3 * 2**30
+    times = op_times(OpWork(), 1, [nbytes, nbytes], [True, False], nbytes, "bfloat16", H100, "add")
+    streaming = H100.memory_bandwidth * H100.achieved["memory"]
+    assert times.forward == pytest.approx(3 * nbytes / streaming)
+    assert times.backward == pytest.approx(4 * nbytes / streaming)  # grad out, both operands, one grad
