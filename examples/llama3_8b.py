@@ -5,6 +5,7 @@ it is for solving only (``--mode training --device h100 --memory-budget 80GiB``)
 ``autoshard.run``. 8 sequences of 4096 tokens; the step ends in Hugging Face's own next-token
 loss of the labels (``loss`` below). ``LLAMA_ATTENTION=eager`` selects eager attention (its
 [8, 32, 4096, 4096] score matrices are then activations), else fused ``sdpa``.
+``LLAMA_BATCH`` and ``LLAMA_SEQ`` change the batch (torchtitan's 8-GPU benchmark: 16 x 8192).
 """
 
 import os
@@ -12,14 +13,14 @@ import os
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-BATCH, SEQ = 8, 4096
+BATCH, SEQ = int(os.environ.get("LLAMA_BATCH", 8)), int(os.environ.get("LLAMA_SEQ", 4096))
 
 
 def build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The model on meta in bf16 and a batch of token ids."""
     config = LlamaConfig(
         num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-        intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+        intermediate_size=14336, vocab_size=128256, max_position_embeddings=max(SEQ, 8192), rope_theta=500000.0,
         use_cache=False, tie_word_embeddings=False,
         attn_implementation=os.environ.get("LLAMA_ATTENTION", "sdpa"),
     )

@@ -231,6 +231,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print(device_line(mp.cost_model.device, args.device is None, args.peak_flops, args.memory_bandwidth,
                               links), highlight=False)
     budget = mp.problem.usage_limit
+    if budget is not None and budget != mp.options.device_budget:
+        budget_text = f"{format_bytes(mp.options.device_budget)} ({format_bytes(budget)} live)"
+    else:
+        budget_text = format_bytes(budget) if budget else ""
     p = mp.problem
     if args.write_problem:
         from autoshard.solver.iopddl import write_problem
@@ -245,7 +249,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     console.print(f"{loaded.name}: {len(graph)} graph nodes, {p.num_nodes} decision nodes, {len(p.edges)} edges, "
                   f"mesh {mesh.label}, {args.mode}, cost model {mp.cost_model.name}"
-                  + (f", memory budget {format_bytes(budget)}" if budget else ""))
+                  + (f", memory budget {budget_text}" if budget else ""))
     options = problem_file.solve_options(args, default_solve_options(mp, clock.solver_budget()))
     with Live(console=console, transient=True, refresh_per_second=2) if not args.quiet else contextlib.nullcontext() as live:
         progress = ModelProgress(mp, console, args.tables, live if not args.quiet else None)

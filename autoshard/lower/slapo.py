@@ -115,11 +115,51 @@ def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]
             notes.append(f"# {where}: {_letters(edge.src_spec)}->{_letters(edge.dst_spec)} has no module "
                          f"boundary to hook (run by autoshard.run)")
     order = {m: i for i, m in enumerate(dict.fromkeys(n.module for n in graph))}
-    lines: list[str] = []
+    blocks: list[tuple[str, list[str]]] = []
     for module in sorted(per_module, key=lambda m: order.get(m, len(order))):
         group = per_module[module]
-        lines += sorted(group, key=lambda l: (0 if ".shard(" in l else 1 if "fwd_pre" in l else 2 if "bwd_post" in l else 3))
+        blocks.append((module, sorted(group, key=lambda l: (0 if ".shard(" in l else 1 if "fwd_pre" in l
+                                                            else 2 if "bwd_post" in l else 3))))
+    lines = [line for _, group in blocks for line in group] if every else _loop_layers(blocks)
     return lines + _fill(notes, parameter_notes)
+
+
+def _loop_layers(blocks: list[tuple[str, list[str]]]) -> list[str]:
+    """Module lines in order, where three or more consecutive layers have the same lines but for
+    their layer number, as one ``for i in range(a, b):`` loop over them (still runnable code)."""
+    runs: list[tuple[str | None, int, list[str]]] = []  # (path up to the layer number, the number, lines)
+    for module, group in blocks:
+        pattern, number = layer_key(module)
+        head = pattern[:pattern.index("#")] if number is not None else None
+        if head is not None and runs and runs[-1][:2] == (head, number):
+            runs[-1][2].extend(group)
+        else:
+            runs.append((head, -1 if number is None else number, list(group)))
+    lines: list[str] = []
+    k = 0
+    while k < len(runs):
+        head, number, group = runs[k]
+        body = _generic(group, head, number)
+        end = k + 1
+        while (head is not None and end < len(runs) and runs[end][:2] == (head, number + end - k)
+               and _generic(runs[end][2], head, runs[end][1]) == body):
+            end += 1
+        if end - k >= 3 and not any("{" in line for line in group):
+            lines.append(f"for i in range({number}, {number + end - k}):  # {head}{{{number}..{number + end - k - 1}}}")
+            lines += [f"    {line}" for line in body]
+        else:
+            lines += [line for run in runs[k:end] for line in run[2]]
+        k = end
+    return lines
+
+
+def _generic(lines: list[str], head: str | None, number: int) -> list[str]:
+    """Lines of layer ``number`` with its module paths written for any layer ``i`` (f-strings)."""
+    if head is None:
+        return lines
+    return [line.replace(f'sch["{head}{number}.', f'sch[f"{head}{{i}}.').replace(f'sch["{head}{number}"]',
+                                                                                 f'sch[f"{head}{{i}}"]')
+            for line in lines]
 
 
 def _fill(notes: list[str], parameter_notes: dict[tuple[str, str], list[str]]) -> list[str]:

@@ -187,3 +187,10 @@ def test_long_work_prints_a_line_now_and_then_when_piped_and_nothing_when_quiet(
             assert lines == []
         else:
             assert lines and all(re.fullmatch(r"loading and tracing m\.py \(\d+ s\)", line) for line in lines)
+
+
+def test_a_preset_budget_bounds_reserved_bytes_and_says_what_it_leaves_live(capsys):
+    line = _error(capsys, MLP, "--device", "h100", "--memory-budget", "1MiB")
+    assert "--memory-budget 1 MiB (871 KiB live)" in line and "smallest peak" in line
+    code, out, _ = run_cli(capsys, MLP, "--device", "h100", "--memory-budget", "1GiB", "--tables", "none")
+    assert code == 0 and "memory budget 1 GiB (871 MiB live)" in out and "as the allocator reserves it" in out

@@ -1,0 +1,65 @@
+"""Repeated layers' Slapo lines fold into ``for`` loops that run exactly the unfolded schedule."""
+
+from __future__ import annotations
+
+import torch
+
+from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
+from autoshard.frontend.trace import trace
+from autoshard.lower.slapo import schedule_lines
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Recorder:
+    """Stands for Slapo's schedule: records every primitive called on every module."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getitem__(self, module: str) -> "Recorder":
+        recorder = self
+
+        class Module:
+            def __getattr__(self, primitive: str):
+                return lambda *args, **kwargs: recorder.calls.append((module, primitive, args,
+                                                                      tuple(sorted(kwargs.items()))))
+        return Module()
+
+
+def _run(lines: list[str]) -> list[tuple]:
+    sch = Recorder()
+    exec("\n".join(lines), {"sch": sch})
+    return sch.calls
+
+
+def test_identical_layers_loop_and_run_the_same_primitives() -> None:
+    layers = 6
+    pins = {f"layers.{i}.up.weight": "SR" for i in range(layers)} | {f"layers.{i}.down.weight": "RS"
+                                                                      for i in range(layers)}
+    graph = trace(Stack(layers), (torch.randn(8, 32),), "fx")
+    mp = build_model_problem(graph, "2", pins=pins)
+    plan = solve_model_problem(mp, default_solve_options(mp, 60)).plan
+    every, folded = schedule_lines(plan, graph, every=True), schedule_lines(plan, graph)
+    assert len(folded) < len(every)
+    loops = [line for line in folded if line.startswith("for i in range(")]
+    assert loops and "layers.{" in loops[0]
+    assert _run(folded) == _run(every)
