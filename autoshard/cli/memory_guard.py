@@ -1,0 +1,117 @@
+"""End with one line before the out-of-memory killer ends the solver silently.
+
+A problem too large for the machine (a 405B model on a 3-D mesh) used to grow until the kernel
+killed the process: no plan, no message. :func:`start` runs a daemon thread that sums the
+proportional set size (PSS: shared pages split among their sharers, so forked engines are not
+counted twice) of this process and its descendants every half second. Past the limit — 90% of
+the memory this process may use, the smaller of the machine's and its cgroup's, or
+``AUTOSHARD_MEMORY_LIMIT`` bytes — it kills the descendants, prints one line naming what it
+held and what to change, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from autoshard.cost.units import format_bytes
+
+LIMIT_ENV = "AUTOSHARD_MEMORY_LIMIT"
+SHARE = 0.9
+"""Fraction of the available memory the solver may hold."""
+POLL_S = 0.5
+
+
+def memory_limit() -> int | None:
+    """Bytes this process tree may hold: ``AUTOSHARD_MEMORY_LIMIT``, else 90% of the smaller of
+    MemTotal and the cgroup's memory.max (None where neither can be read)."""
+    if os.environ.get(LIMIT_ENV):
+        return int(float(os.environ[LIMIT_ENV]))
+    bounds = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                bounds.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            bounds.append(int(text))
+    return int(SHARE * min(bounds)) if bounds else None
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+            tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``."""
+    tree, found, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size of one process in bytes (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def held_bytes() -> int:
+    """PSS of this process and all its descendants."""
+    me = os.getpid()
+    return sum(_pss(pid) for pid in [me, *descendants(me)])
+
+
+def _watch(limit: int, started: float, advice: str) -> None:
+    while True:
+        time.sleep(POLL_S)
+        held = held_bytes()
+        if held <= limit:
+            continue
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        sys.stdout.flush()
+        sys.stderr.write(f"error: solving needs more memory than this machine lends it: {format_bytes(held)} "
+                         f"held after {time.monotonic() - started:.0f} s, past the limit of {format_bytes(limit)} "
+                         f"({LIMIT_ENV} sets it); {advice}\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+
+def start(advice: str) -> None:
+    """Watch this process tree's memory from now on (no-op where /proc cannot tell)."""
+    limit = memory_limit()
+    if limit is None or not Path(f"/proc/{os.getpid()}/smaps_rollup").exists():
+        return
+    threading.Thread(target=_watch, args=(limit, time.monotonic(), advice), daemon=True,
+                     name="autoshard-memory-guard").start()

@@ -1,0 +1,39 @@
+"""A solve that outgrows its memory ends in one line and status 2, not in the out-of-memory killer's silence."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from autoshard.cli import memory_guard
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_past_the_limit_the_solver_prints_one_line_and_exits_2() -> None:
+    env = dict(os.environ, AUTOSHARD_MEMORY_LIMIT="100e6")
+    done = subprocess.run([sys.executable, "-m", "autoshard.solve", "examples/mlp.py", "--quiet"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line]
+    assert len(errors) == 1 and errors[0].startswith("error: solving needs more memory")
+    assert "AUTOSHARD_MEMORY_LIMIT" in errors[0] and "smaller mesh" in errors[0]
+
+
+def test_held_bytes_counts_forked_children_and_the_limit_reads_the_machine() -> None:
+    before = memory_guard.held_bytes()
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200 * 2**20); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while memory_guard.held_bytes() < before + 150 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert child.pid in memory_guard.descendants(os.getpid())
+        assert memory_guard.held_bytes() >= before + 150 * 2**20
+    finally:
+        child.kill()
+        child.wait()
+    limit = memory_guard.memory_limit()
+    assert limit is None or limit > 2**30
