@@ -36,6 +36,13 @@ ATTENTION_OPS = frozenset({"scaled_dot_product_attention"})
 """Fused attention (``achieved["attention_forward"]`` / ``["attention_backward"]``)."""
 
 
+def causal_split_load(parts: int) -> float:
+    """The busiest device's causal attention work over an even share, when the query rows are
+    split into ``parts`` contiguous blocks: the last block attends to every key, so it does
+    ``(2 parts - 1) / parts`` of its share (2 - 1/parts; 1 unsplit)."""
+    return (2 * parts - 1) / parts
+
+
 @dataclass(frozen=True)
 class PassTimes:
     """Seconds of one op's forward and backward on one device."""

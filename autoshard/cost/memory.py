@@ -140,9 +140,13 @@ def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[P
 
 
 def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[int], life: Lifetimes, mesh: Mesh,
-             training: bool, recomputed: Blocks | None = None) -> list[MemoryItem]:
+             training: bool, recomputed: Blocks | None = None, gathered: Sequence[int] | None = None,
+             kept_until: int | None = None) -> list[MemoryItem]:
     """An op's output, saved internals, temporaries and output gradient, per strategy
-    (``recomputed``: its block is recomputed, see cost/recompute.py)."""
+    (``recomputed``: its block is recomputed, see cost/recompute.py; ``gathered``: bytes of
+    operands it gathers and saves, per strategy, held like what it saves besides them, and
+    their gradients in that layout during its backward, before they are reduced back;
+    ``kept_until``: a recomputed block keeps its output until that slot, its recomputation)."""
     metas = out_metas(node)
     work = node.work
     is_view = life.base[node.name] != node.name
@@ -151,6 +155,8 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
     whole = tuple(0 if s.partial else b for s, b in zip(out_specs, outs))
     partial = tuple(b if s.partial else 0 for s, b in zip(out_specs, outs))
     windows = [life.value[node.name]] if recomputed is None else value_windows(node.name, life, recomputed)
+    if kept_until is not None:
+        windows = [(start, max(end, kept_until)) for start, end in windows]
     items = [MemoryItem(node.name, "activation", window, whole) for window in windows]
     items.append(MemoryItem(node.name, "activation", life.read[node.name], partial))
     if work is None:
@@ -160,6 +166,10 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
     if saved:
         window = life.saved_window(node.name) if recomputed is None else saved_window(node.name, life, recomputed)
         items.append(MemoryItem(node.name, "saved for backward", window, tuple(-(-saved // d) for d in degrees)))
+    if backward and gathered and any(gathered):
+        window = life.saved_window(node.name) if recomputed is None else saved_window(node.name, life, recomputed)
+        items += [MemoryItem(node.name, "gathered for backward", window, tuple(gathered)),
+                  MemoryItem(node.name, "gathered gradients", life.backward_window(node.name), tuple(gathered))]
     temporary = max(0, work.temporary_bytes - saved)
     if temporary:
         runs = [life.forward_window(node.name)]

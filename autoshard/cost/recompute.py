@@ -10,6 +10,8 @@ a tensor ``x`` produced in a recomputed block ``β`` (on the timeline of ``cost/
 - if savers inside ``β`` need it, it lives again from the recomputation, at the backward of the
   block's last node ``B(last(β))``, to the backward of the earliest-in-forward of them;
 - what an op saves besides operands and output lives from ``B(last(β))`` to its own backward;
+- what enters the block from another op outside it (the residual stream) is kept by the
+  checkpoint from the end of its forward reads to ``B(last(β))`` (``checkpoint_readers``);
 - the block's forward runs twice: its nodes' forward compute, and the forward reshards of the
   edges into them, are charged again (``candidates.py``, ``build.py``).
 
@@ -20,8 +22,8 @@ stays in the IOPDDL form. Pure functions of the graph and the lifetimes.
 Policies (``RECOMPUTE_POLICIES``): ``full`` recomputes every op of the block; ``selective`` is
 torchtitan's op-level policy (selective activation checkpointing): a recomputed block keeps the
 outputs of fused attention and of every other matrix multiply by a weight (the 1st, 3rd, ... in
-forward order; ``Blocks.saved``), which are neither dropped nor run again; every other op is
-recomputed as above. ``none`` offers no recomputation.
+forward order; ``Blocks.saved``), which are neither dropped nor run again (kept at least until
+the block's recomputation, which reads them); every other op is recomputed as above. ``none`` offers no recomputation.
 """
 
 from __future__ import annotations
@@ -87,6 +89,23 @@ def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None, kept_ops: frozen
             saved.update(matmuls[::2])
             saved.update(n for n in ops if graph[n].op in ATTENTION_OPS)
     return Blocks(block_of, tuple(last), frozenset(saved))
+
+
+def checkpoint_readers(graph: OpGraph, blocks: Blocks) -> dict[str, list[int]]:
+    """Per op node, the operands it is the first in its block to read that another op outside the
+    block produced: what the block's checkpoint keeps until its recomputation."""
+    readers: dict[str, list[int]] = {}
+    seen: set[tuple[int, str]] = set()
+    for node in graph:
+        block = blocks.block_of.get(node.name)
+        if block is None:
+            continue
+        for k, src in enumerate(node.inputs):
+            producer = graph[src]
+            if producer.kind == NodeKind.OP and blocks.block_of.get(src) != block and (block, src) not in seen:
+                seen.add((block, src))
+                readers.setdefault(node.name, []).append(k)
+    return readers
 
 
 def value_windows(name: str, life: Lifetimes, blocks: Blocks) -> list[Interval]:

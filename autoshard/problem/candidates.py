@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from autoshard.cost.communication import CostModel
-from autoshard.cost.compute import op_times
+from autoshard.cost.compute import causal_split_load, op_times
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
                                    recompute_variants, state_items)
-from autoshard.cost.recompute import NO_BLOCKS, Blocks
+from autoshard.cost.recompute import NO_BLOCKS, Blocks, checkpoint_readers
 from autoshard.frontend.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
@@ -112,6 +112,7 @@ class CandidateBuilder:
         self.cache: dict[object, Candidate] = {}
         self.storage_cache: dict[object, list[tuple[TensorSpec, ParamStorage]]] = {}
         self.unsupported: Counter[str] = Counter()
+        self.first_readers: dict[str, list[int]] | None = None
 
     def build(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
         """The candidate of ``node``; ``built`` holds those of the nodes before it (a parameter's
@@ -153,14 +154,45 @@ class CandidateBuilder:
                                  [False] * k + [True] * k, [False] * k + [reruns] * k)
         strategies, costs, flops, recompute, rerun = self.doubled[key]
         k = len(found.strategies)
+        kept = None if reruns else self.blocks.recompute_start(self.life, node.name) + 1
+        again = self._op_items(node, found.strategies, self.blocks if reruns else None, kept)
         items = recompute_variants(self._op_items(node, found.strategies),
-                                   self._op_items(node, found.strategies, self.blocks if reruns else None), k, k)
+                                   again + self._checkpointed_inputs(node, found.strategies), k, k)
         return Candidate(node, strategies, costs, items, found.instance, flops=flops,
                          forward_costs=found.forward_costs * 2, recompute=recompute, reruns=rerun)
 
-    def _op_items(self, node: OpNode, options: list[OpStrategy], recomputed: Blocks | None = None) -> list[MemoryItem]:
+    def _op_items(self, node: OpNode, options: list[OpStrategy], recomputed: Blocks | None = None,
+                  kept_until: int | None = None) -> list[MemoryItem]:
         return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
-                        self.training, recomputed)
+                        self.training, recomputed, self._gathered_keys(node, options), kept_until)
+
+    def _checkpointed_inputs(self, node: OpNode, options: list[OpStrategy]) -> list[MemoryItem]:
+        """What a recomputed block keeps of its inputs from outside (the residual stream), charged
+        on their first reader in the block, in its layout, from the end of their forward reads to
+        the block's recomputation (their producers' own windows cover the forward)."""
+        if self.first_readers is None:
+            self.first_readers = checkpoint_readers(self.graph, self.blocks)
+        items = []
+        again = self.blocks.recompute_start(self.life, node.name) + 1
+        for k in self.first_readers.get(node.name, ()):
+            src = node.inputs[k]
+            start = self.life.read[src][1]
+            if start < again:
+                meta = operand_meta(self.graph, node, src)
+                items.append(MemoryItem(node.name, "checkpointed input", (start, again),
+                                        tuple(local_bytes(s.in_specs[k], meta, self.mesh) for s in options)))
+        return items
+
+    def _gathered_keys(self, node: OpNode, options: list[OpStrategy]) -> list[int] | None:
+        """Bytes of the keys and values an attention with split query rows gathers and saves for
+        backward, per strategy (counted as copies: exact when their producers split the sequence
+        as the queries are, an overestimate by their own share otherwise); None for other ops."""
+        rule = self.rules.get(node.op or "")
+        if rule is None or "causal_rows" not in rule.options or not (self.training and node.requires_grad):
+            return None
+        metas = [operand_meta(self.graph, node, src) for src in node.inputs[1:3]]
+        return [sum(local_bytes(s.in_specs[k], m, self.mesh) for k, m in zip((1, 2), metas))
+                if dict(s.assignment).get(rule.options["causal_rows"]) else 0 for s in options]
 
     def _state(self, node: OpNode) -> Candidate:
         """A buffer (one strategy per layout) or a model input (replicated in inference)."""
@@ -252,9 +284,11 @@ class CandidateBuilder:
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
-            times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device, node.op,
-                             bool(node.attrs.get("is_causal")))
+            causal = bool(node.attrs.get("is_causal"))
+            times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device, node.op, causal)
             load = self.capacity_factor if routed and dict(s.assignment).get(instance.exchange[1]) else 1.0
+            if causal and rule is not None and "causal_rows" in rule.options:
+                load *= causal_split_load(self.mesh.axes_size(dict(s.assignment).get(rule.options["causal_rows"], ())))
             costs.append(self.cost_model.ticks((times.forward + times.backward) * load) + exchange
                          + self._count_ticks(s, metas))
             forward.append(self.cost_model.ticks(times.forward * load) + exchange_forward)

@@ -20,7 +20,8 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
   the loss reads them, so the caller computes the loss on local pieces).
 
 A mixture-of-experts node runs through ``runtime/experts.py``: its local experts, and for an
-expert-parallel placement the token exchanges over its ``exchange_axis``.
+expert-parallel placement the token exchanges over its ``exchange_axis``. Causal attention with
+its query rows split runs through ``runtime/context.py`` (its mask from the rows' positions).
 
 Every collective is logged on the edge (or loss node, or expert-parallel node) it belongs to,
 in both passes, so :meth:`ParallelModule.collectives` can be compared with
@@ -52,6 +53,7 @@ from autoshard.runtime.collectives import FORWARD, CommLog, mask_to_first, resha
 from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
+from autoshard.runtime.context import causal_rows_attention, splits_causal_rows
 from autoshard.runtime.recompute import Regathering, run_recomputed
 from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
 from autoshard.sharding.spec import TensorSpec
@@ -229,6 +231,8 @@ class ParallelModule(nn.Module):
                     out = self._mean_over_global_count(node, operands, place.count_steps, phase)
                 elif node.op == EXPERTS_OP and place is not None:
                     out = run_experts(operands, node, place, self.groups, self._logs.get(exchange_label(node.name)))
+                elif splits_causal_rows(node, place):
+                    out = causal_rows_attention(operands, node, place, self.groups)
                 else:
                     out = node_caller(self._graph, node.name)(operands, self._attrs[node.name])
             del operands

@@ -77,6 +77,22 @@ class NormMix(nn.Module):
         return self.fc(h).max(dim=-1).values, h[:, 0, None]
 
 
+class CausalAttention(nn.Module):
+    """Causal self-attention (is_causal SDPA) between two projections: its query rows may be split."""
+
+    def __init__(self, hidden: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.wq, self.wk, self.wv = (nn.Linear(hidden, hidden, bias=False) for _ in range(3))  # a key bias gets no gradient
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (w(x).view(b, s, self.heads, d // self.heads).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(h.transpose(1, 2).reshape(b, s, d))
+
+
 @dataclass
 class Traced:
     """A model, its example inputs and its graph."""
@@ -99,9 +115,10 @@ def _encoder_layer() -> nn.Module:
 
 @functools.lru_cache(maxsize=None)
 def traced(name: str) -> Traced:
-    """``tiny_mlp``, ``sp_block``, ``encoder``, ``norm_mix`` (test models, x [8, 8, 16]) or an example's stem
+    """``tiny_mlp``, ``sp_block``, ``encoder``, ``norm_mix``, ``causal`` (test models, x [8, 8, 16]) or an example's stem
     (``mlp``, ``gpt2`` ...); ``llama+loss`` is the example with its loss (inputs, then targets)."""
-    models = {"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer, "norm_mix": NormMix}
+    models = {"tiny_mlp": MLP, "sp_block": SequenceParallelBlock, "encoder": _encoder_layer, "norm_mix": NormMix,
+              "causal": CausalAttention}
     if name in models:
         model = _seeded(models[name])
         inputs = (torch.randn(8, 8, 16, generator=torch.Generator().manual_seed(1)),)
@@ -161,8 +178,24 @@ def scaled_choice(mp: ModelProblem, seed: int) -> list[int] | None:
     return mp.with_storage_of_users(choice) if scaled else None
 
 
+def context_parallel_choice(mp: ModelProblem) -> list[int] | None:
+    """Data parallelism with every causal attention's query rows split over the last mesh axis
+    (and its batch over the others), or None without causal attention."""
+    causal = [n for n in mp.names if mp.candidates[n].node.attrs.get("is_causal")]
+    if not causal:
+        return None
+    choice = data_parallel_choice(mp)
+    last = mp.mesh.ndim - 1
+    for name in causal:
+        cand = mp.candidates[name]
+        rows = [i for i, s in enumerate(cand.strategies) if s.in_specs[0].dims[-2] == (last,)]
+        choice[mp.names.index(name)] = min(rows, key=lambda i: cand.costs[i])
+    return mp.with_storage_of_users(choice)
+
+
 def plans(t: Traced, mesh: str, mode: str, n_random: int, data_parallel: bool = False) -> dict[str, Plan]:
-    """Megatron (and data-parallel) plus random plans (one with scaled means if the model has means), by label."""
+    """Megatron (and data-parallel) plus random plans (one with scaled means if the model has means, one
+    splitting causal attention's rows if it has some), by label."""
     mp = problem(t, mesh, mode)
     seed = zlib.crc32(f"{t.name} {mesh} {mode}".encode())
     chosen = {"megatron": megatron_choice(mp)}
@@ -173,6 +206,9 @@ def plans(t: Traced, mesh: str, mode: str, n_random: int, data_parallel: bool = 
     scaled = scaled_choice(mp, seed)
     if scaled is not None:
         chosen["random-scaled"] = scaled
+    rows = context_parallel_choice(mp)
+    if rows is not None:
+        chosen["context-parallel"] = rows
     return {label: make_plan(mp, choice, model=t.name) for label, choice in chosen.items()}
 
 

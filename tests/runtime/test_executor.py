@@ -40,7 +40,7 @@ CASES = [
     ("gpt2", "2", 3, False), ("gpt2", "4", 3, False), ("gpt2", "8", 1, False), ("gpt2", "2x2", 3, False),
     ("gpt2", "2x4", 1, False), ("llama", "2", 2, False), ("llama", "4", 1, False), ("llama", "2x2", 1, False),
     ("bert", "4", 2, False), ("cnn", "2x2", 3, False), ("cnn_loss", "4", 3, False), ("encoder", "4", 3, False),
-    ("norm_mix", "2x2", 3, False),
+    ("norm_mix", "2x2", 3, False), ("causal", "2", 4, False), ("causal", "4", 4, False), ("causal", "2x2", 4, False),
 ]
 
 

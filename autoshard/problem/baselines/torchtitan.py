@@ -4,16 +4,18 @@ torchtitan's recipes (LLaMA-3 dense; Llama 4 / DeepSeek-V3 mixture of experts) c
 
 - FSDP2 on the data axis: every parameter stored as its owner reads it plus split over that
   axis, gathered before its forward use, freed, gathered again for backward
-  (``reshard_after_forward``), its gradient reduce-scattered;
+  (``reshard_after_forward``: in the repeated layers; the final norm and output projection,
+  wrapped last, keep theirs), its gradient reduce-scattered;
 - on a 2-D mesh, tensor parallelism on the last (intra-node) axis by module role, as torchtitan's
   plan names them: the output projections (``o_proj``/``down_proj``/...) row-parallel, every
   other linear column-parallel; the ops between them take the strategy cheapest given their
   producers, which is the sequence-parallel norm (reduce-scatter into it, all-gather out);
 - experts (mixture of experts) parallel over the last axis with tokens sent by all-to-all, the
   router on tokens split over every axis; on a 1-D mesh data parallelism everywhere;
-- full activation checkpointing: every repeated layer recomputed in backward, where the problem
-  offers recomputation (training under a memory budget, ``cost/recompute.py``); a gathered
-  parameter of a recomputed layer is then gathered a third time for the recompute.
+- activation checkpointing: every repeated layer recomputed in backward under the problem's
+  policy (``--recompute full``, or ``selective``: torchtitan's op-level policy), where the
+  problem offers recomputation (training under a memory budget, ``cost/recompute.py``); a
+  gathered parameter of a recomputed layer is then gathered again for the recompute.
 
 The plan is one point of our search space, so a proved optimum never costs more.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 from autoshard.problem.baselines.megatron import _incoming_cost
 from autoshard.problem.build import ModelProblem
 from autoshard.frontend.graph import NodeKind
+from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.spec import TensorSpec
 
 
@@ -56,10 +59,13 @@ def _wanted(mp: ModelProblem, name: str) -> tuple[dict[str, tuple[int, ...]], in
 def _fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
     """Every parameter stored as its owner reads it plus split over ``axis`` (on the first dim
     where a gather over ``axis`` alone restores the use layout), re-gathered for backward in
-    training (FSDP2's ``reshard_after_forward``; in a recomputed layer the recompute gathers it
+    training where torchtitan reshards after forward: in the repeated layers, not in the final
+    norm and output projection it wraps last (in a recomputed layer the recompute gathers it
     again anyway)."""
     index = {n: i for i, n in enumerate(mp.names)}
     training = mp.options.mode == "training"
+    repeated = find_repeated_layers(mp.graph)
+    in_layers = {n for layer in repeated.layers for n in layer} if repeated else set()
     for name, cand in mp.candidates.items():
         if cand.storage is None or cand.storage[0].use is None:
             continue
@@ -70,7 +76,7 @@ def _fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
         ranked = sorted((i for i, s in enumerate(cand.storage) if s.use == use
                          and (cand.recompute is None or cand.recompute[i] == again)),
                         key=lambda i: (_fsdp_rank(cand.strategies[i].out_spec, use, axis),
-                                       cand.storage[i].regather != training))
+                                       cand.storage[i].regather != (training and owner in in_layers)))
         if ranked:
             choice[index[name]] = ranked[0]
     return choice
