@@ -55,7 +55,8 @@ class EdgePrices:
         runs again when its block is recomputed pays the forward reshard again; inside one block, or from a
         parameter to its owner, both ends must make the same recompute choice. ``overlap``: a
         parameter's traffic to its owner hides under the owner's compute (module doc)."""
-        key = (id(src.strategies), id(dst.strategies), operand, meta, backward, owner, same_block, overlap)
+        key = (id(src.strategies), id(dst.strategies), id(dst.costs), id(dst.reruns), operand, meta, backward, owner,
+               same_block, overlap)  # identical nodes share these lists; a kept one's costs and reruns differ
         if key not in self.matrices:
             if owner:
                 matrix = self._owner(src, dst, operand, meta, backward, overlap)

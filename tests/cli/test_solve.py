@@ -194,3 +194,16 @@ def test_a_preset_budget_bounds_reserved_bytes_and_says_what_it_leaves_live(caps
     assert "--memory-budget 1 MiB (871 KiB live)" in line and "smallest peak" in line
     code, out, _ = run_cli(capsys, MLP, "--device", "h100", "--memory-budget", "1GiB", "--tables", "none")
     assert code == 0 and "memory budget 1 GiB (871 MiB live)" in out and "as the allocator reserves it" in out
+
+
+def test_recompute_policy_and_overlap_flags_reach_the_costs(capsys):
+    llama = str(ROOT / "examples" / "llama.py")
+    common = (llama, "--mesh", "2", "--mode", "training", "--device", "h100", "--memory-budget", "1GiB",
+              "--baseline", "torchtitan", "--tables", "none", "--quiet")
+    baselines = {}
+    for flags in (("--recompute", "selective"), ("--recompute", "selective", "--no-overlap")):
+        code, out, _ = run_cli(capsys, *common, *flags)
+        assert code == 0 and "torchtitan baseline" in out
+        baselines[flags] = int(re.search(r"torchtitan baseline: .*?\((\d+) ps\)", out).group(1))
+    hidden, exposed = baselines.values()
+    assert exposed > hidden  # torchtitan's FSDP gathers charged in full instead of hidden under compute

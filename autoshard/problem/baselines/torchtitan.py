@@ -56,7 +56,7 @@ def _wanted(mp: ModelProblem, name: str) -> tuple[dict[str, tuple[int, ...]], in
     return ({**assignment, batch: every[:-1]} if batch else assignment), None
 
 
-def _fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
+def fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
     """Every parameter stored as its owner reads it plus split over ``axis`` (on the first dim
     where a gather over ``axis`` alone restores the use layout), re-gathered for backward in
     training where torchtitan reshards after forward: in the repeated layers, not in the final
@@ -116,4 +116,4 @@ def torchtitan_choice(mp: ModelProblem) -> list[int]:
                 wanted_spec = mp.candidates[first.dst].strategies[choice[mp.names.index(first.dst)]].in_specs[first.operand]
             matches = [j for j, s in enumerate(cand.strategies) if s.out_spec == wanted_spec]
             choice[i] = matches[0] if matches else 0
-    return mp.complete(_fsdp_storage(mp, [int(c) for c in choice], 0))
+    return mp.complete(fsdp_storage(mp, [int(c) for c in choice], 0))

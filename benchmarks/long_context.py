@@ -1,0 +1,77 @@
+"""Long sequences: LLaMA-3.1-8B training on 8 H100 at 80 GiB, one sequence of 32k to 256k tokens.
+
+    .venv/bin/python benchmarks/long_context.py [--seqs 32768 65536 131072 262144] [--timeout 120]
+
+torchtitan's LLaMA-3.1-8B (``titan_llama.py``), bf16 mixed precision, local batch 1 per data
+parallel rank as torchtitan's Table 2 runs it (pytorch/torchtitan,
+``benchmarks/llama3_h100_202412_torchtitan.md``: FSDP x CP, full activation checkpointing,
+torch.compile and Float8, which this model does not price). Per row: the published run, then our
+plan in the calibrated model (``--device h100``, 80 GiB): its step, tokens/s/GPU, live peak, how
+it splits attention (query rows: context parallelism with the keys and values gathered; heads:
+the heads split, the sequence exchanged around attention), the layers it recomputes, and the
+solver's claim at the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from titan_llama import titan_llama3_8b  # noqa: E402
+
+from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
+from autoshard.errors import AutoshardError  # noqa: E402
+from autoshard.frontend.trace import trace  # noqa: E402
+
+PUBLISHED = {32768: ("FSDP 8, CP 1", 3890, 83.9), 65536: ("FSDP 4, CP 2", 2540, 84.2),
+             131072: ("FSDP 2, CP 4", 1071, 84.0), 262144: ("FSDP 1, CP 8", 548, 84.5)}
+"""Sequence length -> torchtitan's Table 2 (parallelism, tokens/s/GPU, GiB), with compile and Float8."""
+GPUS = 8
+
+
+def attention_split(mp, choice: list[int]) -> str:
+    """How the plan lays out the first attention's queries: rows, heads, batch or nothing split."""
+    name = next(n for n in mp.names if mp.candidates[n].node.op == "scaled_dot_product_attention")
+    dims = mp.strategy(name, choice).in_specs[0].dims
+    parts = [what for what, axes in zip(("batch", "heads", "rows", "head dim"), dims) if axes]
+    return " + ".join(parts) or "replicated"
+
+
+def row(seq: int, timeout: float) -> str:
+    """One table row: the published run beside our plan for its batch of ``seq``-token sequences."""
+    start = time.monotonic()
+    batch = GPUS * 32768 // seq  # one sequence per data-parallel rank, as published
+    model, inputs = titan_llama3_8b(32, seq=seq, batch=batch)
+    mp = build_model_problem(trace(model, inputs), str(GPUS), mode="training", device="h100", precision="bf16-mixed")
+    label, tps, gib = PUBLISHED[seq]
+    head = f"| {seq:,} x {batch} | {label}: {tps:,} tok/s/GPU, {gib} GiB |"
+    try:
+        result = solve_model_problem(mp, default_solve_options(mp, timeout))
+    except AutoshardError as err:
+        return f"{head} none fits: {err} | | | | | {time.monotonic() - start:.0f} s |"
+    choice = list(result.solution.choice)
+    seconds = result.solution.cost / mp.cost_model.ticks_per_unit
+    bound = result.solution.lower_bound or 0
+    claim = "proved" if result.solution.status == "optimal" else f"gap {100 * (result.solution.cost - bound) / result.solution.cost:.2f}%"
+    return (f"{head} {seconds:.2f} s | {seq * batch / GPUS / seconds:,.0f} | {mp.problem.peak_usage(choice) / 2**30:.1f} | "
+            f"{attention_split(mp, choice)} | {len(result.plan.recompute)} | {claim} | {time.monotonic() - start:.0f} s |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", nargs="*", type=int, default=list(PUBLISHED), choices=list(PUBLISHED))
+    parser.add_argument("--timeout", type=float, default=120.0, help="the solver's limit per row (s)")
+    args = parser.parse_args()
+    print("| tokens x sequences | torchtitan (Table 2) | ours: step | tok/s/GPU | live GiB | attention split | "
+          "layers recomputed | claim | wall |\n|---|---|---:|---:|---:|---|---:|---|---:|", flush=True)
+    for seq in args.seqs:
+        print(row(seq, args.timeout), flush=True)
+
+
+if __name__ == "__main__":
+    main()
