@@ -10,6 +10,9 @@ table, the strategy derivation and the gradient layouts the training cost model 
 
 from __future__ import annotations
 
+import inspect
+from types import SimpleNamespace
+
 from typing import Callable
 
 import pytest
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from autoshard.frontend.graph import TensorMeta
+from autoshard.runtime.context import causal_rows_attention
 from autoshard.sharding.rules import RuleError, instantiate, load_rules, strategies
 from autoshard.sharding.spec import TensorSpec
 from tests.layout_sim import all_coords
@@ -84,6 +88,8 @@ def check_op(op: str, fn: Callable, operands: list, attrs: dict, mesh_shape, siz
                 count = sum(count_fn(*[_piece(x, st.in_specs[k], g, mesh_shape) if isinstance(x, torch.Tensor) else x
                                        for k, x in enumerate(operands)]) for g in _partial_group(c, st.count_axes, mesh_shape))
                 y = summed_fn(*inputs, local=local_shape) / count
+            elif "at" in inspect.signature(fn).parameters:  # ops whose local result depends on the position
+                y = fn(*inputs, local=local_shape, at=(c, st))
             else:
                 y = fn(*inputs, local=local_shape)
             ys = y if isinstance(y, (tuple, list)) else (y,)
@@ -145,9 +151,18 @@ def test_attention_shards_batch_heads_queries_and_value_dim(mesh_shape):
     fn = lambda q, k, v, m, local: F.scaled_dot_product_attention(q, k, v, attn_mask=m)
     found = check_op("scaled_dot_product_attention", fn, [R(2, 4, 4, 8), R(2, 4, 4, 8), R(2, 4, 4, 8), mask], {},
                      mesh_shape)
-    causal = lambda q, k, v, local: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def causal(q, k, v, local, at=None):
+        """Causal attention as the executor runs it: split rows masked by their global positions."""
+        if at is None or not at[1].in_specs[0].dims[-2]:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        coords, strategy = at
+        groups = SimpleNamespace(coords=coords, mesh=SimpleNamespace(shape=mesh_shape))
+        node = SimpleNamespace(attrs={"is_causal": True})
+        return causal_rows_attention([q, k, v], node, SimpleNamespace(in_specs=strategy.in_specs), groups)
+
     found_causal = check_op("scaled_dot_product_attention", causal, [R(2, 4, 4, 8)] * 3, {"is_causal": True}, mesh_shape)
-    assert len(found_causal) < len(found)
+    assert any(s.in_specs[0].dims[-2] for s in found_causal) and len(found_causal) <= len(found)
 
 
 def test_embedding_shards_hidden_and_tokens_not_vocabulary():
