@@ -210,6 +210,11 @@ def _check_state(plan: Plan, graph: OpGraph, styled: dict[str, str], model: nn.M
         if name not in owned and not spec.is_replicated:
             owner = name.rpartition(".")[0]
             kind = type(model.get_submodule(owner)).__name__ if owner else type(model).__name__
+            node = next(n.name for n in graph if n.kind == NodeKind.PARAM and n.qualname == name)
+            if all(e.dst_spec.is_replicated for e in plan.edges if e.src == node):
+                raise NotMappable(f"{name} is stored {spec.format(1)} and gathered for use (FSDP) on the axis where "
+                                  f"{next(iter(styled.values()))} splits its weight for use (tensor parallelism); torch "
+                                  "runs the two over different mesh dimensions (run the JSON plan with autoshard.run)")
             raise NotMappable(f"{name} is stored {spec.format(1)} on the tensor-parallel axis, but its module {owner} "
                               f"({kind}) is not an nn.Linear / nn.Embedding / nn.LayerNorm sharded the way a "
                               "ColwiseParallel / RowwiseParallel / SequenceParallel style shards it")
