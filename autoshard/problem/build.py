@@ -302,15 +302,18 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             matrices.append(matrix)
     usages, intervals, aux, aux_owner = _node_memory(names, candidates)
     node_costs = [np.array(candidates[n].costs, dtype=np.int64) for n in names]
+    ties: dict[int, np.ndarray] = {}  # one k x k tie per strategy count, shared (a 3-D mesh gives k in the hundreds)
     for j, (owner, interval, usage) in enumerate(aux):
         k = len(candidates[owner].strategies)
         node_costs.append(np.zeros(k, dtype=np.int64))
         usages.append(usage)
         intervals.append(interval)
-        tie = np.full((k, k), FORBIDDEN, dtype=np.int64)
-        np.fill_diagonal(tie, 0)
+        if k not in ties:
+            ties[k] = np.full((k, k), FORBIDDEN, dtype=np.int64)
+            np.fill_diagonal(ties[k], 0)
+            ties[k].flags.writeable = False
         pairs.append((aux_owner[j], len(names) + j))
-        matrices.append(tie)
+        matrices.append(ties[k])
     aux_names = [f"{owner}#memory{j}" for j, (owner, _, _) in enumerate(aux)]
     problem = ShardingProblem(
         node_costs=node_costs,

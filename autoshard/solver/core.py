@@ -15,6 +15,7 @@ core as flat arrays with offsets, which is what the compiled (numba) loops of th
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,14 @@ INF = FORBIDDEN
 def sat(a: np.ndarray) -> np.ndarray:
     """Clip at INF (after adding two values that were each at most INF)."""
     return np.minimum(a, INF)
+
+
+def digest(array: np.ndarray) -> bytes:
+    """A 16-byte digest of an array's dtype, shape and contents."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(np.ascontiguousarray(array).data)
+    return h.digest()
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,12 @@ class Core:
         self.costs: list[np.ndarray | None] = [sat(np.asarray(c, dtype=np.int64)) for c in problem.node_costs]
         self.strategies: list[np.ndarray] = [np.arange(len(c)) for c in problem.node_costs]
         self.adj: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+        shared: dict[int, np.ndarray] = {}  # identical edges (repeated layers) share one matrix object
         for (u, v), m in zip(problem.edges, problem.edge_costs):
-            self.add_edge(u, v, sat(np.asarray(m, dtype=np.int64)))
+            if id(m) not in shared:
+                shared[id(m)] = sat(np.asarray(m, dtype=np.int64))
+                shared[id(m)].flags.writeable = False  # shared: reductions build new matrices, never edit
+            self.add_edge(u, v, shared[id(m)])
         self.alive: set[int] = set(range(n))
         self.const = 0
         self.records: list[Record] = []
@@ -233,18 +246,20 @@ class FrozenCoreArrays:
 
     @staticmethod
     def of(comp: FrozenCore) -> FrozenCoreArrays:
-        """``comp`` flattened."""
+        """``comp`` flattened; oriented matrices with the same contents (a model's repeated layers)
+        are stored once and pointed at by every neighbour entry that has them."""
         nbrs = [(j, m) for row in comp.nbrs for j, m in row]
         segs = [seg for row in comp.segments for seg in row]
         sizes = [len(c) for c in comp.costs]
+        pool, moff = _matrix_pool([m for _, m in nbrs])
         return FrozenCoreArrays(
             offsets(sizes),
             max(sizes, default=0),
             flat(comp.costs),
             offsets([len(row) for row in comp.nbrs]),
             np.array([j for j, _ in nbrs], dtype=np.int64),
-            offsets([m.size for _, m in nbrs])[:-1],
-            flat([np.ascontiguousarray(m).ravel() for _, m in nbrs]),
+            moff,
+            pool,
             offsets([len(row) for row in comp.segments]),
             np.array([start for start, _, _ in segs], dtype=np.int64),
             np.array([stop for _, stop, _ in segs], dtype=np.int64),
@@ -255,6 +270,30 @@ class FrozenCoreArrays:
     def segment_args(self) -> tuple[np.ndarray, ...]:
         """What the compiled loops over memory segments take."""
         return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
+
+
+def _matrix_pool(matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct matrices flattened row-major one after another, each input's offset into
+    them): a matrix seen before, as the same memory (a view of one buffer) or the same contents,
+    is not stored again."""
+    by_layout: dict[tuple, int] = {}
+    by_content: dict[bytes, int] = {}
+    pieces: list[np.ndarray] = []
+    moff = np.empty(len(matrices), dtype=np.int64)
+    size = 0
+    for k, m in enumerate(matrices):
+        layout = (m.__array_interface__["data"][0], m.strides, m.shape)
+        found = by_layout.get(layout)
+        if found is None:
+            key = digest(m)
+            found = by_content.get(key)
+            if found is None:
+                found = by_content[key] = size
+                pieces.append(np.ascontiguousarray(m).ravel())
+                size += m.size
+            by_layout[layout] = found
+        moff[k] = found
+    return flat(pieces), moff
 
 
 def offsets(sizes: list[int]) -> np.ndarray:

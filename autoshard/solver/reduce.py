@@ -19,7 +19,6 @@ overflow, and ``memory.drop_dominated_rows`` those whose rows other rows imply.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core import INF, Core, Segment, sat
+from autoshard.solver.core import INF, Core, Segment, digest, sat
 from autoshard.solver.memory import capacity_deficit, compress_rows, drop_dominated_rows, normalize, prune_by_slack
 
 MAX_TABLE = 4_000_000
@@ -52,14 +51,6 @@ class Memo:
     def __init__(self) -> None:
         self.dominated: dict[tuple, np.ndarray | None] = {}
         self.series: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def digest(array: np.ndarray) -> bytes:
-    """A 16-byte digest of an array's dtype, shape and contents."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{array.dtype.str}{array.shape}".encode())
-    h.update(np.ascontiguousarray(array).data)
-    return h.digest()
 
 
 class NoAssignment(Exception):

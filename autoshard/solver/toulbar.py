@@ -35,6 +35,11 @@ MAX_EXACT_COST = 2**53
 """toulbar2 reads costs as doubles: a core with a finite cost at or above this stays ours."""
 
 
+MAX_TABLE_ENTRIES = 100_000_000
+"""Cores whose cost tables hold more entries are not given to toulbar2: its network copies every
+table (a core of LLaMA-3.1-405B on 8x8x8, ~400M entries, took a child past 10 GiB)."""
+
+
 def row_terms(comp: FrozenCore) -> int:
     """Total (row, node, strategy) terms the knapsack rows of ``comp`` would hold."""
     if comp.capacity is None:
@@ -42,10 +47,15 @@ def row_terms(comp: FrozenCore) -> int:
     return sum((stop - start) * int(np.count_nonzero(u)) for segs in comp.segments for start, stop, u in segs)
 
 
+def table_entries(comp: FrozenCore) -> int:
+    """Entries of the cost tables toulbar2's network of ``comp`` would hold (each its own copy)."""
+    return sum(len(c) for c in comp.costs) + sum(m.size for _, _, m in comp.edges)
+
+
 def can_take(comp: FrozenCore, rows: bool = True) -> bool:
-    """True when toulbar2 can solve ``comp`` exactly and well (rows small, costs exact in
-    doubles); with ``rows`` False, the core without its memory rows."""
-    if comp.n == 0 or (rows and row_terms(comp) > MAX_ROW_TERMS):
+    """True when toulbar2 can solve ``comp`` exactly and well (rows small, tables that fit in
+    memory, costs exact in doubles); with ``rows`` False, the core without its memory rows."""
+    if comp.n == 0 or (rows and row_terms(comp) > MAX_ROW_TERMS) or table_entries(comp) > MAX_TABLE_ENTRIES:
         return False
     top = max((int(np.where(c < INF, c, 0).max()) for c in comp.costs), default=0)
     top = max([top] + [int(np.where(m < INF, m, 0).max()) for _, _, m in comp.edges])

@@ -237,3 +237,26 @@ def test_events_cross_the_pipe_typed_and_a_cut_frame_ends_the_stream():
     os.write(write, b"\x40\x00\x00\x00\x00\x00\x00\x00abc")  # a frame of 64 bytes cut after 3
     os.close(write)
     assert list(receive(read)) == sent
+
+
+def test_a_core_whose_tables_would_not_fit_is_not_given_to_toulbar2(monkeypatch):
+    from autoshard.solver import toulbar
+
+    comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and can_take(c))
+    entries = toulbar.table_entries(comp)
+    assert entries == sum(len(c) for c in comp.costs) + sum(m.size for _, _, m in comp.edges)
+    monkeypatch.setattr(toulbar, "MAX_TABLE_ENTRIES", entries - 1)
+    assert not can_take(comp) and not can_take(comp, rows=False)
+
+
+def test_frozen_arrays_store_each_distinct_matrix_once_and_cost_the_same():
+    comp = next(c for c in map(core_of, range(40)) if c is not None and len(c.edges) >= 2)
+    twice = FrozenCore(comp.nodes + [n + 10**6 for n in comp.nodes], comp.costs * 2,
+                       comp.edges + [(u + comp.n, v + comp.n, m.copy()) for u, v, m in comp.edges], None,
+                       [[] for _ in range(2 * comp.n)], comp.const)
+    single = FrozenCore(comp.nodes, comp.costs, comp.edges, None, [[] for _ in range(comp.n)], comp.const)
+    assert twice.arrays.nb_mats.size == single.arrays.nb_mats.size  # the copies' matrices are pooled
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = [int(rng.integers(len(c))) for c in comp.costs]
+        assert twice.cost(x + x) == 2 * single.cost(x) - single.const
