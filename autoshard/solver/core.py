@@ -272,27 +272,30 @@ class FrozenCoreArrays:
         return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
 
 
+POOLED_ENTRIES = 4096
+"""Matrices of at least this many entries are stored once per distinct content; smaller ones are
+copied as they come (hashing them costs more than it saves, and neighbourhood search flattens
+small restricted cores several times a second)."""
+
+
 def _matrix_pool(matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct matrices flattened row-major one after another, each input's offset into
-    them): a matrix seen before, as the same memory (a view of one buffer) or the same contents,
-    is not stored again."""
-    by_layout: dict[tuple, int] = {}
+    """(the matrices flattened row-major one after another, each input's offset into them): a large
+    matrix whose contents were seen before (a model's repeated layers) is not stored again."""
     by_content: dict[bytes, int] = {}
     pieces: list[np.ndarray] = []
     moff = np.empty(len(matrices), dtype=np.int64)
     size = 0
     for k, m in enumerate(matrices):
-        layout = (m.__array_interface__["data"][0], m.strides, m.shape)
-        found = by_layout.get(layout)
-        if found is None:
-            key = digest(m)
-            found = by_content.get(key)
-            if found is None:
-                found = by_content[key] = size
-                pieces.append(np.ascontiguousarray(m).ravel())
-                size += m.size
-            by_layout[layout] = found
-        moff[k] = found
+        row_major = np.ascontiguousarray(m)  # copied once if a transposed view: hashed and stored as is
+        key = digest(row_major) if m.size >= POOLED_ENTRIES else None
+        if key in by_content:
+            moff[k] = by_content[key]
+            continue
+        pieces.append(row_major.ravel())
+        moff[k] = size
+        if key is not None:
+            by_content[key] = size
+        size += m.size
     return flat(pieces), moff
 
 
