@@ -120,7 +120,7 @@ def _budget_message(mp: ModelProblem) -> str:
     peak = smallest_peak(mp.problem)
     if peak.value > live:
         least = "" if peak.exact else "at least "
-        needed = device.reserved_bytes(peak.value) + device.runtime_bytes
+        needed = device.device_bytes(peak.value)
         return (f"--memory-budget {limit} is below the smallest peak any plan reaches "
                 f"({least}{format_bytes(peak.value)} live per device, {peak.value} bytes): raise the budget to at "
                 f"least {format_bytes(needed)} or use a larger mesh")

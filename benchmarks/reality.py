@@ -69,7 +69,7 @@ def figures(mp: ModelProblem, choice: list[int], run: Run) -> tuple[float, float
     """(step seconds, tokens/s/GPU, reserved GiB) of ``choice`` in our model."""
     seconds = mp.problem.cost(choice) / mp.cost_model.ticks_per_unit
     device = mp.cost_model.device
-    reserved = device.reserved_bytes(mp.problem.peak_usage(choice)) + device.runtime_bytes
+    reserved = device.device_bytes(mp.problem.peak_usage(choice))
     return seconds, run.local_batch * run.seq / seconds, reserved / GIB
 
 

@@ -245,7 +245,7 @@ def memory_line(mp: ModelProblem, choice: list[int]) -> str:
     line = f"peak memory per device: {format_bytes(peak)} at the {_moment(mp, time)} ({detail})"
     device = mp.cost_model.device
     capacity = device.memory
-    reserved = device.reserved_bytes(peak) + device.runtime_bytes
+    reserved = device.device_bytes(peak)
     if reserved != peak:
         line += f"; {format_bytes(reserved)} as the allocator reserves it"
     budget = mp.problem.usage_limit

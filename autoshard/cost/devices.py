@@ -10,7 +10,7 @@ How they are used:
 - memory: the caching allocator reserves ``1 + allocator_headroom`` times the live bytes, and
   ``runtime_bytes`` (CUDA context, NCCL buffers) is never the allocator's: a plan fits a budget
   ``M`` when its live peak is at most ``live_limit(M)``;
-- ``overlap``: parameter gathers and gradient reductions hide under compute (``problem/build.py``).
+- ``overlap``: parameter gathers and gradient reductions hide under compute (``problem/edges.py``).
 
 ``GENERIC`` (no ``--device``) is an ideal roofline: every fraction 1, no allocator overhead, no
 overlap.
@@ -90,12 +90,13 @@ class Device:
         """HBM bytes/s a streaming (memory-bound) kernel reaches."""
         return self.memory_bandwidth * self.achieved["memory"]
 
-    def reserved_bytes(self, live: int) -> int:
-        """Bytes the caching allocator holds when ``live`` bytes are allocated."""
-        return round(live * (1 + self.allocator_headroom))
+    def device_bytes(self, live: int) -> int:
+        """Device memory taken when ``live`` bytes are allocated: what the caching allocator reserves
+        for them plus the runtime's own bytes."""
+        return round(live * (1 + self.allocator_headroom)) + self.runtime_bytes
 
     def live_limit(self, budget: int) -> int:
-        """The most live bytes a plan may hold so that reserved plus runtime bytes fit ``budget``."""
+        """The most live bytes a plan may hold so that its device bytes fit ``budget``."""
         return max(0, int((budget - self.runtime_bytes) / (1 + self.allocator_headroom)))
 
     def with_roofline(self, peak_flops: float | None, memory_bandwidth: float | None) -> "Device":

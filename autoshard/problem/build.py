@@ -260,7 +260,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
                              "requires_grad=False, are not trained): plan --mode inference, or unfreeze what should train")
     life = lifetimes(graph, training)
     repeated = find_repeated_layers(graph)
-    in_layers = frozenset(n for layer in repeated.layers for n in layer) if repeated and options.overlap else frozenset()
+    in_layers = repeated.nodes if repeated and options.overlap else frozenset()
     if options.recompute not in RECOMPUTE_POLICIES:
         raise AutoshardError(f"--recompute {options.recompute!r} is unknown: use one of {', '.join(RECOMPUTE_POLICIES)}")
     blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \

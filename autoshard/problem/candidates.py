@@ -272,6 +272,7 @@ class CandidateBuilder:
         dtype = metas[0].dtype if metas else "float32"
         costs, flops, forward = [], [], []
         routed = instance is not None and instance.exchange is not None
+        causal = bool(node.attrs.get("is_causal"))
         for s in options:
             work = node.work if routed else self._local_work(node, operands, s)
             flops.append((0, 0) if work is None else (work.flops // s.degree, work.backward_flops // s.degree))
@@ -284,7 +285,6 @@ class CandidateBuilder:
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
-            causal = bool(node.attrs.get("is_causal"))
             times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device, node.op, causal)
             load = self.capacity_factor if routed and dict(s.assignment).get(instance.exchange[1]) else 1.0
             if causal and rule is not None and "causal_rows" in rule.options:

@@ -29,6 +29,11 @@ class RepeatedLayers:
         """Number of layers."""
         return len(self.layers)
 
+    @property
+    def nodes(self) -> frozenset[str]:
+        """Every node of every layer."""
+        return frozenset(name for layer in self.layers for name in layer)
+
 
 def _layer_of(module: str) -> tuple[str, int] | None:
     match = _INDEXED.match(module)

@@ -27,8 +27,8 @@ def test_every_preset_figure_has_a_source_and_a_plausible_value(name: str) -> No
 def test_live_limit_is_the_most_live_bytes_whose_reservation_fits(budget: int) -> None:
     device = PRESETS["h100"]
     live = device.live_limit(budget)
-    assert device.reserved_bytes(live) + device.runtime_bytes <= budget
-    assert device.reserved_bytes(live + 2**20) + device.runtime_bytes > budget
+    assert device.device_bytes(live) <= budget
+    assert device.device_bytes(live + 2**20) > budget
 
 
 def test_generic_device_is_the_ideal_roofline() -> None:

@@ -38,7 +38,7 @@ def _seconds(mp, spec_from, spec_to, meta) -> int:
 
 def test_parameter_traffic_in_layers_exposes_only_what_the_owner_compute_cannot_hide(graph) -> None:
     hidden, exposed = _build(graph), _build(graph, overlap=False)
-    in_layers = {name for layer in find_repeated_layers(graph).layers for name in layer}
+    in_layers = find_repeated_layers(graph).nodes
     checked = 0
     for edge, edge_off in zip(hidden.edges, exposed.edges):
         if edge.index is None or hidden.life.first_reader.get(edge.src) != edge.dst:

@@ -52,7 +52,7 @@ def test_one_axis_torchtitan_is_data_parallel_with_every_parameter_sharded() -> 
     assert params and len(sharded) >= 0.9 * len(params)  # all but tensors no dim of which divides
     regathered = {e.src for e in plan.edges if e.regather}
     recomputed_readers = {n for names in plan.recompute for n in names}
-    in_layers = {name for layer in find_repeated_layers(mp.graph).layers for name in layer}
+    in_layers = find_repeated_layers(mp.graph).nodes
     kept = [n.name for n in sharded if n.name not in regathered
             and not any(e.src == n.name and e.dst in recomputed_readers for e in plan.edges)
             and any(s.regather for s in mp.candidates[n.name].storage)]  # else its gathered copy dies in forward

@@ -65,7 +65,7 @@ def fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
     index = {n: i for i, n in enumerate(mp.names)}
     training = mp.options.mode == "training"
     repeated = find_repeated_layers(mp.graph)
-    in_layers = {n for layer in repeated.layers for n in layer} if repeated else set()
+    in_layers = repeated.nodes if repeated else frozenset()
     for name, cand in mp.candidates.items():
         if cand.storage is None or cand.storage[0].use is None:
             continue
