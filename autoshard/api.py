@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, Callable, Mapping
 
 from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
@@ -15,6 +16,7 @@ from autoshard.cost.communication import make_cost_model
 from autoshard.cost.devices import Device, get_device
 from autoshard.frontend.graph import OpGraph
 from autoshard.sharding.mesh import Mesh, parse_mesh
+from autoshard.sharding.spec import TensorSpec
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.errors import AutoshardError
@@ -26,6 +28,18 @@ from autoshard.cost.units import format_bytes
 # shows every plan it tried; larger ones are reduced and warm-started first (plain z3 already
 # struggles with a handful of 25-strategy nodes on a 2-D mesh).
 DIRECT_Z3_MAX_STRATEGIES = 64
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """A pipeline stage's terms: microbatches per step, the most it holds in flight (in its own
+    activation sets), the (bytes/s, seconds) link it receives on, and the layouts it receives and
+    sends tensors in (by name; none: its own choice)."""
+
+    microbatches: int
+    in_flight: Fraction
+    link: tuple[float, float]
+    boundary: Mapping[str, TensorSpec] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,6 +82,7 @@ def build_model_problem(
     expert_parallel: int | None = None,
     recompute: str = "full",
     overlap: bool | None = None,
+    stage: StageOptions | None = None,
 ) -> ModelProblem:
     """The sharding problem of a traced model.
 
@@ -77,7 +92,8 @@ def build_model_problem(
     mixture-of-experts layers are charged over balanced routing; ``expert_parallel`` (a mesh
     axis) pins them to expert parallelism over that axis. ``overlap`` (default: the device's)
     lets parameter traffic hide under the neighbouring layer's compute (``problem/build.py``);
-    ``recompute`` is the recomputation policy (``cost/recompute.py``).
+    ``recompute`` is the recomputation policy (``cost/recompute.py``). ``stage``: the graph is one
+    device's pipeline stage (autoshard/pipeline), with microbatches in flight and a link to receive on.
     """
     chosen = device if isinstance(device, Device) else get_device(device)
     chosen = chosen.with_roofline(peak_flops, memory_bandwidth)
@@ -89,6 +105,9 @@ def build_model_problem(
                            capacity_factor=capacity_factor, expert_parallel=expert_parallel,
                            overlap=chosen.overlap if overlap is None else overlap, device_budget=budget,
                            recompute=recompute)
+    if stage is not None:
+        options = replace(options, in_flight=stage.in_flight, accumulate=stage.microbatches > 1,
+                          receive_link=stage.link, boundary=dict(stage.boundary))
     from autoshard.frontend.profile import LocalFlops
 
     return build_problem(graph, mesh, model, options, LocalFlops(graph) if graph.module is not None else None)

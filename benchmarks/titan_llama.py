@@ -105,3 +105,13 @@ def titan_llama3_8b(layers: int = 32, seq: int = 8192, batch: int = 16) -> tuple
     model.cos, model.sin = model.cos.float(), model.sin.float()
     tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     return model, (tokens, tokens.clone())
+
+
+def titan_llama3_405b(layers: int = 126, seq: int = 8192, batch: int = 256) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """torchtitan's LLaMA-3.1-405B (dim 16384, 128/8 heads, FFN 53248, vocab 128256) in bf16 with
+    its loss, and (tokens, labels) of ``batch`` x ``seq`` (torchtitan's Table 5: 256 x 8192), on meta."""
+    with torch.device("meta"):
+        model = Transformer(layers, 16384, 128, 8, 53248, 128256, seq).to(torch.bfloat16)
+    model.cos, model.sin = model.cos.float(), model.sin.float()
+    tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return model, (tokens, tokens.clone())

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from autoshard.cli import problem_file
 from autoshard.cli.baseline import BASELINES, cost_text, print_baseline
+from autoshard.cli.pipeline import add_arguments as add_pipeline_arguments, run_pipeline
 from autoshard.cli.progress import HEARTBEAT, EventView, Heartbeat, LogLines, failure_line
 from autoshard.cost.communication import COST_MODELS
 from autoshard.cost.devices import GENERIC, PRESETS, get_device
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expert-parallel", type=int, default=None, metavar="AXIS",
                    help="mixture-of-experts layers: pin expert parallelism over this mesh axis (experts split over "
                         "it, tokens sent to them by all-to-all); the rest is optimised around it")
+    add_pipeline_arguments(p)
     p.add_argument("--frontend", choices=("auto", "fx", "export"), default="auto",
                    help="tracer: torch.fx, torch.export, or auto (fx, falling back to export); default auto")
     p.add_argument("--out", help="write the plan as JSON to this file")
@@ -215,6 +217,12 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         with_loss = args.mode == "training" and loaded.loss is not None
         if with_loss:  # a training plan shards the model's loss too (model file convention)
             loaded = loaded.for_training()
+        if args.pipeline is not None:
+            build = dict(cost_model=args.cost_model, mode=args.mode, memory_budget=budget, pins=pins, device=device,
+                         peak_flops=args.peak_flops, memory_bandwidth=args.memory_bandwidth, precision=args.precision,
+                         recompute=args.recompute, overlap=False if args.no_overlap else None)
+            return run_pipeline(args, console, loaded, mesh, build, lambda x: trace(loaded.model, x, args.frontend),
+                                clock.solver_budget())
         graph = trace(loaded.model, loaded.example_inputs, args.frontend)
     if with_loss:
         check_loss_output(graph, loaded.name)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from autoshard.cost.devices import GENERIC, Device
+from autoshard.cost.units import format_seconds
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 
@@ -48,7 +49,7 @@ class AlphaBetaCost:
 
     def format(self, ticks: int) -> str:
         """Human-readable cost."""
-        return _format_seconds(ticks / self.ticks_per_unit)
+        return format_seconds(ticks / self.ticks_per_unit)
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,3 @@ def make_cost_model(name: str, mesh: Mesh, device: Device = GENERIC) -> CostMode
         return AlphaBetaCost(mesh, device)
     raise ValueError(f"unknown cost model {name!r}")
 
-
-def _format_seconds(seconds: float) -> str:
-    if seconds == 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds / 1e-12:.4g} ps"

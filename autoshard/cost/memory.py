@@ -30,12 +30,13 @@ of a parameter other than its owner read it without a copy.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Sequence
 
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.recompute import Blocks, recomputed_forward, saved_window, value_windows
-from autoshard.frontend.graph import NodeKind, OpNode, TensorMeta
+from autoshard.frontend.graph import RECEIVED, NodeKind, OpNode, TensorMeta
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
 
@@ -195,9 +196,36 @@ def recompute_variants(keep: list[MemoryItem], recompute: list[MemoryItem], kept
 
 
 def state_items(node: OpNode, layouts: Sequence[TensorSpec], life: Lifetimes, mesh: Mesh) -> list[MemoryItem]:
-    """A buffer's value for the whole step, or a model input: the whole batch every rank receives."""
+    """A buffer's value for the whole step, a model input: the whole batch every rank receives, or
+    an input a pipeline stage receives: the piece of its layout, and its gradient before it is sent back."""
     meta = node.tensor
+    if node.attrs.get(RECEIVED):
+        items = [MemoryItem(node.name, "received", life.value[node.name],
+                            tuple(local_bytes(l, meta, mesh) for l in layouts))]
+        if node.name in life.gradient:
+            items.append(MemoryItem(node.name, "gradient", life.gradient[node.name],
+                                    tuple(local_bytes(l, meta, mesh) for l in layouts)))
+        return items
     if node.kind == NodeKind.INPUT:
         whole = meta.nbytes if meta is not None else 0
         return [MemoryItem(node.name, "input", (0, life.value[node.name][1]), tuple(whole for _ in layouts))]
     return [MemoryItem(node.name, "buffer", (0, life.end), tuple(local_bytes(l, meta, mesh) for l in layouts))]
+
+
+def microbatched_items(items: Sequence[MemoryItem], life: Lifetimes, extra: Fraction, stored: bool) -> list[MemoryItem]:
+    """A pipeline stage's items when it holds ``1 + extra`` microbatches in flight at its fullest
+    and accumulates gradients over microbatches: a parameter's (``stored``) gradient lives the
+    whole step; everything else live across the forward-backward boundary (slot ``horizon``: what
+    is saved for backward, checkpointed and received inputs) is held ``extra`` more times for the
+    whole step, on behalf of the other microbatches (their peaks are taken to coincide with this one's)."""
+    out = []
+    for m in items:
+        if stored:
+            out.append(MemoryItem(m.owner, m.what, (0, life.end), m.usage) if m.what == "gradient" else m)
+            continue
+        out.append(m)
+        start, end = m.interval
+        if extra and start < life.horizon < end and any(m.usage):
+            out.append(MemoryItem(m.owner, "other microbatches in flight", (0, life.end),
+                                  tuple(math.ceil(u * extra) for u in m.usage)))
+    return out

@@ -24,3 +24,13 @@ def format_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{int(n)} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """``1.234 ms``: four significant digits in the largest unit that keeps one before the point."""
+    if seconds == 0:
+        return "0"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-12:.4g} ps"

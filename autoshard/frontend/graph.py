@@ -29,6 +29,10 @@ EXPERTS_OP = "moe_experts"
 """The op name of a fused mixture-of-experts node (frontend/experts.py; its rule is ``[moe_experts]``
 in autoshard/sharding/ops.toml)."""
 
+RECEIVED = "received"
+"""``OpNode.attrs`` key of a pipeline stage's input that an earlier stage sends it point to point
+(autoshard/pipeline/stages.py): held in the layout the stage reads it in, its gradient sent back."""
+
 
 @dataclass(frozen=True)
 class TensorMeta:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Mapping
 
 import numpy as np
@@ -31,7 +32,7 @@ from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops
 from autoshard.problem.edges import EdgePrices
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
-from autoshard.cost.memory import PRECISIONS, MemoryItem, out_metas
+from autoshard.cost.memory import PRECISIONS, MemoryItem, microbatched_items, out_metas
 from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
@@ -59,7 +60,10 @@ class BuildOptions:
     that exchange tokens over that mesh axis. ``overlap``: parameter traffic of repeated layers
     hides under the neighbouring layer's compute (``edges.py``). ``memory_budget`` bounds the live
     bytes; ``device_budget`` is the device memory it was derived from (``Device.live_limit``), for
-    messages.
+    messages. A pipeline stage (autoshard/pipeline) holds ``in_flight`` microbatches at its
+    fullest and, with ``accumulate``, sums gradients over them (``cost/memory.microbatched_items``);
+    ``receive_link`` (bytes/s, seconds) carries what it receives from the stage before;
+    ``boundary`` fixes the layouts it receives and sends tensors in (by name), as its neighbours hold them.
     """
 
     mode: str = "inference"
@@ -73,6 +77,10 @@ class BuildOptions:
     expert_parallel: int | None = None
     overlap: bool = False
     device_budget: int | None = None
+    in_flight: Fraction = Fraction(1)
+    accumulate: bool = False
+    receive_link: tuple[float, float] | None = None
+    boundary: Mapping[str, TensorSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,23 @@ def _apply_pins(candidates: dict[str, Candidate], pins: Mapping[str, str], mesh:
         cand.keep(keep)
 
 
+def _apply_boundary(candidates: dict[str, Candidate], layouts: Mapping[str, TensorSpec]) -> None:
+    """Keep the strategies that receive (an input's layout) and send (an output operand's) the
+    named tensors in the given layouts."""
+    for cand in candidates.values():
+        if cand.node.kind == NodeKind.OUTPUT:
+            wanted = {k: layouts[src] for k, src in enumerate(cand.node.inputs) if src in layouts}
+            keep = [i for i, s in enumerate(cand.strategies) if all(s.in_specs[k] == l for k, l in wanted.items())]
+        elif cand.node.kind == NodeKind.INPUT and cand.node.name in layouts:
+            keep = [i for i, s in enumerate(cand.strategies) if s.out_spec == layouts[cand.node.name]]
+        else:
+            continue
+        if not keep:
+            raise AutoshardError(f"no strategy of {cand.node.name} passes its tensors in the layouts of the "
+                                 f"neighbouring pipeline stages: plan without --pipeline or with another mesh")
+        cand.keep(keep)
+
+
 def _pin_expert_parallel(candidates: dict[str, Candidate], axis: int, mesh: Mesh) -> None:
     """Keep, for every op that routes tokens to experts, only the strategies exchanging them over ``axis``."""
     if not 0 <= axis < mesh.ndim or mesh.shape[axis] == 1:
@@ -266,13 +291,20 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \
         if training and options.memory_budget is not None else NO_BLOCKS
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
-                               options.slapo_space, local_flops, blocks, options.capacity_factor)
+                               options.slapo_space, local_flops, blocks, options.capacity_factor,
+                               options.receive_link)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
     for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):
         candidates[node.name] = builder.build(node, candidates)
     candidates = {n.name: candidates[n.name] for n in wanted}
+    if options.in_flight != 1 or options.accumulate:
+        for name, cand in candidates.items():
+            stored = cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER)
+            cand.items = microbatched_items(cand.items, life, options.in_flight - 1, stored)
     _apply_pins(candidates, options.pins, mesh)
+    if options.boundary:
+        _apply_boundary(candidates, options.boundary)
     if options.expert_parallel is not None:
         _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)

@@ -31,7 +31,7 @@ from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
                                    recompute_variants, state_items)
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, checkpoint_readers
-from autoshard.frontend.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
+from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 
 LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
 """(op node, local operand shapes) -> (forward, backward) flops of one device's piece
@@ -99,8 +99,10 @@ class CandidateBuilder:
 
     def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
                  precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None,
-                 blocks: Blocks = NO_BLOCKS, capacity_factor: float = 1.0) -> None:
+                 blocks: Blocks = NO_BLOCKS, capacity_factor: float = 1.0,
+                 receive_link: tuple[float, float] | None = None) -> None:
         self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
+        self.receive_link = receive_link
         self.local_flops, self.blocks = local_flops, blocks
         self.capacity_factor = capacity_factor
         self.doubled: dict[tuple[int, bool], tuple[list[OpStrategy], list[int], list[tuple[int, int]], list[bool],
@@ -200,8 +202,18 @@ class CandidateBuilder:
             layouts = [TensorSpec.replicated(len(node.tensor.shape)) if node.tensor is not None else TensorSpec(())]
         else:
             layouts = tensor_layouts(node.tensor.shape, self.mesh.shape, self.allowed)
-        return Candidate(node, [OpStrategy((), (), s, ()) for s in layouts], [0] * len(layouts),
+        costs = [self._transfer(node, s) for s in layouts] if node.attrs.get(RECEIVED) else [0] * len(layouts)
+        return Candidate(node, [OpStrategy((), (), s, ()) for s in layouts], costs,
                          state_items(node, layouts, self.life, self.mesh))
+
+    def _transfer(self, node: OpNode, layout: TensorSpec) -> int:
+        """Receiving a pipeline stage's input in ``layout`` point to point, and sending its gradient
+        back in training: ``latency + local bytes / bandwidth`` each way on the pipeline's link."""
+        if self.receive_link is None:
+            raise ValueError(f"{node.name} is received from another pipeline stage, but no link was given")
+        bandwidth, latency = self.receive_link
+        one_way = latency + local_bytes(layout, node.tensor, self.mesh) / bandwidth
+        return self.cost_model.ticks(one_way * (2 if self.training and node.requires_grad else 1))
 
     def _param(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
         """Storage strategies (L, U, keep | re-gather) against the owner's use layouts."""

@@ -5,6 +5,9 @@ attributes, shapes and dtypes, and their operands point to the same positions: i
 layer, in the previous layer (the chained residual stream), or to the same node outside all
 layers (a shared attention mask). The solver can then treat the layers as one transfer
 function applied L times instead of L independent sub-problems.
+
+The layers' indices may skip (a device of an interleaved pipeline runs ``layers.0-7`` and
+``layers.16-23``): a layer after a gap is matched as the first one is, its entry operands from outside.
 """
 
 from __future__ import annotations
@@ -79,13 +82,16 @@ def find_repeated_layers(graph: OpGraph) -> RepeatedLayers | None:
     best: RepeatedLayers | None = None
     for container, by_index in groups.items():
         indices = sorted(by_index)
-        if indices != list(range(indices[0], indices[0] + len(indices))):
-            continue
+        chained = [j > 0 and indices[j] == indices[j - 1] + 1 for j in range(len(indices))]
         positions = [{n.name: k for k, n in enumerate(by_index[i])} for i in indices]
-        sigs = [_signature(graph, by_index[i], positions[j - 1] if j else {}, positions[j])
+        sigs = [_signature(graph, by_index[i], positions[j - 1] if chained[j] else {}, positions[j])
                 for j, i in enumerate(indices)]
-        count = 1
-        while count < len(indices) and (sigs[count] == sigs[1] if count > 1 else _matches_first(sigs[0], sigs[1])):
+        ref = next((j for j, c in enumerate(chained) if c), None)
+        if ref is None:
+            continue
+        count = 0
+        while count < len(indices) and (sigs[count] == sigs[ref] if chained[count]
+                                        else _matches_first(sigs[count], sigs[ref])):
             count += 1
         if count >= 2 and (best is None or count > best.count):
             best = RepeatedLayers(container, tuple(tuple(n.name for n in by_index[i]) for i in indices[:count]))

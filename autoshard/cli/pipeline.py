@@ -1,0 +1,153 @@
+"""``autoshard.solve --pipeline AXIS``: search pipeline options with each stage's sharding, print
+the options, the claim, and the chosen plan per device of the pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from autoshard.cost.units import format_seconds
+from autoshard.errors import AutoshardError
+from autoshard.frontend.graph import OpGraph
+from autoshard.pipeline.schedules import SCHEDULES
+from autoshard.pipeline.stages import even_cuts
+from autoshard.pipeline.search import (PipelineOption, PipelineResult, PipelineSearch, microbatch_counts, options_for,
+                                       search, stage_label)
+from autoshard.sharding.layers import find_repeated_layers
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The pipeline flags of ``autoshard.solve``."""
+    p.add_argument("--pipeline", type=int, default=None, metavar="AXIS",
+                   help="pipeline the repeated layers over this mesh axis (its size is the number of stages; "
+                        "the other axes shard each stage): schedule, microbatches and cuts are searched")
+    p.add_argument("--schedule", choices=("auto",) + SCHEDULES, default="auto",
+                   help="pipeline schedule (default: search all)")
+    p.add_argument("--microbatches", default=None, metavar="N[,N]",
+                   help="microbatch counts to search (default: divisors of the batch from the pipeline degree "
+                        "to 4 times it)")
+    p.add_argument("--virtual-stages", type=int, default=2, metavar="V",
+                   help="stages per device of interleaved-1f1b (default 2)")
+
+
+def microbatch_inputs(inputs: tuple[Any, ...], count: int) -> tuple[Any, ...]:
+    """The first ``1/count`` of every input whose first dim is the batch (the first input's)."""
+    batch = batch_size(inputs)
+    return tuple(x.narrow(0, 0, batch // count) if isinstance(x, torch.Tensor) and x.ndim and x.shape[0] == batch
+                 else x for x in inputs)
+
+
+def batch_size(inputs: tuple[Any, ...]) -> int:
+    """The batch: the first dim of the first tensor input."""
+    first = next((x for x in inputs if isinstance(x, torch.Tensor) and x.ndim), None)
+    if first is None:
+        raise AutoshardError("--pipeline splits the batch into microbatches along the first dim of the inputs, "
+                             "and the example inputs have no tensor with one: give batched example inputs")
+    return int(first.shape[0])
+
+
+def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: Any, build: dict[str, Any],
+                 trace_inputs: Any, timeout: float | None) -> int:
+    """Search and print a pipelined plan (``trace_inputs(inputs)`` traces the model on inputs)
+    within ``timeout`` seconds."""
+    batch = batch_size(loaded.example_inputs)
+    counts = None if args.microbatches is None else [int(x) for x in str(args.microbatches).split(",")]
+    schedules = SCHEDULES if args.schedule == "auto" else (args.schedule,)
+
+    def graph_for(m: int) -> OpGraph:
+        console.print(f"tracing a microbatch of {batch // m} ({m} microbatches)", highlight=False)
+        return trace_inputs(microbatch_inputs(loaded.example_inputs, m))
+
+    engine = PipelineSearch(graph_for, mesh, args.pipeline, build, timeout,
+                            lambda line: console.print(line, highlight=False, markup=False))
+    counts = microbatch_counts(mesh.shape[args.pipeline], batch, counts)
+    layers = find_repeated_layers(engine.graph(counts[0]))
+    if layers is None:
+        raise AutoshardError("--pipeline cuts a model between its repeated layers (a ModuleList of identical "
+                             "blocks), and this model has none: plan it without --pipeline")
+    options = options_for(layers.count, mesh.shape[args.pipeline], counts, schedules, (args.virtual_stages,))
+    if args.baseline not in (None, "torchtitan"):
+        raise AutoshardError(f"--baseline {args.baseline} is not costed with --pipeline: use --baseline torchtitan")
+    result = search(engine, options)
+    print_result(result, console)
+    if args.baseline == "torchtitan":
+        print_torchtitan(engine, result, layers.count, batch, console)
+    if args.out:
+        write_plan(result, args.out)
+        console.print(f"plan written to {args.out}")
+    return 0
+
+
+def print_result(result: PipelineResult, console: Console) -> None:
+    """The options table, the claim, and per device group its layers, step share and peak."""
+    from autoshard.cli.report import layout_summary, memory_line
+
+    table = Table(title="Pipeline options", title_justify="left")
+    for column in ("Option", "Bound", "Step", "Claim"):
+        table.add_column(column)
+    for s in sorted(result.searched, key=lambda s: (s.step is None, s.step or s.bound)):
+        claim = "pruned: bound >= best" if s.step is None else "proved" if s.proved else \
+            "layouts differ" if s.mismatches else "gap"
+        table.add_row(s.option.label, format_seconds(s.bound), "-" if s.step is None else format_seconds(s.step), claim)
+    console.print(table)
+    best = result.best
+    if result.gap <= 1e-9 and best.proved:
+        console.print(f"[green]proved optimal[/] over the {len(result.searched)} pipeline options: step "
+                      f"{format_seconds(best.step)}, {best.option.label} ({result.elapsed:.1f}s)", highlight=False)
+    else:
+        console.print(f"[yellow]best[/] step {format_seconds(best.step)}, lower bound {format_seconds(result.lower_bound)} over the "
+                      f"{len(result.searched)} options, gap {100 * result.gap:.2f}% ({best.option.label})",
+                      highlight=False)
+    for line in best.mismatches:
+        console.print(f"[yellow]warning:[/] {line}: the step does not include resharding it", highlight=False)
+    for signature, devices in best.groups.items():
+        solved = best.solutions[signature]
+        mp, choice = solved.model_problem, list(solved.solution.choice)
+        console.print(f"[bold]Pipeline devices {','.join(map(str, devices))}[/] ({stage_label(signature)}, "
+                      f"mesh {mp.mesh.label}): "
+                      f"{mp.cost_model.format(solved.solution.cost)} per microbatch", highlight=False)
+        console.print(layout_summary(mp, choice))
+        console.print(memory_line(mp, choice), highlight=False)
+
+
+def torchtitan_options(layers: int, devices: int, data_parallel: int, batch: int) -> list[PipelineOption]:
+    """torchtitan's pipelined runs: one sequence per data-parallel rank per microbatch, even cuts,
+    1F1B and interleaved 1F1B with two stages per device."""
+    m = max(1, batch // data_parallel)
+    found = [PipelineOption("1f1b", devices, m, 1, even_cuts(layers, devices))]
+    if m % devices == 0 and 2 * devices <= layers:
+        found.append(PipelineOption("interleaved-1f1b", devices, m, 2, even_cuts(layers, 2 * devices)))
+    return found
+
+
+def print_torchtitan(engine: PipelineSearch, result: PipelineResult, layers: int, batch: int, console: Console) -> None:
+    """torchtitan's pipelined plans beside ours, in the same model."""
+    from autoshard.cost.units import format_bytes
+    from autoshard.pipeline.baseline import torchtitan_pipeline
+
+    for option in torchtitan_options(layers, engine.mesh.shape[engine.axis], engine.inner.shape[0], batch):
+        base = torchtitan_pipeline(engine, option)
+        fits = "fits" if base.fits else "[red]exceeds the budget[/]"
+        console.print(f"Baseline torchtitan ({option.label}; FSDP x TP per stage): step {format_seconds(base.step)}, "
+                      f"peak {format_bytes(base.peak)} live ({fits}); ours/torchtitan = "
+                      f"{result.best.step / base.step:.3f}", highlight=False)
+
+
+def write_plan(result: PipelineResult, path: str) -> None:
+    """The chosen option and each device group's plan as JSON."""
+    best = result.best
+    payload = {
+        "pipeline": {"schedule": best.option.schedule, "devices": best.option.devices,
+                     "microbatches": best.option.microbatches, "virtual_stages": best.option.virtual,
+                     "layers_per_stage": list(best.option.counts), "step_seconds": best.step,
+                     "lower_bound_seconds": result.lower_bound, "proved": best.proved and result.gap <= 1e-9},
+        "devices": [{"devices": devices, "plan": best.solutions[sig].plan.to_json()}
+                    for sig, devices in best.groups.items()],
+    }
+    Path(path).write_text(json.dumps(payload, indent=1))

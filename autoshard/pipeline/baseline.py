@@ -1,0 +1,47 @@
+"""torchtitan's pipelined recipes costed in our model (``--baseline torchtitan`` with ``--pipeline``).
+
+torchtitan's 3-D runs (pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md``, Table
+5: LLaMA-3.1-405B on FSDP 8 x TP 8 x PP 8) pipeline the layers over the outer axis with a fixed
+schedule and microbatch count (its default microbatch of one sequence per data-parallel rank),
+and shard every stage with its FSDP + TP plan (``problem/baselines/torchtitan.py``) on the other
+axes. Here each device's problem is the one our search solves for the same option, so the two
+steps are comparable: the same stage graphs, the same in-flight memory, the same critical path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoshard.pipeline.schedules import device_orders, timing
+from autoshard.pipeline.search import PipelineOption, PipelineSearch, critical_path
+from autoshard.problem.baselines.torchtitan import torchtitan_choice
+
+
+@dataclass(frozen=True)
+class BaselineStep:
+    """torchtitan's plan under one option: its step, its fullest device's live peak and whether
+    every device stays within the memory budget."""
+
+    option: PipelineOption
+    step: float
+    peak: int
+    fits: bool
+
+
+def torchtitan_pipeline(engine: PipelineSearch, option: PipelineOption) -> BaselineStep:
+    """torchtitan's FSDP + TP plan on every device of ``option``'s pipeline."""
+    stages = engine.stages(option)
+    orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
+    in_flight = timing(orders, [1.0] * len(option.counts), [1.0] * len(option.counts)).in_flight
+    held: dict[tuple, int] = {}
+    for d, stage in enumerate(stages):  # alike devices share a problem, under the fullest one's memory
+        held[stage.signature] = max(held.get(stage.signature, 0), in_flight[d])
+    seconds, peak, fits = [], 0, True
+    for stage in stages:
+        mp = engine.stage_problem(option, stage, held[stage.signature])
+        choice = torchtitan_choice(mp)
+        seconds.append(mp.problem.cost(choice) / mp.cost_model.ticks_per_unit)
+        used = mp.problem.peak_usage(choice)
+        peak = max(peak, used)
+        fits = fits and (mp.problem.usage_limit is None or used <= mp.problem.usage_limit)
+    return BaselineStep(option, critical_path(option, stages, orders, seconds), peak, fits)

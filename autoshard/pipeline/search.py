@@ -1,0 +1,348 @@
+"""Pipeline parallelism as a decision: degree, schedule, microbatches, virtual stages and cuts,
+searched together with each stage's sharding on the other mesh axes.
+
+Formulation. A mesh axis of size ``p`` carries the pipeline; the other axes form each stage's
+mesh. An *option* fixes the schedule, the microbatch count ``m``, the virtual stages per device
+``v`` and the layers of each of the ``p v`` stages. Under an option, device ``d`` solves its own
+sharding problem (``autoshard/pipeline/stages.py`` cuts its graph at microbatch size) whose
+objective is its time per microbatch ``T_d`` (compute, collectives and receiving its inputs
+point to point, everything the model charges once per microbatch) and whose memory rows hold the
+``k_d / v`` activation sets its schedule keeps in flight (``k_d``: the schedule's peak count of
+forwards awaiting their backward) and gradients accumulated over the step. Devices with alike
+graphs (same layers per stage, same ends) are solved once, under the largest ``k_d`` among them.
+``T_d`` is split over the device's stages and into forward and backward by torch's flop counts;
+the step is the critical path of the schedule (``schedules.timing``), a non-decreasing function
+of every ``T_d``. Devices share nothing but the tensors they pass on, so minimising each ``T_d``
+minimises the step of an option, provided each receiver reads a tensor in the layout its sender
+keeps it in (checked: ``Searched.mismatches``).
+
+Search. Every option first gets a lower bound: its critical path with each ``T_d`` from the
+problem without a memory budget (no in-flight rows), which can only be cheaper. Options are then
+solved in order of bound until the best step found is no more than the next bound, so the result
+is the optimum over the enumerated options whenever every solved problem was proved; otherwise
+the claim is the best step, the least bound and the gap.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Mapping, Sequence
+
+from autoshard.api import ModelSolution, StageOptions, build_model_problem, default_solve_options, solve_model_problem
+from autoshard.cost.units import format_seconds
+from autoshard.errors import AutoshardError
+from autoshard.problem.build import ModelProblem
+from autoshard.frontend.graph import OpGraph
+from autoshard.pipeline.schedules import SCHEDULES, device_orders, timing
+from autoshard.pipeline.stages import Stage, cut, even_cuts, shared_parameters, stage_layouts, stage_outputs
+from autoshard.sharding.layers import find_repeated_layers
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.spec import TensorSpec
+
+
+@dataclass(frozen=True)
+class PipelineOption:
+    """One point of the pipeline search space."""
+
+    schedule: str
+    devices: int
+    microbatches: int
+    virtual: int
+    counts: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        """E.g. ``1f1b, 8 stages, 32 microbatches, layers 15+16x6+15``."""
+        stages = f"{self.devices}x{self.virtual} stages" if self.virtual > 1 else f"{self.devices} stages"
+        return f"{self.schedule}, {stages}, {self.microbatches} microbatches, layers {_runs(self.counts)}"
+
+
+def _runs(counts: Sequence[int]) -> str:
+    """``15+16x6+15``: layer counts with repeats folded."""
+    parts, k = [], 0
+    while k < len(counts):
+        j = k
+        while j < len(counts) and counts[j] == counts[k]:
+            j += 1
+        parts.append(f"{counts[k]}x{j - k}" if j - k > 1 else str(counts[k]))
+        k = j
+    return "+".join(parts)
+
+
+@dataclass
+class Searched:
+    """An option as far as it was solved: per device group its solution, the step and its bound."""
+
+    option: PipelineOption
+    bound: float
+    step: float | None = None
+    solutions: dict[tuple, ModelSolution] = field(default_factory=dict)
+    groups: dict[tuple, list[int]] = field(default_factory=dict)
+    in_flight: tuple[int, ...] = ()
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def proved(self) -> bool:
+        """Every device problem proved and every boundary layout agreed."""
+        return self.step is not None and not self.mismatches and all(
+            s.solution.status == "optimal" for s in self.solutions.values())
+
+
+@dataclass
+class PipelineResult:
+    """The best option, every option's bound or step, and the claim over them."""
+
+    best: Searched
+    searched: list[Searched]
+    lower_bound: float
+    elapsed: float
+
+    @property
+    def gap(self) -> float:
+        """Relative gap between the best step and the least bound over the options."""
+        return max(0.0, (self.best.step - self.lower_bound) / self.best.step) if self.best.step else 0.0
+
+
+def microbatch_counts(devices: int, batch: int, given: Sequence[int] | None = None) -> list[int]:
+    """The microbatch counts to search: ``given``, else the divisors of the batch from ``devices``
+    (fewer leave a device idle) to ``4 devices`` (the bubble is then under a fifth of the step)."""
+    counts = list(given) if given else [m for m in range(devices, 4 * devices + 1) if batch % m == 0]
+    if not counts:
+        raise AutoshardError(f"no microbatch count between {devices} and {4 * devices} divides the batch of {batch}: "
+                             f"give --microbatches")
+    bad = [m for m in counts if m < 1 or batch % m]
+    if bad:
+        raise AutoshardError(f"--microbatches {bad[0]} does not divide the batch of {batch}: use a divisor")
+    return counts
+
+
+def options_for(layers: int, devices: int, microbatches: Sequence[int], schedules: Sequence[str] = SCHEDULES,
+                virtual: Sequence[int] = (2,)) -> list[PipelineOption]:
+    """The enumerated options: each schedule with each microbatch count, interleaved with each count
+    of ``virtual`` stages per device, and the cuts: even, or one layer fewer on the last stage
+    (which holds the head) and one more in the middle."""
+    found = []
+    for schedule in schedules:
+        for m in microbatches:
+            for v in (virtual if schedule == "interleaved-1f1b" else (1,)):
+                if schedule == "interleaved-1f1b" and m % devices or devices * v > layers:
+                    continue
+                even = even_cuts(layers, devices * v)
+                cuts = [even]
+                if even[-1] > 1 and len(even) > 1:
+                    lighter = list(even)
+                    lighter[-1] -= 1
+                    lighter[(len(lighter) - 1) // 2] += 1
+                    cuts.append(tuple(lighter))
+                found += [PipelineOption(schedule, devices, m, v, c) for c in cuts]
+    return found
+
+
+class PipelineSearch:
+    """Solves the options of one model on one mesh (stage problems cached by what makes them alike)."""
+
+    def __init__(self, graph_for: Callable[[int], OpGraph], mesh: Mesh, axis: int, build: Mapping[str, Any],
+                 timeout: float | None, progress: Callable[[str], None] = lambda line: None) -> None:
+        if not 0 <= axis < mesh.ndim or mesh.ndim < 2:
+            raise AutoshardError(f"--pipeline {axis} is not an axis of the {mesh.ndim}-D mesh {mesh.label} that "
+                                 f"leaves another: pipeline over one axis of a mesh with two or more")
+        self.graph_for, self.mesh, self.axis = graph_for, mesh, axis
+        self.inner = Mesh(tuple(s for a, s in enumerate(mesh.shape) if a != axis),
+                          tuple(b for a, b in enumerate(mesh.bandwidth) if a != axis),
+                          tuple(l for a, l in enumerate(mesh.latency) if a != axis))
+        self.link = (mesh.bandwidth[axis], mesh.latency[axis])
+        self.build, self.timeout, self.progress = dict(build), timeout, progress
+        self.start = time.monotonic()
+        self.cache: dict[tuple, ModelSolution] = {}
+        self.cuts: dict[tuple, list[Stage]] = {}
+        self.graphs: dict[int, OpGraph] = {}
+        self.problems: dict[tuple, ModelProblem] = {}
+        self.warned = False
+
+    def remaining(self) -> float | None:
+        """Seconds left of the whole search's limit."""
+        return None if self.timeout is None else max(1.0, self.timeout - (time.monotonic() - self.start))
+
+    def graph(self, microbatches: int) -> OpGraph:
+        """The model traced at the microbatch size of ``microbatches`` per step."""
+        if microbatches not in self.graphs:
+            self.graphs[microbatches] = self.graph_for(microbatches)
+        return self.graphs[microbatches]
+
+    def stages(self, option: PipelineOption) -> list[Stage]:
+        """The devices' graphs under ``option`` (traced at its microbatch size)."""
+        key = (option.microbatches, option.counts, option.devices)
+        if key not in self.cuts:
+            graph = self.graph(option.microbatches)
+            repeated = find_repeated_layers(graph)
+            if repeated is None:
+                raise AutoshardError("pipelining cuts a model between its repeated layers, and this model has none "
+                                     "(a ModuleList of identical blocks): plan it without --pipeline")
+            self.cuts[key] = cut(graph, repeated, option.counts, option.devices)
+            tied = shared_parameters([s.graph for s in self.cuts[key]])
+            if tied and not self.warned:
+                self.warned = True
+                self.progress(f"warning: {', '.join(tied[:3])} read on several stages (tied weights) are stored on "
+                              f"each and trained apart: the plan cannot run until they are untied")
+        return self.cuts[key]
+
+    def _key(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
+             boundary: Mapping[str, TensorSpec]) -> tuple:
+        layouts = tuple(sorted((name, spec.format(self.inner.ndim)) for name, spec in boundary.items()))
+        return option.microbatches, stage.signature, Fraction(in_flight, option.virtual) if bounded else None, layouts
+
+    def stage_problem(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool = True,
+                      boundary: Mapping[str, TensorSpec] | None = None) -> ModelProblem:
+        """One device's problem: its in-flight memory under the budget, or no budget at all;
+        ``boundary``: the layouts it must receive and send tensors in."""
+        key = self._key(option, stage, in_flight, bounded, boundary or {})
+        if key not in self.problems:
+            build = dict(self.build)
+            build["pins"] = {k: v for k, v in dict(build.get("pins") or {}).items() if k in stage.graph.nodes}
+            if not bounded:
+                build["memory_budget"] = 1 << 62
+            stage_options = StageOptions(option.microbatches, Fraction(in_flight, option.virtual), self.link,
+                                         dict(boundary or {}))
+            self.problems[key] = build_model_problem(stage.graph, self.inner, stage=stage_options, **build)
+        return self.problems[key]
+
+    def solve_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
+                    share: int = 1, boundary: Mapping[str, TensorSpec] | None = None) -> ModelSolution:
+        """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left."""
+        key = self._key(option, stage, in_flight, bounded, boundary or {})
+        if key not in self.cache:
+            mp = self.stage_problem(option, stage, in_flight, bounded, boundary)
+            what = "bound" if not bounded else f"{in_flight}/{option.virtual} in flight" if option.virtual > 1 \
+                else f"{in_flight} in flight"
+            fixed = ", boundary layouts fixed" if boundary else ""
+            self.progress(f"stage problem: {stage_label(stage.signature)}, {option.microbatches} microbatches, "
+                          f"{what}{fixed}: "
+                          f"{mp.problem.num_nodes} nodes")
+            left = self.remaining()
+            self.cache[key] = solve_model_problem(mp, default_solve_options(mp, None if left is None else left / share),
+                                                  model_name=stage.graph.name)
+        return self.cache[key]
+
+    def evaluate(self, option: PipelineOption, bounded: bool) -> Searched:
+        """The option's step (``bounded``) or its lower bound (no memory budget). Where the devices'
+        own optima pass a tensor in two layouts, the devices are solved again with the layouts the
+        first stage sends in fixed at both ends (the bound stays that of the free problems)."""
+        stages = self.stages(option)
+        orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
+        in_flight = timing(orders, [1.0] * len(option.counts), [1.0] * len(option.counts)).in_flight
+        searched = Searched(option, 0.0, in_flight=in_flight)
+        for d, stage in enumerate(stages):
+            searched.groups.setdefault(stage.signature, []).append(d)
+        self._solve_groups(option, stages, searched, bounded, {})
+        if not bounded:
+            searched.bound = critical_path(option, stages, orders, self._times(stages, searched, lower=True))
+            return searched
+        searched.bound = critical_path(option, stages, orders, self._times(stages, searched, lower=True))
+        searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
+        if searched.mismatches:
+            first = searched.solutions[stages[0].signature]
+            sent = list(stage_layouts(first.model_problem.graph, first.plan)[1].values())
+            self._solve_groups(option, stages, searched, bounded, {sig: boundary_of(stages[ds[0]], sent)
+                                                                   for sig, ds in searched.groups.items()})
+            searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
+        searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
+        return searched
+
+    def _solve_groups(self, option: PipelineOption, stages: list[Stage], searched: Searched, bounded: bool,
+                      boundaries: Mapping[tuple, Mapping[str, TensorSpec]]) -> None:
+        """Solve each group of alike devices, the fullest first (where no plan fits, the option
+        fails before time goes to the rest), each given a share of half the time left."""
+        groups = sorted(searched.groups.items(),
+                        key=lambda g: -max(searched.in_flight[d] for d in g[1]) * sum(g[0][0]))
+        for k, (signature, devices) in enumerate(groups):
+            held = max(searched.in_flight[d] for d in devices)
+            share = 2 * (len(groups) - k) if bounded else 4
+            searched.solutions[signature] = self.solve_stage(option, stages[devices[0]], held, bounded, share,
+                                                             boundaries.get(signature))
+
+    @staticmethod
+    def _times(stages: list[Stage], searched: Searched, lower: bool) -> list[float]:
+        return [_seconds(searched.solutions[st.signature], lower) for st in stages]
+
+
+def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:
+    """``layers 8+7 + head``: a device's layers per stage and the ends it holds."""
+    counts, first, last = signature
+    return f"layers {'+'.join(map(str, counts))}" + (" + embedding" if first else "") + (" + head" if last else "")
+
+
+def boundary_of(stage: Stage, layouts: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
+    """The layouts ``stage`` receives and sends its boundary tensors in, position by position."""
+    fixed: dict[str, TensorSpec] = {}
+    if len(stage.received) == len(layouts):
+        fixed |= dict(zip(stage.received, layouts))
+    if not stage.last and len(stage.sent) == len(layouts):
+        fixed |= dict(zip(stage.sent, layouts))
+    return fixed
+
+
+def _seconds(solution: ModelSolution, lower: bool) -> float:
+    """A device's seconds per microbatch: its plan's cost, or the solver's lower bound on it."""
+    sol = solution.solution
+    ticks = sol.lower_bound if lower and sol.lower_bound is not None else sol.cost
+    return ticks / solution.model_problem.cost_model.ticks_per_unit
+
+
+def critical_path(option: PipelineOption, stages: list[Stage], orders: list, per_device: Sequence[float]) -> float:
+    """The schedule's step when device ``d`` takes ``per_device[d]`` seconds per microbatch, split
+    over its stages and into forward and backward by torch's flop counts."""
+    forward = [0.0] * len(option.counts)
+    backward = [0.0] * len(option.counts)
+    for stage, seconds in zip(stages, per_device):
+        total = sum(f + b for f, b in stage.flops) or 1
+        for s, (f, b) in zip(stage.stages, stage.flops):
+            forward[s], backward[s] = seconds * f / total, seconds * b / total
+    return timing(orders, forward, backward).step
+
+
+def boundary_mismatches(stages: list[Stage], solutions: list[ModelSolution]) -> list[str]:
+    """Tensors a device receives in another layout than its sender sends them in (``solutions[d]``:
+    device ``d``'s, solved on the graph of an alike device, so layouts are matched by position)."""
+    received: dict[str, TensorSpec] = {}
+    sent: dict[str, TensorSpec] = {}
+    for stage, sol in zip(stages, solutions):
+        got, gave = stage_layouts(sol.model_problem.graph, sol.plan)
+        received |= dict(zip(stage.received, got.values()))
+        sent |= dict(zip(stage_outputs(stage.graph), gave.values()))
+    ndim = solutions[0].model_problem.mesh.ndim if solutions else 1
+    return [f"{name} sent as {sent[name].format(ndim)}, received as {spec.format(ndim)}"
+            for name, spec in received.items() if name in sent and sent[name] != spec]
+
+
+def search(engine: PipelineSearch, options: Sequence[PipelineOption]) -> PipelineResult:
+    """Bound every option, then solve them cheapest bound first until no bound is below the best."""
+    bounds = []
+    for option in options:
+        bounds.append(engine.evaluate(option, bounded=False))
+        engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
+    searched: list[Searched] = []
+    best: Searched | None = None
+    for entry in sorted(bounds, key=lambda b: b.bound):
+        if best is not None and best.step is not None and entry.bound >= best.step:
+            searched.append(entry)
+            continue
+        if best is not None and engine.timeout is not None and engine.remaining() <= 1.0:
+            searched.append(entry)
+            continue
+        try:
+            solved = engine.evaluate(entry.option, bounded=True)
+        except AutoshardError as exc:  # no plan of this option fits the budget: its bound stands refuted
+            engine.progress(f"does not fit: {entry.option.label} ({exc})")
+            continue
+        solved.bound = max(solved.bound, entry.bound)
+        engine.progress(f"step {format_seconds(solved.step)}{' (proved)' if solved.proved else ''}: {entry.option.label}")
+        searched.append(solved)
+        if best is None or solved.step < best.step:
+            best = solved
+    if best is None:
+        raise AutoshardError("no pipeline option fits the memory budget: raise --memory-budget, use more "
+                             "microbatches, or a larger mesh")
+    lower = min([s.bound if s.step is None or not s.proved else s.step for s in searched])
+    return PipelineResult(best, searched, min(lower, best.step), time.monotonic() - engine.start)

@@ -1,0 +1,69 @@
+"""``autoshard.solve --pipeline``: the options table, the claim, the plan file, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoshard.cli.solve import main
+from autoshard.errors import AutoshardError
+from autoshard.problem.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = f'''import sys
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+import torch
+from titan_llama import Transformer
+
+torch.manual_seed(0)
+model = Transformer(4, 64, 4, 2, 128, 256, 32)
+tokens = torch.randint(0, 256, (4, 32))
+example_inputs = (tokens, tokens.clone())
+'''
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("pipeline") / "tiny_llama.py"
+    path.write_text(MODEL)
+    return str(path)
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_pipeline_search_prints_options_claim_and_plan(capsys, model_file, tmp_path) -> None:
+    out_file = tmp_path / "pipeline.json"
+    code, out, err = _run(capsys, model_file, "--mesh", "2x2", "--pipeline", "0", "--mode", "training",
+                          "--device", "h100", "--memory-budget", "1GiB", "--schedule", "1f1b",
+                          "--microbatches", "2,4", "--quiet", "--baseline", "torchtitan", "--out", str(out_file))
+    assert code == 0, err
+    assert "Pipeline options" in out and "proved optimal over the 4 pipeline options" in out
+    assert "Pipeline devices 0 (layers" in out and "Pipeline devices 1 (layers" in out
+    assert "Baseline torchtitan (1f1b, 2 stages, 2 microbatches" in out
+    saved = json.loads(out_file.read_text())
+    assert saved["pipeline"]["schedule"] == "1f1b" and saved["pipeline"]["proved"]
+    assert sum(saved["pipeline"]["layers_per_stage"]) == 4 and len(saved["devices"]) == 2
+    with pytest.raises(AutoshardError, match="pipelined plan"):
+        Plan.load(out_file)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--mesh", "4", "--pipeline", "0"), "pipeline over one axis of a mesh with two or more"),
+    (("--mesh", "2x2", "--pipeline", "0", "--microbatches", "3"), "--microbatches 3 does not divide the batch of 4"),
+    (("--mesh", "2x2", "--pipeline", "0", "--baseline", "megatron"), "--baseline megatron is not costed"),
+])
+def test_bad_pipeline_flags_are_one_line_errors(capsys, model_file, argv, message) -> None:
+    code, _, err = _run(capsys, model_file, "--mode", "training", "--quiet", *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_without_repeated_layers_cannot_be_pipelined(capsys) -> None:
+    code, _, err = _run(capsys, str(ROOT / "examples" / "mlp.py"), "--mesh", "2x2", "--pipeline", "0",
+                        "--microbatches", "2", "--quiet")
+    assert code == 2 and "has none" in err

@@ -1,0 +1,78 @@
+"""The pipeline search against brute force: every option solved, the best step and the bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.cost.devices import get_device
+from autoshard.pipeline.search import PipelineSearch, boundary_mismatches, microbatch_counts, options_for, search
+from autoshard.pipeline.stages import cut
+from autoshard.sharding.layers import find_repeated_layers
+from autoshard.sharding.mesh import parse_mesh
+from autoshard.solver.milp import solve_problem_milp
+from autoshard.errors import AutoshardError
+from tests.pipeline.models import tiny_llama, traced
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def engine():
+    device = get_device("h100")
+    mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
+    model = tiny_llama(4)
+    build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=6 << 20, recompute="full")
+    return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+
+
+def test_search_finds_the_best_option_brute_force_finds(engine) -> None:
+    """Solving every option (no pruning) gives the same best step, every bound is below its
+    option's step, and each device problem of the best option agrees with HiGHS."""
+    options = options_for(4, 2, microbatch_counts(2, BATCH), ("gpipe", "1f1b", "interleaved-1f1b"))
+    result = search(engine, options)
+    every = []
+    for option in options:
+        bound = engine.evaluate(option, bounded=False).bound
+        try:
+            solved = engine.evaluate(option, bounded=True)
+        except AutoshardError:
+            continue
+        assert bound <= solved.step * (1 + 1e-9)
+        every.append(solved.step)
+    assert result.best.step == pytest.approx(min(every))
+    assert result.lower_bound <= result.best.step
+    assert result.best.proved and result.gap == 0
+    for solved in result.best.solutions.values():
+        reference = solve_problem_milp(solved.model_problem.problem, 60)
+        assert reference.optimal and reference.cost == solved.solution.cost
+
+
+def test_memory_in_flight_rises_with_the_schedule(engine) -> None:
+    """GPipe holds every microbatch, 1F1B at most the pipeline degree: the first device's peak
+    under GPipe with 4 microbatches is above its peak under 1F1B."""
+    gpipe, one_f = (next(o for o in options_for(4, 2, [4], (s,)) if o.counts == (2, 2)) for s in ("gpipe", "1f1b"))
+    stage = engine.stages(gpipe)[0]
+    peaks = []
+    for option, held in ((gpipe, 4), (one_f, 2)):
+        sol = engine.solve_stage(option, stage, held, bounded=True)
+        peaks.append(sol.model_problem.problem.peak_usage(list(sol.solution.choice)))
+    assert peaks[0] > peaks[1]
+
+
+def test_stages_agree_on_the_layouts_they_pass(engine) -> None:
+    option = next(o for o in options_for(4, 2, [2], ("1f1b",)) if o.counts == (2, 2))
+    solved = engine.evaluate(option, bounded=True)
+    stages = engine.stages(option)
+    assert boundary_mismatches(stages, [solved.solutions[s.signature] for s in stages]) == solved.mismatches
+
+
+def test_a_pipeline_needs_another_axis() -> None:
+    mesh = parse_mesh("4")
+    with pytest.raises(AutoshardError, match="pipeline over one axis"):
+        PipelineSearch(lambda m: None, mesh, 0, {}, None)
+
+
+def test_cuts_must_cover_the_layers() -> None:
+    graph = traced(tiny_llama(4), 2)
+    with pytest.raises(AutoshardError, match="do not split the 4 layers"):
+        cut(graph, find_repeated_layers(graph), (2, 1), 2)
