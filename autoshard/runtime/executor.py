@@ -44,7 +44,7 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
 from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
-from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
+from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode
 from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.runtime.checks import (Collective, check_backend, check_layouts, check_model, check_world, count_label,
@@ -215,7 +215,9 @@ class ParallelModule(nn.Module):
         """Compute ``node``'s local value into ``values``; drop the values it was the last to read
         (but those in ``keep``)."""
         place = self.plan.nodes.get(node.name)
-        if node.kind == NodeKind.INPUT:
+        if node.kind == NodeKind.INPUT and node.attrs.get(RECEIVED):  # a pipeline stage's input: its piece
+            values[node.name] = self._checked_input(node, fed[node.name], place.out_spec)
+        elif node.kind == NodeKind.INPUT:
             values[node.name] = distribute(self._checked_input(node, fed[node.name]), place.out_spec, self.groups)
         elif node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
             values[node.name] = self.local_value(self._state_names[node.name])
@@ -267,8 +269,11 @@ class ParallelModule(nn.Module):
                               phase)
         return total / count
 
-    def _checked_input(self, node: OpNode, value: torch.Tensor) -> torch.Tensor:
+    def _checked_input(self, node: OpNode, value: torch.Tensor, local: TensorSpec | None = None) -> torch.Tensor:
+        """``value`` if it has the traced shape (``local``: its piece in that layout)."""
         want = node.tensor.shape if node.tensor is not None else None
+        if local is not None and want is not None:
+            want = local.local_shape(want, self.groups.mesh.shape)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != want:
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise AutoshardError(f"input {node.name} is {got} but the plan was made for shape {want}: "

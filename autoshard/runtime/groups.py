@@ -63,6 +63,28 @@ class MeshGroups:
         return MeshGroups(mesh, rank, mesh.coords(rank), groups, device_mesh, dist.group.WORLD)
 
     @staticmethod
+    def stage(mesh: Mesh, axis: int, device_type: str | None = None) -> tuple["MeshGroups", int]:
+        """The groups of this rank's pipeline stage: the mesh without ``axis``, over the ranks that
+        share this rank's coordinate on it (returned too). Collective, as :meth:`create`."""
+        if not dist.is_initialized():
+            raise AutoshardError("torch.distributed is not initialized: call init_process_group first")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world != mesh.size:
+            raise AutoshardError(f"mesh {mesh.label} has {mesh.size} devices but the world has {world} ranks: launch {mesh.size}")
+        names = tuple(f"axis{a}" for a in range(mesh.ndim))
+        full = init_device_mesh(device_type or default_device_type(), mesh.shape, mesh_dim_names=names)
+        inner_names = tuple(n for a, n in enumerate(names) if a != axis)
+        sub = full[inner_names] if len(inner_names) > 1 else full[inner_names[0]]
+        inner = Mesh(tuple(s for a, s in enumerate(mesh.shape) if a != axis),
+                     tuple(b for a, b in enumerate(mesh.bandwidth) if a != axis),
+                     tuple(l for a, l in enumerate(mesh.latency) if a != axis))
+        coords = mesh.coords(rank)
+        groups = tuple(sub.get_group(a) if n > 1 else None for a, n in enumerate(inner.shape))
+        span = sub._flatten().get_group() if inner.ndim > 1 else sub.get_group()
+        inner_coords = coords[:axis] + coords[axis + 1:]
+        return MeshGroups(inner, inner.rank(inner_coords), inner_coords, groups, sub, span), coords[axis]
+
+    @staticmethod
     def from_group(group: dist.ProcessGroup | None = None, device_type: str | None = None) -> "MeshGroups":
         """A 1-D mesh over an existing group (default: the world); no new groups are created."""
         if not dist.is_initialized():
