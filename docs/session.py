@@ -200,9 +200,16 @@ def recompute(tmp: Path) -> dict[str, str]:
     return {"recompute": f"{peak}\n{fit_line(make_plan(mp, torchtitan_choice(mp)))}\n"}
 
 
+def pipeline(tmp: Path) -> dict[str, str]:
+    """The small LLaMA example pipelined over the first axis of 2x2: the search and the stages' plans."""
+    text = run("autoshard.solve", example("llama"), "--mesh", "2x2", "--pipeline", "0", "--mode", "training",
+               "--microbatches", "2", "--quiet", "--tables", "none", cwd=tmp)
+    return {"pipeline": text}
+
+
 SESSIONS: dict[str, Callable[[Path], dict[str, str]]] = {
     "demo": demo, "solve-lines": solve_lines, "run-check": run_check, "torchtitan-code": torchtitan_code,
-    "training": training, "mixtral": mixtral, "recompute": recompute,
+    "training": training, "mixtral": mixtral, "recompute": recompute, "pipeline": pipeline,
 }
 """Each session's function returns the text of the README blocks and values it produces, by name."""
 

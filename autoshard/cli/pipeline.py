@@ -91,13 +91,22 @@ def print_result(result: PipelineResult, console: Console) -> None:
     table = Table(title="Pipeline options", title_justify="left")
     for column in ("Option", "Bound", "Step", "Claim"):
         table.add_column(column)
-    for s in sorted(result.searched, key=lambda s: (s.step is None, s.step or s.bound)):
-        claim = "pruned: bound >= best" if s.step is None else "proved" if s.proved else \
-            "layouts differ" if s.mismatches else "gap"
-        table.add_row(s.option.label, format_seconds(s.bound), "-" if s.step is None else format_seconds(s.step), claim)
-    console.print(table)
     best = result.best
-    if result.gap <= 1e-9 and best.proved:
+    for s in sorted(result.searched, key=lambda s: (s.step is None, not s.bounded, s.step or s.bound)):
+        if s.step is not None:
+            claim = "proved" if s.proved else "layouts differ" if s.mismatches else \
+                f"gap {100 * (s.step - s.bound) / s.step:.2f}%"
+        else:
+            claim = "not bounded in time" if not s.bounded else "pruned: bound >= best" if s.bound >= best.step \
+                else "not solved in time"
+        table.add_row(s.option.label, format_seconds(s.bound) if s.bounded else "-",
+                      "-" if s.step is None else format_seconds(s.step), claim)
+    console.print(table)
+    if result.unbounded:
+        console.print(f"[yellow]best[/] step {format_seconds(best.step)}, {best.option.label}; {result.unbounded} of the "
+                      f"{len(result.searched)} options were not bounded in time, so there is no bound over all "
+                      f"({result.elapsed:.1f}s)", highlight=False)
+    elif result.gap <= 1e-9 and best.proved:
         console.print(f"[green]proved optimal[/] over the {len(result.searched)} pipeline options: step "
                       f"{format_seconds(best.step)}, {best.option.label} ({result.elapsed:.1f}s)", highlight=False)
     else:

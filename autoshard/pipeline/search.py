@@ -34,7 +34,7 @@ from autoshard.api import ModelSolution, StageOptions, build_model_problem, defa
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.problem.build import ModelProblem
-from autoshard.frontend.graph import OpGraph
+from autoshard.frontend.graph import OpGraph, TensorMeta
 from autoshard.pipeline.schedules import SCHEDULES, device_orders, timing
 from autoshard.pipeline.stages import Stage, cut, even_cuts, shared_parameters, stage_layouts, stage_outputs
 from autoshard.sharding.layers import find_repeated_layers
@@ -73,7 +73,8 @@ def _runs(counts: Sequence[int]) -> str:
 
 @dataclass
 class Searched:
-    """An option as far as it was solved: per device group its solution, the step and its bound."""
+    """An option as far as it was solved: per device group its solution, the step and its bound
+    (``bounded``: False when the time limit came before its bound)."""
 
     option: PipelineOption
     bound: float
@@ -82,12 +83,12 @@ class Searched:
     groups: dict[tuple, list[int]] = field(default_factory=dict)
     in_flight: tuple[int, ...] = ()
     mismatches: list[str] = field(default_factory=list)
+    bounded: bool = True
 
     @property
     def proved(self) -> bool:
-        """Every device problem proved and every boundary layout agreed."""
-        return self.step is not None and not self.mismatches and all(
-            s.solution.status == "optimal" for s in self.solutions.values())
+        """Its step meets its bound and every boundary layout agrees."""
+        return self.step is not None and not self.mismatches and self.step <= self.bound * (1 + 1e-9)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class PipelineResult:
     searched: list[Searched]
     lower_bound: float
     elapsed: float
+    unbounded: int = 0
 
     @property
     def gap(self) -> float:
@@ -226,41 +228,44 @@ class PipelineSearch:
         return self.cache[key]
 
     def evaluate(self, option: PipelineOption, bounded: bool) -> Searched:
-        """The option's step (``bounded``) or its lower bound (no memory budget). Where the devices'
-        own optima pass a tensor in two layouts, the devices are solved again with the layouts the
-        first stage sends in fixed at both ends (the bound stays that of the free problems)."""
+        """The option's step (``bounded``) or its lower bound (no memory budget).
+
+        Bounded, the first device is solved on its own and the others receive and send their
+        boundary tensors in the layouts it sends in (alike devices chain the same tensor), so the
+        stages agree by construction; their bound is that of their free problems without a budget,
+        the first device's that of its own solve."""
         stages = self.stages(option)
         orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
         in_flight = timing(orders, [1.0] * len(option.counts), [1.0] * len(option.counts)).in_flight
         searched = Searched(option, 0.0, in_flight=in_flight)
         for d, stage in enumerate(stages):
             searched.groups.setdefault(stage.signature, []).append(d)
-        self._solve_groups(option, stages, searched, bounded, {})
+        held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
         if not bounded:
+            for sig, ds in searched.groups.items():
+                searched.solutions[sig] = self.solve_stage(option, stages[ds[0]], held[sig], False, 4)
             searched.bound = critical_path(option, stages, orders, self._times(stages, searched, lower=True))
             return searched
-        searched.bound = critical_path(option, stages, orders, self._times(stages, searched, lower=True))
+        first = stages[0].signature
+        rest = [sig for sig in searched.groups if sig != first]
+        searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1))
+        lower = {first: _seconds(searched.solutions[first], lower=True)}
+        sent = boundary_layouts(stages[0], searched.solutions[first])
+        own = boundary_of(stages[0], sent)
+        if any(stage_layouts(stages[0].graph, searched.solutions[first].plan)[0].get(n, l) != l for n, l in own.items()):
+            # an interleaved first device also receives: in the layouts it sends in
+            searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
+                                                         own)
+            lower[first] = min(lower[first], _seconds(searched.solutions[first], lower=True))
+        for k, sig in enumerate(sorted(rest, key=lambda g: -held[g] * sum(g[0]))):  # the fullest first
+            stage = stages[searched.groups[sig][0]]
+            searched.solutions[sig] = self.solve_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
+                                                       boundary_of(stage, sent))
+            lower[sig] = _seconds(self.solve_stage(option, stage, held[sig], False, 4), lower=True)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
-        if searched.mismatches:
-            first = searched.solutions[stages[0].signature]
-            sent = list(stage_layouts(first.model_problem.graph, first.plan)[1].values())
-            self._solve_groups(option, stages, searched, bounded, {sig: boundary_of(stages[ds[0]], sent)
-                                                                   for sig, ds in searched.groups.items()})
-            searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
         searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
+        searched.bound = critical_path(option, stages, orders, [lower[st.signature] for st in stages])
         return searched
-
-    def _solve_groups(self, option: PipelineOption, stages: list[Stage], searched: Searched, bounded: bool,
-                      boundaries: Mapping[tuple, Mapping[str, TensorSpec]]) -> None:
-        """Solve each group of alike devices, the fullest first (where no plan fits, the option
-        fails before time goes to the rest), each given a share of half the time left."""
-        groups = sorted(searched.groups.items(),
-                        key=lambda g: -max(searched.in_flight[d] for d in g[1]) * sum(g[0][0]))
-        for k, (signature, devices) in enumerate(groups):
-            held = max(searched.in_flight[d] for d in devices)
-            share = 2 * (len(groups) - k) if bounded else 4
-            searched.solutions[signature] = self.solve_stage(option, stages[devices[0]], held, bounded, share,
-                                                             boundaries.get(signature))
 
     @staticmethod
     def _times(stages: list[Stage], searched: Searched, lower: bool) -> list[float]:
@@ -273,14 +278,16 @@ def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:
     return f"layers {'+'.join(map(str, counts))}" + (" + embedding" if first else "") + (" + head" if last else "")
 
 
-def boundary_of(stage: Stage, layouts: Sequence[TensorSpec]) -> dict[str, TensorSpec]:
-    """The layouts ``stage`` receives and sends its boundary tensors in, position by position."""
-    fixed: dict[str, TensorSpec] = {}
-    if len(stage.received) == len(layouts):
-        fixed |= dict(zip(stage.received, layouts))
-    if not stage.last and len(stage.sent) == len(layouts):
-        fixed |= dict(zip(stage.sent, layouts))
-    return fixed
+def boundary_layouts(stage: Stage, solution: ModelSolution) -> dict[TensorMeta, TensorSpec]:
+    """The layout the first device sends each kind (shape and dtype) of boundary tensor in."""
+    sent = stage_layouts(solution.model_problem.graph, solution.plan)[1]
+    return {stage.graph[name].tensor: sent[name] for name in stage.sent if stage.graph[name].tensor is not None}
+
+
+def boundary_of(stage: Stage, layouts: Mapping[TensorMeta, TensorSpec]) -> dict[str, TensorSpec]:
+    """The layouts ``stage`` receives and sends its boundary tensors in: those of their kind."""
+    names = stage.received + (() if stage.last else stage.sent)
+    return {name: layouts[stage.graph[name].tensor] for name in names if stage.graph[name].tensor in layouts}
 
 
 def _seconds(solution: ModelSolution, lower: bool) -> float:
@@ -316,24 +323,28 @@ def boundary_mismatches(stages: list[Stage], solutions: list[ModelSolution]) -> 
             for name, spec in received.items() if name in sent and sent[name] != spec]
 
 
-def search(engine: PipelineSearch, options: Sequence[PipelineOption]) -> PipelineResult:
-    """Bound every option, then solve them cheapest bound first until no bound is below the best."""
-    bounds = []
+def search(engine: PipelineSearch, options: Sequence[PipelineOption], bounding_share: float = 0.4) -> PipelineResult:
+    """Bound the options (within ``bounding_share`` of the time limit), then solve them cheapest
+    bound first until no bound is below the best; options left without a bound are solved after
+    the bounded ones while time remains, and leave the claim without a bound."""
+    bounds: list[Searched] = []
     for option in options:
+        if bounds and engine.timeout is not None and time.monotonic() - engine.start > bounding_share * engine.timeout:
+            engine.progress(f"no time to bound {len(options) - len(bounds)} more options")
+            break
         bounds.append(engine.evaluate(option, bounded=False))
         engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
+    unbounded = [Searched(option, 0.0, bounded=False) for option in options[len(bounds):]]
     searched: list[Searched] = []
     best: Searched | None = None
-    for entry in sorted(bounds, key=lambda b: b.bound):
-        if best is not None and best.step is not None and entry.bound >= best.step:
-            searched.append(entry)
-            continue
-        if best is not None and engine.timeout is not None and engine.remaining() <= 1.0:
+    for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:
+        left = engine.remaining()
+        if best is not None and (entry.bounded and entry.bound >= best.step or left is not None and left <= 1.0):
             searched.append(entry)
             continue
         try:
             solved = engine.evaluate(entry.option, bounded=True)
-        except AutoshardError as exc:  # no plan of this option fits the budget: its bound stands refuted
+        except AutoshardError as exc:  # no plan of this option fits the budget
             engine.progress(f"does not fit: {entry.option.label} ({exc})")
             continue
         solved.bound = max(solved.bound, entry.bound)
@@ -344,5 +355,5 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption]) -> Pipelin
     if best is None:
         raise AutoshardError("no pipeline option fits the memory budget: raise --memory-budget, use more "
                              "microbatches, or a larger mesh")
-    lower = min([s.bound if s.step is None or not s.proved else s.step for s in searched])
-    return PipelineResult(best, searched, min(lower, best.step), time.monotonic() - engine.start)
+    lower = 0.0 if unbounded else min(s.step if s.proved else s.bound for s in searched)
+    return PipelineResult(best, searched, min(lower, best.step), time.monotonic() - engine.start, len(unbounded))

@@ -76,3 +76,23 @@ def test_cuts_must_cover_the_layers() -> None:
     graph = traced(tiny_llama(4), 2)
     with pytest.raises(AutoshardError, match="do not split the 4 layers"):
         cut(graph, find_repeated_layers(graph), (2, 1), 2)
+
+
+def test_a_time_limit_leaves_options_unbounded_and_the_claim_without_a_bound() -> None:
+    device = get_device("h100")
+    mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
+    model = tiny_llama(4)
+    engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, dict(mode="training", device=device),
+                            timeout=1e-3)
+    options = options_for(4, 2, [2, 4], ("1f1b",))
+    result = search(engine, options)
+    assert result.unbounded == len(options) - 1 and result.lower_bound == 0.0
+    assert [s.bounded for s in result.searched].count(False) == result.unbounded
+    assert result.best.step is not None
+
+
+def test_interleaved_devices_agree_on_every_boundary(engine) -> None:
+    """Device 0 of an interleaved pipeline also receives (its second stage): all in one layout."""
+    option = options_for(4, 2, [2], ("interleaved-1f1b",))[0]
+    assert option.virtual == 2 and len(engine.stages(option)[0].received) == 1
+    assert engine.evaluate(option, bounded=True).mismatches == []

@@ -44,8 +44,9 @@ def _stages(path: Path):
     stages = engine.stages(option)
     plans = []
     for d, stage in enumerate(stages):  # stage 1 receives in the layout stage 0 sends in
-        fixed = boundary_of(stage, list(stage_layouts(stages[0].graph, plans[0])[1].values())) if d else None
-        mp = engine.stage_problem(option, stage, 2 - d, boundary=fixed)
+        sent = {stages[0].graph[n].tensor: spec for n, spec in stage_layouts(stages[0].graph, plans[0])[1].items()} \
+            if d else {}
+        mp = engine.stage_problem(option, stage, 2 - d, boundary=boundary_of(stage, sent))
         plans.append(make_plan(mp, megatron_choice(mp), model=f"stage{d}"))
     assert any(spec.used_axes for spec in plans[0].param_specs.values())  # tensor parallel, not replicated
     inputs = [n.name for n in engine.graph(MICROBATCHES) if n.kind == NodeKind.INPUT]

@@ -1,0 +1,86 @@
+"""Pipelined plans: LLaMA-3.1-405B on 512 H100 (8x8x8), ours beside torchtitan's Table 5.
+
+    .venv/bin/python benchmarks/pipeline.py [--timeout 480] [--budget GIB]
+
+torchtitan's 3-D run (pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md``, Table
+5: FSDP 8 x TP 8 x PP 8, local batch 32, global batch 256 x 8192 tokens, full activation
+checkpointing, torch.compile + Float8 + async TP, which this model does not price) on its hosts
+(``--device h100-hbm2e``, its capacity the budget). Our search pipelines the outer mesh axis (schedule,
+microbatches and cuts searched with each stage's sharding on the inner 8x8) under the time limit;
+torchtitan's two schedules are costed in the same model on the same stage problems. Also printed:
+the whole process's wall time and peak resident memory (the solver's children included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from titan_llama import titan_llama3_405b  # noqa: E402
+
+from autoshard.cli.pipeline import microbatch_inputs, torchtitan_options  # noqa: E402
+from autoshard.cost.devices import get_device  # noqa: E402
+from autoshard.frontend.trace import trace  # noqa: E402
+from autoshard.pipeline.baseline import torchtitan_pipeline  # noqa: E402
+from autoshard.pipeline.search import PipelineSearch, microbatch_counts, options_for, search  # noqa: E402
+from autoshard.sharding.mesh import parse_mesh  # noqa: E402
+
+PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}
+"""torchtitan's Table 5: schedule -> (tokens/s/GPU, GiB), with compile, Float8 and async TP."""
+BATCH, SEQ, MESH = 256, 8192, "8x8x8"
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process and of its largest child, in GiB."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timeout", type=float, default=480.0, help="search limit in seconds (default 480)")
+    parser.add_argument("--budget", type=float, default=None, help="memory budget in GiB (default: the device's)")
+    args = parser.parse_args()
+    start = time.monotonic()
+    model, inputs = titan_llama3_405b(seq=SEQ, batch=BATCH)
+    device = get_device("h100-hbm2e")
+    mesh = parse_mesh(MESH, None, None, 8, device.intra, device.inter)
+    budget = None if args.budget is None else int(args.budget * 2**30)
+    build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=budget,
+                 recompute="full")
+    engine = PipelineSearch(lambda m: trace(model, microbatch_inputs(inputs, m)), mesh, 0, build,
+                            args.timeout - (time.monotonic() - start),
+                            lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True))
+    counts = microbatch_counts(8, BATCH)
+    options = options_for(126, 8, counts)
+    result = search(engine, options)
+    wall, rss = time.monotonic() - start, peak_rss_gib()
+    tokens = BATCH * SEQ
+    best = result.best
+    live = max(s.model_problem.problem.peak_usage(list(s.solution.choice)) for s in best.solutions.values())
+    claim = "proved" if best.proved and result.gap <= 1e-9 else f"gap {100 * result.gap:.2f}%"
+    print()
+    print("| plan | step | tok/s/GPU | peak GiB (reserved) | published tok/s/GPU, GiB | claim |")
+    print("|---|---:|---:|---:|---|---|")
+    print(f"| ours: {best.option.label} | {best.step:.2f} s | {tokens / best.step / mesh.size:,.0f} | "
+          f"{device.device_bytes(live) / 2**30:.1f} | | {claim} |")
+    for option in torchtitan_options(126, 8, 8, BATCH):
+        base = torchtitan_pipeline(engine, option)
+        published = PUBLISHED.get(option.schedule)
+        fits = "" if base.fits else " (over budget)"
+        print(f"| torchtitan: {option.label} | {base.step:.2f} s | {tokens / base.step / mesh.size:,.0f} | "
+              f"{device.device_bytes(base.peak) / 2**30:.1f}{fits} | {published[0]}, {published[1]} | "
+              f"ours/torchtitan {best.step / base.step:.3f} |")
+    print(f"\nwhole process: {wall:.0f} s wall, peak resident memory {rss:.2f} GiB; "
+          f"{len(result.searched)} options, {sum(s.step is not None for s in result.searched)} solved")
+
+
+if __name__ == "__main__":
+    main()
