@@ -4,8 +4,6 @@ the options, the claim, and the chosen plan per device of the pipeline."""
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +13,7 @@ from rich.table import Table
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
+from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.schedules import SCHEDULES
 from autoshard.pipeline.stages import even_cuts
 from autoshard.pipeline.search import (PipelineOption, PipelineResult, PipelineSearch, microbatch_counts, options_for,
@@ -79,7 +78,7 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     if args.baseline == "torchtitan":
         print_torchtitan(engine, result, layers.count, batch, console)
     if args.out:
-        write_plan(result, args.out)
+        write_plan(result, engine, args.out)
         console.print(f"plan written to {args.out}")
     return 0
 
@@ -148,15 +147,10 @@ def print_torchtitan(engine: PipelineSearch, result: PipelineResult, layers: int
                       f"{result.best.step / base.step:.3f}", highlight=False)
 
 
-def write_plan(result: PipelineResult, path: str) -> None:
-    """The chosen option and each device group's plan as JSON."""
+def write_plan(result: PipelineResult, engine: PipelineSearch, path: str) -> None:
+    """The chosen option and each device group's plan as JSON (``pipeline/plans.py``)."""
     best = result.best
-    payload = {
-        "pipeline": {"schedule": best.option.schedule, "devices": best.option.devices,
-                     "microbatches": best.option.microbatches, "virtual_stages": best.option.virtual,
-                     "layers_per_stage": list(best.option.counts), "step_seconds": best.step,
-                     "lower_bound_seconds": result.lower_bound, "proved": best.proved and result.gap <= 1e-9},
-        "devices": [{"devices": devices, "plan": best.solutions[sig].plan.to_json()}
-                    for sig, devices in best.groups.items()],
-    }
-    Path(path).write_text(json.dumps(payload, indent=1))
+    groups = engine.group_plans(best)
+    PipelinePlan(engine.mesh, engine.axis, best.option.schedule, best.option.microbatches, best.option.virtual,
+                 best.option.counts, best.step, result.lower_bound, best.proved and result.gap <= 1e-9,
+                 groups).save(path)

@@ -23,7 +23,8 @@ this plan or any other plan of the same model (DCP reshards on load), with the l
 weight decay of this command line (the banner names the checkpoint's where they differ); with
 the same flags it reproduces the uninterrupted run. A checkpoint of another model, or one that
 cannot be read, is refused in one line before anything is written. The graph is traced in eval
-mode, so dropout is off.
+mode, so dropout is off. A pipelined plan (``autoshard.solve --pipeline --out``) trains through
+``cli/train_pipeline.py``, with the same flags and checkpoints.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from autoshard.frontend.graph import OpGraph
 from autoshard.problem.plan import Plan
 from autoshard.cli.process import refuse
 from autoshard.cli.run import launch_env
+from autoshard.cli.train_pipeline import is_pipeline_file, prepare_pipeline, train_pipeline
 from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_layouts, check_model,
                                       check_world)
 from autoshard.runtime.executor import ParallelModule, gather_full, parallelize
@@ -166,14 +168,15 @@ def save_checkpoint(folder: Path, step: int, module: torch.nn.Module, optimizer:
     return path
 
 
-def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, part: bool = False) -> int:
     """Load a checkpoint into ``module`` and ``optimizer`` in their own layouts; returns its step (collective).
+    ``part``: the module holds some of the model (a pipeline stage), read from the whole one's checkpoint.
 
     Refuses (AutoshardError, on every rank) a checkpoint of another model and one that cannot be read.
     """
     model_state, optim_state = get_state_dict(module, optimizer)
     shapes = {name: tuple(value.shape) for name, value in model_state.items()}
-    check_checkpoint(path, shapes, list(optim_state["state"]))
+    check_checkpoint(path, shapes, list(optim_state["state"]), part)
     state = {"model": model_state, "optimizer": optim_state, "step": 0}
     try:
         dcp.load(state, checkpoint_id=path)
@@ -185,9 +188,9 @@ def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.
     return int(state["step"])
 
 
-def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]], trained: list[str]) -> None:
-    """Refuse a checkpoint whose saved model tensors (DCP metadata) are not ``shapes`` (name -> global shape),
-    or that lacks the AdamW state of a parameter in ``trained``."""
+def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]], trained: list[str], part: bool = False) -> None:
+    """Refuse a checkpoint whose saved model tensors (DCP metadata) are not ``shapes`` (name -> global shape;
+    ``part``: among them), or that lacks the AdamW state of a parameter in ``trained``."""
     try:
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     except Exception as error:  # noqa: BLE001 - any failure to read the metadata means a damaged file
@@ -195,7 +198,7 @@ def check_checkpoint(path: Path, shapes: dict[str, tuple[int, ...]], trained: li
                              "delete it to resume from the one before") from None
     held = {key[len("model."):]: tuple(meta.size) for key, meta in saved.items()
             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
-    if held == shapes:
+    if held == shapes or part and all(held.get(name) == shape for name, shape in shapes.items()):
         if frozen := [n for n in trained if not any(key.startswith(f"optimizer.state.{n}.") for key in saved)]:
             raise AutoshardError(f"checkpoint {path} holds no AdamW state for {frozen[0]}, which this model trains "
                                  "(was it frozen then?): freeze it again, or train this model in a new --checkpoint "
@@ -348,15 +351,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = 0
     try:
         rank, world_size, local_rank = launch_env(os.environ, "autoshard.train model.py --plan plan.json --steps N")
-        training = prepare(args, world_size, local_rank)
+        check_args(args)
+        training = prepare_pipeline(args, world_size) if is_pipeline_file(args.plan) else \
+            prepare(args, world_size, local_rank)
     except AutoshardError as error:
         return refuse("autoshard.train", error, rank)
-    if training.device.type == "cuda":
+    if isinstance(training, Training) and training.device.type == "cuda":
         torch.cuda.set_device(training.device)
     dist.init_process_group(args.backend)
     quiet_dtensor_hints()
     try:
-        train(args, training, rank)
+        if isinstance(training, Training):
+            train(args, training, rank)
+        else:
+            train_pipeline(args, training, rank)
         return 0
     except AutoshardError as error:
         return refuse("autoshard.train", error, rank)

@@ -33,7 +33,9 @@ from typing import Any, Callable, Mapping, Sequence
 from autoshard.api import ModelSolution, StageOptions, build_model_problem, default_solve_options, solve_model_problem
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
+from autoshard.pipeline.plans import relabel
 from autoshard.problem.build import ModelProblem
+from autoshard.problem.plan import Plan
 from autoshard.frontend.graph import OpGraph, TensorMeta
 from autoshard.pipeline.schedules import SCHEDULES, device_orders, timing
 from autoshard.pipeline.stages import Stage, cut, even_cuts, shared_parameters, stage_layouts, stage_outputs
@@ -190,9 +192,16 @@ class PipelineSearch:
                               f"each and trained apart: the plan cannot run until they are untied")
         return self.cuts[key]
 
+    def group_plans(self, searched: Searched) -> list[tuple[list[int], Plan]]:
+        """Per group of alike devices, its plan on the graph of its first device under this option
+        (a solution may have been found on an alike device of another option)."""
+        stages = self.stages(searched.option)
+        return [(devices, relabel(searched.solutions[sig].plan, searched.solutions[sig].model_problem.graph,
+                                  stages[devices[0]].graph)) for sig, devices in searched.groups.items()]
+
     def _key(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
              boundary: Mapping[str, TensorSpec]) -> tuple:
-        layouts = tuple(sorted((name, spec.format(self.inner.ndim)) for name, spec in boundary.items()))
+        layouts = tuple(spec.format(self.inner.ndim) for spec in boundary.values())  # by position: alike devices
         return option.microbatches, stage.signature, Fraction(in_flight, option.virtual) if bounded else None, layouts
 
     def stage_problem(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool = True,
@@ -252,7 +261,8 @@ class PipelineSearch:
         lower = {first: _seconds(searched.solutions[first], lower=True)}
         sent = boundary_layouts(stages[0], searched.solutions[first])
         own = boundary_of(stages[0], sent)
-        if any(stage_layouts(stages[0].graph, searched.solutions[first].plan)[0].get(n, l) != l for n, l in own.items()):
+        received = device_layouts(stages[0], searched.solutions[first])[0]
+        if any(received.get(n, l) != l for n, l in own.items()):
             # an interleaved first device also receives: in the layouts it sends in
             searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
                                                          own)
@@ -278,9 +288,16 @@ def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:
     return f"layers {'+'.join(map(str, counts))}" + (" + embedding" if first else "") + (" + head" if last else "")
 
 
+def device_layouts(stage: Stage, solution: ModelSolution) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
+    """(received, returned) layouts of a device under ``solution``, which may have been solved on an
+    alike device's graph: matched by position, named as on ``stage``."""
+    got, gave = stage_layouts(solution.model_problem.graph, solution.plan)
+    return dict(zip(stage.received, got.values())), dict(zip(stage_outputs(stage.graph), gave.values()))
+
+
 def boundary_layouts(stage: Stage, solution: ModelSolution) -> dict[TensorMeta, TensorSpec]:
     """The layout the first device sends each kind (shape and dtype) of boundary tensor in."""
-    sent = stage_layouts(solution.model_problem.graph, solution.plan)[1]
+    sent = device_layouts(stage, solution)[1]
     return {stage.graph[name].tensor: sent[name] for name in stage.sent if stage.graph[name].tensor is not None}
 
 
@@ -311,13 +328,13 @@ def critical_path(option: PipelineOption, stages: list[Stage], orders: list, per
 
 def boundary_mismatches(stages: list[Stage], solutions: list[ModelSolution]) -> list[str]:
     """Tensors a device receives in another layout than its sender sends them in (``solutions[d]``:
-    device ``d``'s, solved on the graph of an alike device, so layouts are matched by position)."""
+    device ``d``'s, perhaps solved on an alike device's graph)."""
     received: dict[str, TensorSpec] = {}
     sent: dict[str, TensorSpec] = {}
     for stage, sol in zip(stages, solutions):
-        got, gave = stage_layouts(sol.model_problem.graph, sol.plan)
-        received |= dict(zip(stage.received, got.values()))
-        sent |= dict(zip(stage_outputs(stage.graph), gave.values()))
+        got, gave = device_layouts(stage, sol)
+        received |= got
+        sent |= gave
     ndim = solutions[0].model_problem.mesh.ndim if solutions else 1
     return [f"{name} sent as {sent[name].format(ndim)}, received as {spec.format(ndim)}"
             for name, spec in received.items() if name in sent and sent[name] != spec]

@@ -166,9 +166,9 @@ class Plan:
             if not isinstance(data, dict):
                 raise TypeError(f"it holds a JSON {type(data).__name__}, not an object")
             if "pipeline" in data:
-                raise AutoshardError(f"{source} holds a pipelined plan (autoshard.solve --pipeline), which "
-                                     f"autoshard.run and autoshard.train do not run yet: run its stages with "
-                                     f"autoshard.runtime.pipeline.PipelineRunner, or plan without --pipeline")
+                raise AutoshardError(f"{source} holds a pipelined plan (autoshard.solve --pipeline), which only "
+                                     f"autoshard.train runs: train it with torchrun ... -m autoshard.train, or "
+                                     f"plan without --pipeline")
             if data.get("version") != PLAN_VERSION:
                 raise AutoshardError(f"plan version {data.get('version')} is not {PLAN_VERSION}: re-run autoshard.solve")
             mesh = Mesh.from_json(data["mesh"])

@@ -63,9 +63,10 @@ class MeshGroups:
         return MeshGroups(mesh, rank, mesh.coords(rank), groups, device_mesh, dist.group.WORLD)
 
     @staticmethod
-    def stage(mesh: Mesh, axis: int, device_type: str | None = None) -> tuple["MeshGroups", int]:
+    def stage(mesh: Mesh, axis: int, device_type: str | None = None) -> tuple["MeshGroups", int, dist.ProcessGroup]:
         """The groups of this rank's pipeline stage: the mesh without ``axis``, over the ranks that
-        share this rank's coordinate on it (returned too). Collective, as :meth:`create`."""
+        share this rank's coordinate on it (returned too), and the group along ``axis`` (the ranks
+        that share its other coordinates). Collective, as :meth:`create`."""
         if not dist.is_initialized():
             raise AutoshardError("torch.distributed is not initialized: call init_process_group first")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -82,7 +83,8 @@ class MeshGroups:
         groups = tuple(sub.get_group(a) if n > 1 else None for a, n in enumerate(inner.shape))
         span = sub._flatten().get_group() if inner.ndim > 1 else sub.get_group()
         inner_coords = coords[:axis] + coords[axis + 1:]
-        return MeshGroups(inner, inner.rank(inner_coords), inner_coords, groups, sub, span), coords[axis]
+        return (MeshGroups(inner, inner.rank(inner_coords), inner_coords, groups, sub, span), coords[axis],
+                full[names[axis]].get_group())
 
     @staticmethod
     def from_group(group: dist.ProcessGroup | None = None, device_type: str | None = None) -> "MeshGroups":

@@ -90,7 +90,7 @@ class PipelineRunner:
             raise AutoshardError(f"a pipeline over mesh axis {axis} of {mesh.label} needs {mesh.shape[axis]} stage plans, "
                                  f"got {len(plans)}: one per stage, interleaved stages are not run")
         _check_boundaries(graphs, plans)
-        self.groups, self.device = MeshGroups.stage(mesh, axis)
+        self.groups, self.device, self.pipe_group = MeshGroups.stage(mesh, axis)
         self.mesh, self.axis, self.devices = mesh, axis, mesh.shape[axis]
         self.graph, self.plan = graphs[self.device], plans[self.device]
         self.module: ParallelModule = parallelize(model, self.plan, self.groups, graph=self.graph)
@@ -100,6 +100,12 @@ class PipelineRunner:
         self.first, self.last = self.device == 0, self.device == self.devices - 1
         self.log: list[Transfer] = []
         self.loss_spec = self.module.output_specs[0] if self.last else None
+
+    def first_rank_of(self, device: int) -> int:
+        """The global rank of pipeline device ``device``'s first rank (coordinate 0 on the other axes)."""
+        coords = [0] * self.mesh.ndim
+        coords[self.axis] = device
+        return self.mesh.rank(tuple(coords))
 
     def _neighbour(self, step: int) -> int:
         coords = list(self.mesh.coords(dist.get_rank()))

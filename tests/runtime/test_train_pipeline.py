@@ -9,21 +9,28 @@ collectives, once per microbatch.
 
 from __future__ import annotations
 
+import io
+import shutil
 from pathlib import Path
 
 import torch
 
+from autoshard.api import plan_model
+from autoshard.cli.train import build_parser, prepare, train, training_steps
+from autoshard.cli.train_pipeline import prepare_pipeline, train_pipeline
 from autoshard.cost.devices import get_device
 from autoshard.frontend.graph import NodeKind
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.pipeline.search import PipelineOption, PipelineSearch, boundary_of
-from autoshard.pipeline.stages import stage_layouts
+from autoshard.pipeline.plans import PipelinePlan
+from autoshard.pipeline.search import PipelineOption, PipelineSearch, boundary_of, options_for, search
+from autoshard.pipeline.stages import cut, stage_layouts
 from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import expected_collectives, same_collectives
 from autoshard.runtime.executor import gather_full, local_of
 from autoshard.runtime.pipeline import PipelineRunner, expected_transfers
+from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
 
 from .dist import run_ranks
@@ -104,3 +111,98 @@ def test_pipeline_with_tensor_parallel_follows_single_device_training(tmp_path: 
         assert result["transfers"] == expected_transfers(graphs[d], plans[d], MICROBATCHES, d == 0, d == 1)
         assert same_collectives(result["collectives"], expected_collectives(plans[d]) * MICROBATCHES)
     assert seen == set(grads)
+
+
+EIGHT_LAYERS = MODEL.replace("Transformer(4, 32, 4, 2, 64, VOCAB, SEQ)", "Transformer(8, 32, 4, 2, 64, VOCAB, SEQ)")
+
+
+def _train_file(rank: int, world: int, loaded, mesh, path: str, inputs) -> list[float]:
+    pipeline = PipelinePlan.load(path)
+    graph = trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // pipeline.microbatches)
+                                      for t in loaded.example_inputs))
+    stages = cut(graph, find_repeated_layers(graph), pipeline.counts, mesh.shape[pipeline.axis])
+    runner = PipelineRunner(loaded.model, [s.graph for s in stages], pipeline.device_plans(stages), mesh,
+                            pipeline.axis, pipeline.schedule, pipeline.microbatches, inputs)
+    optimizer = torch.optim.AdamW([p for p in runner.module.parameters() if p.requires_grad], lr=LR)
+    losses = []
+    for step in range(1, 4):
+        optimizer.zero_grad(set_to_none=True)
+        loss = runner.step(loaded.step_batch(step))
+        optimizer.step()
+        if loss is not None:
+            losses.append(float(loss) if runner.loss_spec.is_replicated
+                          else float(gather_full(loss, runner.loss_spec, runner.groups)))
+    return losses
+
+
+def test_a_searched_four_stage_pipeline_runs_from_its_plan_file(tmp_path: Path) -> None:
+    """The search's plan for 8 layers on 4 stages (the middle devices share one plan, carried onto
+    each device's own layers), saved and loaded, trains 3 steps like the unsharded model."""
+    path = tmp_path / "titan_eight.py"
+    path.write_text(EIGHT_LAYERS)
+    loaded = load_model(str(path))
+    mesh = parse_mesh("4x1")
+    engine = PipelineSearch(lambda m: trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // m)
+                                                                 for t in loaded.example_inputs)),
+                            mesh, 0, dict(mode="training", device=get_device(None)), None)
+    result = search(engine, [o for o in options_for(8, 4, [4], ("1f1b",)) if o.counts == (2, 2, 2, 2)])
+    best = result.best
+    assert any(len(devices) > 1 for devices in best.groups.values())  # a shared plan is relabelled
+    plan_file = tmp_path / "pipeline.json"
+    PipelinePlan(mesh, 0, best.option.schedule, best.option.microbatches, best.option.virtual, best.option.counts,
+                 best.step, result.lower_bound, best.proved,
+                 engine.group_plans(best)).save(plan_file)
+    inputs = [n.name for n in engine.graph(4) if n.kind == NodeKind.INPUT]
+    results = run_ranks(4, _train_file, loaded, mesh, str(plan_file), inputs, timeout=180)
+    model = load_model(str(path)).model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    reference = []
+    for step in range(1, 4):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(*loaded.step_batch(step))
+        loss.backward()
+        optimizer.step()
+        reference.append(float(loss.detach()))
+    assert [r for r in results if r] == [results[-1]] and _worst(results[-1], reference) <= TOLERANCE
+
+
+def _pipelined_then_resumed(rank: int, world: int, argv: list[str]) -> list[float]:
+    args = build_parser().parse_args(argv)
+    return train_pipeline(args, prepare_pipeline(args, world), rank, io.StringIO())
+
+
+def _resumed_whole(rank: int, world: int, argv: list[str]) -> list[float]:
+    args = build_parser().parse_args(argv)
+    return train(args, prepare(args, world, 0), rank, io.StringIO())
+
+
+def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_without_one(tmp_path: Path) -> None:
+    """autoshard.train's loop on the searched PP 2 x TP 2 plan (clipping over both stages): the
+    unsharded loop's losses; its step-2 checkpoint resumes on 2 ranks under a plan without a
+    pipeline and gives the pipelined run's steps 3 and 4."""
+    path = tmp_path / "titan_tiny.py"
+    path.write_text(MODEL)
+    loaded = load_model(str(path))
+    mesh = parse_mesh("2x2")
+    engine = PipelineSearch(lambda m: trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // m)
+                                                                 for t in loaded.example_inputs)),
+                            mesh, 0, dict(mode="training"), None)
+    result = search(engine, options_for(4, 2, [2], ("1f1b",)))
+    best = result.best
+    plan_file = tmp_path / "pipeline.json"
+    PipelinePlan(mesh, 0, "1f1b", 2, 1, best.option.counts, best.step, result.lower_bound, best.proved,
+                 engine.group_plans(best)).save(plan_file)
+    folder = tmp_path / "ckpt"
+    common = [str(path), "--steps", "4", "--lr", "3e-3", "--checkpoint", str(folder), "--checkpoint-every", "2"]
+    piped = run_ranks(4, _pipelined_then_resumed, ["--plan", str(plan_file), *common], timeout=180)
+    assert all(losses == piped[0] for losses in piped)
+    model = load_model(str(path)).model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    reference = [loss for _, loss, _ in training_steps(model, optimizer, loaded, 1, 4, 1.0)]
+    assert _worst(piped[0], reference) <= TOLERANCE
+    shutil.rmtree(folder / "step_000004")
+    whole = plan_model(loaded.model, loaded.example_inputs, "2", mode="training").plan
+    whole.save(tmp_path / "whole.json")
+    resumed = run_ranks(2, _resumed_whole, ["--plan", str(tmp_path / "whole.json"), *common, "--resume"],
+                        timeout=180)
+    assert _worst(resumed[0], piped[0][2:]) <= TOLERANCE

@@ -1,0 +1,148 @@
+"""``autoshard.train`` with a pipelined plan (``autoshard.solve --pipeline --out``).
+
+Every rank re-traces the model at the plan's microbatch size, cuts it as the plan says, carries
+its group's stage plan onto its own layers (``PipelinePlan.device_plans``) and checks it, then
+trains with :class:`~autoshard.runtime.pipeline.PipelineRunner`: each step runs the schedule over
+``batch(step)``'s microbatches, clips the gradients' 2-norm over every stage (each stage's norm
+squared, summed over the pipeline axis) and takes an AdamW step. Rank 0 reports the loss, which
+the last stage sends it. Checkpoints hold every stage's parameters and AdamW state under the
+model's own names, so a run resumes under another pipeline degree, another mesh or no pipeline
+at all (each rank reads the tensors of its stage); GPipe and 1F1B plans run, interleaved ones are
+refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+import torch.distributed as dist
+
+from autoshard.cli.pipeline import microbatch_inputs
+from autoshard.errors import AutoshardError
+from autoshard.frontend.graph import NodeKind, OpGraph
+from autoshard.frontend.load import LoadedModel, load_model
+from autoshard.frontend.trace import trace
+from autoshard.pipeline.plans import PipelinePlan
+from autoshard.pipeline.stages import cut
+from autoshard.problem.plan import Plan
+from autoshard.runtime.checks import check_backend, check_layouts, check_model
+from autoshard.runtime.executor import gather_full
+from autoshard.runtime.pipeline import PipelineRunner
+from autoshard.sharding.layers import find_repeated_layers
+
+
+@dataclass
+class PipelineTraining:
+    """What every rank checked before training a pipelined plan."""
+
+    pipeline: PipelinePlan
+    loaded: LoadedModel
+    graphs: list[OpGraph]
+    plans: list[Plan]
+    inputs: list[str]
+
+
+def is_pipeline_file(path: str) -> bool:
+    """Whether the plan file holds a pipelined plan (unreadable files are left to the plan loader)."""
+    try:
+        return "pipeline" in json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError):
+        return False
+
+
+def prepare_pipeline(args: argparse.Namespace, world_size: int) -> PipelineTraining:
+    """Load and check the pipelined plan and the model; raises AutoshardError, computes nothing."""
+    pipeline = PipelinePlan.load(args.plan)
+    if pipeline.virtual != 1:
+        raise AutoshardError(f"{args.plan} interleaves {pipeline.virtual} stages per device, which the runtime does "
+                             f"not run yet: re-solve with --schedule 1f1b or gpipe")
+    if pipeline.mesh.size != world_size:
+        raise AutoshardError(f"{args.plan} is for mesh {pipeline.mesh.label} ({pipeline.mesh.size} ranks) but "
+                             f"{world_size} were launched: launch {pipeline.mesh.size}")
+    if args.backend == "nccl":
+        raise AutoshardError("pipelined plans run on gloo (CPU) here: use --backend gloo")
+    loaded = load_model(args.model).for_training()
+    graph = trace(loaded.model, microbatch_inputs(loaded.example_inputs, pipeline.microbatches))
+    repeated = find_repeated_layers(graph)
+    if repeated is None:
+        raise AutoshardError(f"{args.model} has no repeated layers to cut: {args.plan} is for another model")
+    stages = cut(graph, repeated, pipeline.counts, pipeline.mesh.shape[pipeline.axis])
+    plans = pipeline.device_plans(stages)
+    for stage, plan in zip(stages, plans):
+        check_model(plan, stage.graph)
+        check_layouts(plan, stage.graph)
+        check_backend(plan, args.backend)
+    inputs = [n.name for n in graph if n.kind == NodeKind.INPUT]
+    return PipelineTraining(pipeline, loaded, [s.graph for s in stages], plans, inputs)
+
+
+def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: int,
+                   out: TextIO = sys.stdout) -> list[float]:
+    """The distributed part: build the stage, resume, train, checkpoint (process group initialized).
+    Returns the losses of the steps this call trained (on every rank)."""
+    from autoshard.cli.train import (Reporter, latest_checkpoint, load_checkpoint, make_optimizer, save_checkpoint,
+                                     use_flags)
+
+    pipeline, loaded = training.pipeline, training.loaded
+    runner = PipelineRunner(loaded.model, training.graphs, training.plans, pipeline.mesh, pipeline.axis,
+                            pipeline.schedule, pipeline.microbatches, training.inputs)
+    optimizer = make_optimizer(runner.module, args)
+    folder = Path(args.checkpoint) if args.checkpoint else None
+    done, was = 0, ""
+    resumed = latest_checkpoint(folder) if args.resume and folder is not None else None
+    if args.resume and resumed is None:
+        raise AutoshardError(f"--resume: no finished checkpoint in {folder}: train without --resume first")
+    if resumed is not None:
+        done = load_checkpoint(resumed[1], runner.module, optimizer, part=True)
+        was = use_flags(optimizer, args)
+    last = runner.first_rank_of(pipeline.mesh.shape[pipeline.axis] - 1)
+    reporter = Reporter(out, args.steps, done + 1, out.isatty()) if rank == 0 else None
+    losses = []
+    with reporter if reporter is not None else nullcontext():
+        if reporter is not None:
+            reporter.note(f"autoshard.train: {loaded.name} pipelined ({pipeline.schedule}, "
+                          f"{pipeline.microbatches} microbatches) on mesh {pipeline.mesh.label} over axis "
+                          f"{pipeline.axis}, steps {done + 1}-{args.steps}, AdamW lr {args.lr:g}{was}"
+                          + (f", resumed from {resumed[1]}" if resumed is not None else ""))
+        for step in range(done + 1, args.steps + 1):
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = runner.step(loaded.step_batch(step))
+            if args.max_grad_norm > 0:
+                clip_over_stages(runner, args.max_grad_norm)
+            optimizer.step()
+            value = torch.zeros((), dtype=torch.float64)
+            if loss is not None:
+                spec = runner.loss_spec
+                whole = loss.detach() if spec.is_replicated else gather_full(loss.detach(), spec, runner.groups)
+                value = whole.to(torch.float64)
+            dist.broadcast(value, src=last)
+            losses.append(float(value))
+            if reporter is not None:
+                reporter.step(step, losses[-1], time.perf_counter() - start)
+            if folder is not None and (step % args.checkpoint_every == 0 or step == args.steps):
+                path = save_checkpoint(folder, step, runner.module, optimizer)
+                if reporter is not None:
+                    reporter.note(f"checkpoint {path}")
+    return losses
+
+
+def clip_over_stages(runner: PipelineRunner, max_norm: float) -> None:
+    """Scale every stage's gradients so that the 2-norm over the whole model is at most ``max_norm``."""
+    grads = [p.grad for p in runner.module.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    squared = norm.detach().to(torch.float64) ** 2
+    dist.all_reduce(squared, group=runner.pipe_group)
+    total = squared.sqrt().to(torch.float32)
+    if grads:
+        torch.nn.utils.clip_grads_with_norm_([p for p in runner.module.parameters() if p.grad is not None],
+                                             max_norm, total)

@@ -1,0 +1,106 @@
+"""A pipelined plan as data: the chosen option and one stage plan per group of alike devices.
+
+Alike devices (same layers per stage, same ends) share one solved plan, made on the graph of the
+first of them; :meth:`PipelinePlan.device_plans` carries it onto every device's own graph, node by
+node in graph order (the graphs differ only in their names: ``layers.3`` against ``layers.11``).
+The file is what ``autoshard.solve --pipeline --out`` writes and :mod:`autoshard.runtime.pipeline`
+runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+from autoshard.errors import AutoshardError
+from autoshard.frontend.graph import OpGraph, fingerprint, graph_signature
+from autoshard.pipeline.stages import Stage
+from autoshard.problem.plan import Plan
+from autoshard.sharding.mesh import Mesh
+
+
+@dataclass
+class PipelinePlan:
+    """The option (schedule, microbatches, stages per device, layers per stage) on ``mesh`` with
+    the pipeline over ``axis``, its step and bound (seconds), and ``groups``: (devices, plan)."""
+
+    mesh: Mesh
+    axis: int
+    schedule: str
+    microbatches: int
+    virtual: int
+    counts: tuple[int, ...]
+    step: float
+    lower_bound: float
+    proved: bool
+    groups: list[tuple[list[int], Plan]]
+
+    def to_json(self) -> dict:
+        """Plain JSON data (the stage plans in :meth:`Plan.to_json`'s form)."""
+        return {"pipeline": {"mesh": self.mesh.to_json(), "axis": self.axis, "schedule": self.schedule,
+                             "microbatches": self.microbatches, "virtual_stages": self.virtual,
+                             "layers_per_stage": list(self.counts), "step_seconds": self.step,
+                             "lower_bound_seconds": self.lower_bound, "proved": self.proved},
+                "devices": [{"devices": devices, "plan": plan.to_json()} for devices, plan in self.groups]}
+
+    @staticmethod
+    def from_json(data: dict, source: str = "plan file") -> "PipelinePlan":
+        """Inverse of :meth:`to_json`; a malformed file raises :class:`AutoshardError`."""
+        try:
+            head = data["pipeline"]
+            groups = [(list(g["devices"]), Plan.from_json(g["plan"], source)) for g in data["devices"]]
+            return PipelinePlan(Mesh.from_json(head["mesh"]), int(head["axis"]), head["schedule"],
+                                int(head["microbatches"]), int(head["virtual_stages"]),
+                                tuple(head["layers_per_stage"]), float(head["step_seconds"]),
+                                float(head["lower_bound_seconds"]), bool(head["proved"]), groups)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AutoshardError(f"{source} is not a pipelined plan ({exc!r}): re-create it with "
+                                 f"autoshard.solve --pipeline --out") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @staticmethod
+    def load(path: str | Path) -> "PipelinePlan":
+        """Read a file :meth:`save` wrote."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise AutoshardError(f"plan file {str(path)!r} cannot be read ({exc}): re-create it") from None
+        return PipelinePlan.from_json(data, f"plan file {str(path)!r}")
+
+    def device_plans(self, stages: Sequence[Stage]) -> list[Plan]:
+        """Every device's plan on its own graph (``stages``: the model cut under this option)."""
+        by_device: dict[int, tuple[int, Plan]] = {}
+        for devices, plan in self.groups:
+            for d in devices:
+                by_device[d] = (devices[0], plan)
+        if sorted(by_device) != list(range(len(stages))):
+            raise AutoshardError(f"the plan covers pipeline devices {sorted(by_device)}, the mesh has "
+                                 f"{len(stages)}: re-plan for this mesh")
+        return [relabel(plan, stages[first].graph, stages[d].graph) for d, (first, plan) in sorted(by_device.items())]
+
+
+def relabel(plan: Plan, source: OpGraph, target: OpGraph) -> Plan:
+    """``plan``, made for ``source``, on ``target``: the same nodes in the same order under other
+    names (and parameters under other dotted names)."""
+    if source is target:
+        return plan
+    src, dst = list(source), list(target)
+    if [(n.kind, n.op, n.out) for n in src] != [(n.kind, n.op, n.out) for n in dst]:
+        raise AutoshardError("pipeline devices that share a plan differ in their graphs: re-plan the pipeline")
+    name = {a.name: b.name for a, b in zip(src, dst)}
+    qualname = {a.qualname: b.qualname for a, b in zip(src, dst) if a.qualname}
+    return replace(
+        plan,
+        fingerprint=fingerprint(target),
+        signature=graph_signature(target),
+        nodes={name[n]: replace(p, name=name[n], module=target[name[n]].module) for n, p in plan.nodes.items()},
+        edges=[replace(e, src=name[e.src], dst=name[e.dst]) for e in plan.edges],
+        param_specs={qualname.get(q, q): spec for q, spec in plan.param_specs.items()},
+        recompute=[[name[n] for n in segment] for segment in plan.recompute],
+        recompute_kept=[name[n] for n in plan.recompute_kept],
+    )
