@@ -24,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from titan_llama import titan_llama3_405b  # noqa: E402
 
-from autoshard.cli.pipeline import microbatch_inputs, torchtitan_options  # noqa: E402
+from autoshard.cli.pipeline import microbatch_inputs  # noqa: E402
 from autoshard.cost.devices import get_device  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.pipeline.baseline import torchtitan_pipeline  # noqa: E402
-from autoshard.pipeline.search import PipelineSearch, microbatch_counts, options_for, search  # noqa: E402
+from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
+from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
+from autoshard.pipeline.search import PipelineSearch, search  # noqa: E402
 from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}
@@ -60,7 +61,7 @@ def main() -> None:
                             lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True))
     counts = microbatch_counts(8, BATCH)
     options = options_for(126, 8, counts)
-    result = search(engine, options)
+    result = search(engine, options, torchtitan_options(126, 8, 8, BATCH))
     wall, rss = time.monotonic() - start, peak_rss_gib()
     tokens = BATCH * SEQ
     best = result.best

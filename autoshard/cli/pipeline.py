@@ -15,9 +15,9 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.schedules import SCHEDULES
-from autoshard.pipeline.stages import even_cuts
-from autoshard.pipeline.search import (PipelineOption, PipelineResult, PipelineSearch, microbatch_counts, options_for,
-                                       search, stage_label)
+from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
+from autoshard.pipeline.options import microbatch_counts, options_for, stage_label
+from autoshard.pipeline.search import PipelineResult, PipelineSearch, search
 from autoshard.sharding.layers import find_repeated_layers
 
 
@@ -73,7 +73,9 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     options = options_for(layers.count, mesh.shape[args.pipeline], counts, schedules, (args.virtual_stages,))
     if args.baseline not in (None, "torchtitan"):
         raise AutoshardError(f"--baseline {args.baseline} is not costed with --pipeline: use --baseline torchtitan")
-    result = search(engine, options)
+    seeds = [o for o in torchtitan_options(layers.count, mesh.shape[args.pipeline], engine.inner.shape[0], batch)
+             if o.microbatches in counts and o.schedule in schedules]
+    result = search(engine, options, seeds)
     print_result(result, console)
     if args.baseline == "torchtitan":
         print_torchtitan(engine, result, layers.count, batch, console)
@@ -100,6 +102,9 @@ def print_result(result: PipelineResult, console: Console) -> None:
                 else "not solved in time"
         table.add_row(s.option.label, format_seconds(s.bound) if s.bounded else "-",
                       "-" if s.step is None else format_seconds(s.step), claim)
+    if best.origin == "baseline":
+        table.add_row(f"{best.option.label} (torchtitan's plan)", format_seconds(best.bound),
+                      format_seconds(best.step), "incumbent, not improved on")
     console.print(table)
     if result.unbounded:
         console.print(f"[yellow]best[/] step {format_seconds(best.step)}, {best.option.label}; {result.unbounded} of the "
@@ -124,20 +129,9 @@ def print_result(result: PipelineResult, console: Console) -> None:
         console.print(memory_line(mp, choice), highlight=False)
 
 
-def torchtitan_options(layers: int, devices: int, data_parallel: int, batch: int) -> list[PipelineOption]:
-    """torchtitan's pipelined runs: one sequence per data-parallel rank per microbatch, even cuts,
-    1F1B and interleaved 1F1B with two stages per device."""
-    m = max(1, batch // data_parallel)
-    found = [PipelineOption("1f1b", devices, m, 1, even_cuts(layers, devices))]
-    if m % devices == 0 and 2 * devices <= layers:
-        found.append(PipelineOption("interleaved-1f1b", devices, m, 2, even_cuts(layers, 2 * devices)))
-    return found
-
-
 def print_torchtitan(engine: PipelineSearch, result: PipelineResult, layers: int, batch: int, console: Console) -> None:
     """torchtitan's pipelined plans beside ours, in the same model."""
     from autoshard.cost.units import format_bytes
-    from autoshard.pipeline.baseline import torchtitan_pipeline
 
     for option in torchtitan_options(layers, engine.mesh.shape[engine.axis], engine.inner.shape[0], batch):
         base = torchtitan_pipeline(engine, option)

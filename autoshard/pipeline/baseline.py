@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoshard.pipeline.schedules import device_orders, timing
-from autoshard.pipeline.search import PipelineOption, PipelineSearch, critical_path
+from autoshard.pipeline.options import PipelineOption
+from autoshard.pipeline.stages import even_cuts
+from autoshard.pipeline.search import PipelineSearch, critical_path
 from autoshard.problem.baselines.torchtitan import torchtitan_choice
 
 
@@ -45,3 +47,13 @@ def torchtitan_pipeline(engine: PipelineSearch, option: PipelineOption) -> Basel
         peak = max(peak, used)
         fits = fits and (mp.problem.usage_limit is None or used <= mp.problem.usage_limit)
     return BaselineStep(option, critical_path(option, stages, orders, seconds), peak, fits)
+
+
+def torchtitan_options(layers: int, devices: int, data_parallel: int, batch: int) -> list[PipelineOption]:
+    """torchtitan's pipelined runs: one sequence per data-parallel rank per microbatch, even cuts,
+    1F1B and interleaved 1F1B with two stages per device."""
+    m = max(1, batch // data_parallel)
+    found = [PipelineOption("1f1b", devices, m, 1, even_cuts(layers, devices))]
+    if m % devices == 0 and 2 * devices <= layers:
+        found.append(PipelineOption("interleaved-1f1b", devices, m, 2, even_cuts(layers, 2 * devices)))
+    return found

@@ -12,21 +12,24 @@ forwards awaiting their backward) and gradients accumulated over the step. Devic
 graphs (same layers per stage, same ends) are solved once, under the largest ``k_d`` among them.
 ``T_d`` is split over the device's stages and into forward and backward by torch's flop counts;
 the step is the critical path of the schedule (``schedules.timing``), a non-decreasing function
-of every ``T_d``. Devices share nothing but the tensors they pass on, so minimising each ``T_d``
-minimises the step of an option, provided each receiver reads a tensor in the layout its sender
-keeps it in (checked: ``Searched.mismatches``).
+of every ``T_d``. Devices share nothing but the tensors they pass on, which must leave and arrive
+in one layout: the first device is solved freely, the others with each boundary tensor fixed to
+the layout the first device sends its kind (shape, dtype) in (``boundary_of``; an interleaved
+first device is solved again with its own received tensors fixed so too), and the plans are
+checked to agree (``Searched.mismatches``).
 
 Search. Every option first gets a lower bound: its critical path with each ``T_d`` from the
-problem without a memory budget (no in-flight rows), which can only be cheaper. Options are then
-solved in order of bound until the best step found is no more than the next bound, so the result
-is the optimum over the enumerated options whenever every solved problem was proved; otherwise
-the claim is the best step, the least bound and the gap.
+problem without a memory budget and without fixed layouts, which can only be cheaper. Options
+are then solved in order of bound until the best step found is no more than the next bound; a
+solved option's bound is its critical path over the first device's solver bound and the others'
+unbudgeted bounds. The result is the optimum over the enumerated options when the best step meets
+every bound; otherwise the claim is the best step, the least bound and the gap.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,48 +38,24 @@ from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.plans import relabel
 from autoshard.problem.build import ModelProblem
+from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.problem.plan import Plan
+from autoshard.problem.readback import make_plan
+from autoshard.solver import Solution
 from autoshard.frontend.graph import OpGraph, TensorMeta
-from autoshard.pipeline.schedules import SCHEDULES, device_orders, timing
-from autoshard.pipeline.stages import Stage, cut, even_cuts, shared_parameters, stage_layouts, stage_outputs
+from autoshard.pipeline.options import PipelineOption, stage_label
+from autoshard.pipeline.schedules import device_orders, timing
+from autoshard.pipeline.stages import Stage, cut, shared_parameters, stage_layouts, stage_outputs
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
 
 
-@dataclass(frozen=True)
-class PipelineOption:
-    """One point of the pipeline search space."""
-
-    schedule: str
-    devices: int
-    microbatches: int
-    virtual: int
-    counts: tuple[int, ...]
-
-    @property
-    def label(self) -> str:
-        """E.g. ``1f1b, 8 stages, 32 microbatches, layers 15+16x6+15``."""
-        stages = f"{self.devices}x{self.virtual} stages" if self.virtual > 1 else f"{self.devices} stages"
-        return f"{self.schedule}, {stages}, {self.microbatches} microbatches, layers {_runs(self.counts)}"
-
-
-def _runs(counts: Sequence[int]) -> str:
-    """``15+16x6+15``: layer counts with repeats folded."""
-    parts, k = [], 0
-    while k < len(counts):
-        j = k
-        while j < len(counts) and counts[j] == counts[k]:
-            j += 1
-        parts.append(f"{counts[k]}x{j - k}" if j - k > 1 else str(counts[k]))
-        k = j
-    return "+".join(parts)
-
-
 @dataclass
 class Searched:
     """An option as far as it was solved: per device group its solution, the step and its bound
-    (``bounded``: False when the time limit came before its bound)."""
+    (``bounded``: False when the time limit came before its bound; ``origin``: ``baseline`` for
+    the recipe's plans taken as they are, not solved)."""
 
     option: PipelineOption
     bound: float
@@ -86,6 +65,7 @@ class Searched:
     in_flight: tuple[int, ...] = ()
     mismatches: list[str] = field(default_factory=list)
     bounded: bool = True
+    origin: str = "search"
 
     @property
     def proved(self) -> bool:
@@ -109,46 +89,12 @@ class PipelineResult:
         return max(0.0, (self.best.step - self.lower_bound) / self.best.step) if self.best.step else 0.0
 
 
-def microbatch_counts(devices: int, batch: int, given: Sequence[int] | None = None) -> list[int]:
-    """The microbatch counts to search: ``given``, else the divisors of the batch from ``devices``
-    (fewer leave a device idle) to ``4 devices`` (the bubble is then under a fifth of the step)."""
-    counts = list(given) if given else [m for m in range(devices, 4 * devices + 1) if batch % m == 0]
-    if not counts:
-        raise AutoshardError(f"no microbatch count between {devices} and {4 * devices} divides the batch of {batch}: "
-                             f"give --microbatches")
-    bad = [m for m in counts if m < 1 or batch % m]
-    if bad:
-        raise AutoshardError(f"--microbatches {bad[0]} does not divide the batch of {batch}: use a divisor")
-    return counts
-
-
-def options_for(layers: int, devices: int, microbatches: Sequence[int], schedules: Sequence[str] = SCHEDULES,
-                virtual: Sequence[int] = (2,)) -> list[PipelineOption]:
-    """The enumerated options: each schedule with each microbatch count, interleaved with each count
-    of ``virtual`` stages per device, and the cuts: even, or one layer fewer on the last stage
-    (which holds the head) and one more in the middle."""
-    found = []
-    for schedule in schedules:
-        for m in microbatches:
-            for v in (virtual if schedule == "interleaved-1f1b" else (1,)):
-                if schedule == "interleaved-1f1b" and m % devices or devices * v > layers:
-                    continue
-                even = even_cuts(layers, devices * v)
-                cuts = [even]
-                if even[-1] > 1 and len(even) > 1:
-                    lighter = list(even)
-                    lighter[-1] -= 1
-                    lighter[(len(lighter) - 1) // 2] += 1
-                    cuts.append(tuple(lighter))
-                found += [PipelineOption(schedule, devices, m, v, c) for c in cuts]
-    return found
-
-
 class PipelineSearch:
     """Solves the options of one model on one mesh (stage problems cached by what makes them alike)."""
 
     def __init__(self, graph_for: Callable[[int], OpGraph], mesh: Mesh, axis: int, build: Mapping[str, Any],
-                 timeout: float | None, progress: Callable[[str], None] = lambda line: None) -> None:
+                 timeout: float | None, progress: Callable[[str], None] = lambda line: None,
+                 incumbent: Callable[[ModelProblem], list[int]] | None = torchtitan_choice) -> None:
         if not 0 <= axis < mesh.ndim or mesh.ndim < 2:
             raise AutoshardError(f"--pipeline {axis} is not an axis of the {mesh.ndim}-D mesh {mesh.label} that "
                                  f"leaves another: pipeline over one axis of a mesh with two or more")
@@ -157,7 +103,7 @@ class PipelineSearch:
                           tuple(b for a, b in enumerate(mesh.bandwidth) if a != axis),
                           tuple(l for a, l in enumerate(mesh.latency) if a != axis))
         self.link = (mesh.bandwidth[axis], mesh.latency[axis])
-        self.build, self.timeout, self.progress = dict(build), timeout, progress
+        self.build, self.timeout, self.progress, self.incumbent = dict(build), timeout, progress, incumbent
         self.start = time.monotonic()
         self.cache: dict[tuple, ModelSolution] = {}
         self.cuts: dict[tuple, list[Stage]] = {}
@@ -220,23 +166,48 @@ class PipelineSearch:
         return self.problems[key]
 
     def solve_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
-                    share: int = 1, boundary: Mapping[str, TensorSpec] | None = None) -> ModelSolution:
-        """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left."""
+                    share: int = 1, boundary: Mapping[str, TensorSpec] | None = None,
+                    solve: bool = True) -> ModelSolution:
+        """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left; with a budget,
+        the incumbent (the recipe's plan) where it fits and costs less, or alone (``solve=False``)."""
         key = self._key(option, stage, in_flight, bounded, boundary or {})
-        if key not in self.cache:
-            mp = self.stage_problem(option, stage, in_flight, bounded, boundary)
-            what = "bound" if not bounded else f"{in_flight}/{option.virtual} in flight" if option.virtual > 1 \
-                else f"{in_flight} in flight"
-            fixed = ", boundary layouts fixed" if boundary else ""
-            self.progress(f"stage problem: {stage_label(stage.signature)}, {option.microbatches} microbatches, "
-                          f"{what}{fixed}: "
-                          f"{mp.problem.num_nodes} nodes")
-            left = self.remaining()
-            self.cache[key] = solve_model_problem(mp, default_solve_options(mp, None if left is None else left / share),
-                                                  model_name=stage.graph.name)
-        return self.cache[key]
+        if key in self.cache or not solve and key + ("incumbent",) in self.cache:
+            return self.cache.get(key) or self.cache[key + ("incumbent",)]
+        mp = self.stage_problem(option, stage, in_flight, bounded, boundary)
+        known = self._incumbent(mp, stage) if bounded and self.incumbent is not None else None
+        if not solve:
+            if known is None:
+                raise AutoshardError(f"the baseline plan does not fit the budget on {stage_label(stage.signature)}")
+            self.cache[key + ("incumbent",)] = known
+            return known
+        what = "bound" if not bounded else f"{in_flight}/{option.virtual} in flight" if option.virtual > 1 \
+            else f"{in_flight} in flight"
+        fixed = ", boundary layouts fixed" if boundary else ""
+        self.progress(f"stage problem: {stage_label(stage.signature)}, {option.microbatches} microbatches, "
+                      f"{what}{fixed}: {mp.problem.num_nodes} nodes")
+        left = self.remaining()
+        try:
+            solved = solve_model_problem(mp, default_solve_options(mp, None if left is None else left / share),
+                                         model_name=stage.graph.name)
+        except AutoshardError:
+            if known is None:
+                raise
+            solved = known
+        if known is not None and known.solution.cost < solved.solution.cost:
+            solved = ModelSolution(mp, replace(known.solution, lower_bound=solved.solution.lower_bound), known.plan)
+        self.cache[key] = solved
+        return solved
 
-    def evaluate(self, option: PipelineOption, bounded: bool) -> Searched:
+    def _incumbent(self, mp: ModelProblem, stage: Stage) -> ModelSolution | None:
+        """The incumbent plan of a device's problem as a solution, or None where it does not fit."""
+        choice = list(self.incumbent(mp))
+        if not mp.problem.is_feasible(choice):
+            return None
+        cost = mp.problem.cost(choice)
+        found = Solution(choice, cost, None, "feasible", None, 0.0, 0)
+        return ModelSolution(mp, found, make_plan(mp, choice, model=stage.graph.name))
+
+    def evaluate(self, option: PipelineOption, bounded: bool, solve: bool = True) -> Searched:
         """The option's step (``bounded``) or its lower bound (no memory budget).
 
         Bounded, the first device is solved on its own and the others receive and send their
@@ -257,7 +228,8 @@ class PipelineSearch:
             return searched
         first = stages[0].signature
         rest = [sig for sig in searched.groups if sig != first]
-        searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1))
+        searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
+                                                     solve=solve)
         lower = {first: _seconds(searched.solutions[first], lower=True)}
         sent = boundary_layouts(stages[0], searched.solutions[first])
         own = boundary_of(stages[0], sent)
@@ -265,12 +237,12 @@ class PipelineSearch:
         if any(received.get(n, l) != l for n, l in own.items()):
             # an interleaved first device also receives: in the layouts it sends in
             searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
-                                                         own)
+                                                         own, solve)
             lower[first] = min(lower[first], _seconds(searched.solutions[first], lower=True))
         for k, sig in enumerate(sorted(rest, key=lambda g: -held[g] * sum(g[0]))):  # the fullest first
             stage = stages[searched.groups[sig][0]]
             searched.solutions[sig] = self.solve_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
-                                                       boundary_of(stage, sent))
+                                                       boundary_of(stage, sent), solve)
             lower[sig] = _seconds(self.solve_stage(option, stage, held[sig], False, 4), lower=True)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
         searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
@@ -280,12 +252,6 @@ class PipelineSearch:
     @staticmethod
     def _times(stages: list[Stage], searched: Searched, lower: bool) -> list[float]:
         return [_seconds(searched.solutions[st.signature], lower) for st in stages]
-
-
-def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:
-    """``layers 8+7 + head``: a device's layers per stage and the ends it holds."""
-    counts, first, last = signature
-    return f"layers {'+'.join(map(str, counts))}" + (" + embedding" if first else "") + (" + head" if last else "")
 
 
 def device_layouts(stage: Stage, solution: ModelSolution) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
@@ -340,10 +306,12 @@ def boundary_mismatches(stages: list[Stage], solutions: list[ModelSolution]) -> 
             for name, spec in received.items() if name in sent and sent[name] != spec]
 
 
-def search(engine: PipelineSearch, options: Sequence[PipelineOption], bounding_share: float = 0.4) -> PipelineResult:
-    """Bound the options (within ``bounding_share`` of the time limit), then solve them cheapest
-    bound first until no bound is below the best; options left without a bound are solved after
-    the bounded ones while time remains, and leave the claim without a bound."""
+def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Sequence[PipelineOption] = (),
+           bounding_share: float = 0.4) -> PipelineResult:
+    """Bound the options (within ``bounding_share`` of the time limit); take the incumbent plans of
+    the ``seeds`` options (the recipe people run) as the first best; then solve the options cheapest
+    bound first until no bound is below the best. Options left without a bound are solved after the
+    bounded ones while time remains, and leave the claim without a bound."""
     bounds: list[Searched] = []
     for option in options:
         if bounds and engine.timeout is not None and time.monotonic() - engine.start > bounding_share * engine.timeout:
@@ -352,8 +320,8 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], bounding_s
         bounds.append(engine.evaluate(option, bounded=False))
         engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
     unbounded = [Searched(option, 0.0, bounded=False) for option in options[len(bounds):]]
+    best = _seeded(engine, seeds, {b.option: b.bound for b in bounds})
     searched: list[Searched] = []
-    best: Searched | None = None
     for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:
         left = engine.remaining()
         if best is not None and (entry.bounded and entry.bound >= best.step or left is not None and left <= 1.0):
@@ -374,3 +342,20 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], bounding_s
                              "microbatches, or a larger mesh")
     lower = 0.0 if unbounded else min(s.step if s.proved else s.bound for s in searched)
     return PipelineResult(best, searched, min(lower, best.step), time.monotonic() - engine.start, len(unbounded))
+
+
+def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption], bounds: Mapping[PipelineOption, float]
+            ) -> Searched | None:
+    """The best of the seed options under the incumbent plans alone (no solving), or None."""
+    best = None
+    for option in seeds:
+        try:
+            seeded = engine.evaluate(option, bounded=True, solve=False)
+        except AutoshardError as exc:
+            engine.progress(f"the baseline plan does not fit: {option.label} ({exc})")
+            continue
+        seeded.bound, seeded.origin = bounds.get(option, 0.0), "baseline"
+        engine.progress(f"baseline step {format_seconds(seeded.step)}: {option.label}")
+        if best is None or seeded.step < best.step:
+            best = seeded
+    return best

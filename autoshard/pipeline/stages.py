@@ -26,9 +26,10 @@ from autoshard.sharding.spec import TensorSpec
 
 @dataclass(frozen=True)
 class Stage:
-    """One device of a pipeline: its graph (the traced module kept for torch's local flop counts;
-    the graph alone is not executable), what it receives and sends, and per pipeline stage it runs
-    (``stages``: several when interleaved) its layer count and torch's (forward, backward) flops."""
+    """One device of a pipeline: its graph (sharing the whole model's traced module, which the
+    executor runs its nodes with and torch's local flop counts replay), what it receives and sends,
+    and per pipeline stage it runs (``stages``: several when interleaved) its layer count and
+    torch's (forward, backward) flops."""
 
     graph: OpGraph
     received: tuple[str, ...]

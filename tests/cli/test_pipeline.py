@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from autoshard.cli.solve import main
+from autoshard.cli.train import build_parser as train_parser
+from autoshard.cli.train_pipeline import prepare_pipeline
 from autoshard.errors import AutoshardError
 from autoshard.problem.plan import Plan
 
@@ -51,6 +53,13 @@ def test_pipeline_search_prints_options_claim_and_plan(capsys, model_file, tmp_p
     assert sum(saved["pipeline"]["layers_per_stage"]) == 4 and len(saved["devices"]) == 2
     with pytest.raises(AutoshardError, match="pipelined plan"):
         Plan.load(out_file)
+    args = train_parser().parse_args([model_file, "--plan", str(out_file), "--steps", "1"])
+    with pytest.raises(AutoshardError, match="for mesh 2x2 .4 ranks. but 2 were launched"):
+        prepare_pipeline(args, 2)
+    saved["pipeline"]["virtual_stages"] = 2
+    out_file.write_text(json.dumps(saved))
+    with pytest.raises(AutoshardError, match="interleaves 2 stages per device"):
+        prepare_pipeline(args, 4)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from autoshard.cost.devices import get_device
-from autoshard.pipeline.search import PipelineSearch, boundary_mismatches, microbatch_counts, options_for, search
+from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
+from autoshard.pipeline.options import microbatch_counts, options_for
+from autoshard.pipeline.search import PipelineSearch, boundary_mismatches, search
 from autoshard.pipeline.stages import cut
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
@@ -96,3 +98,20 @@ def test_interleaved_devices_agree_on_every_boundary(engine) -> None:
     option = options_for(4, 2, [2], ("interleaved-1f1b",))[0]
     assert option.virtual == 2 and len(engine.stages(option)[0].received) == 1
     assert engine.evaluate(option, bounded=True).mismatches == []
+
+
+def test_the_recipe_seeds_the_search_and_stands_when_nothing_beats_it_in_time() -> None:
+    """With no time to solve, the best plan is torchtitan's recipe on its own option, costed as
+    the baseline module costs it; with time, the search's best is never worse than it."""
+    device = get_device("h100")
+    mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
+    model = tiny_llama(4)
+    build = dict(mode="training", device=device, memory_budget=6 << 20)
+    seed = torchtitan_options(4, 2, 2, BATCH)[0]
+    hurried = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=1e-3)
+    result = search(hurried, options_for(4, 2, [2, 4], ("1f1b",)), [seed])
+    assert result.best.origin == "baseline" and result.best.option == seed
+    assert result.best.step == pytest.approx(torchtitan_pipeline(hurried, seed).step)
+    patient = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+    solved = search(patient, options_for(4, 2, [2, 4], ("1f1b",)), [seed])
+    assert solved.best.origin == "search" and solved.best.step <= result.best.step

@@ -23,7 +23,8 @@ from autoshard.frontend.graph import NodeKind
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.pipeline.plans import PipelinePlan
-from autoshard.pipeline.search import PipelineOption, PipelineSearch, boundary_of, options_for, search
+from autoshard.pipeline.options import PipelineOption, options_for
+from autoshard.pipeline.search import PipelineSearch, boundary_of, search
 from autoshard.pipeline.stages import cut, stage_layouts
 from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan

@@ -1,0 +1,84 @@
+"""The pipeline options searched: schedule, microbatch count, stages per device and layers per stage.
+
+The enumeration is data for :mod:`autoshard.pipeline.search`; the claim it prints is an optimum
+over exactly these options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from autoshard.errors import AutoshardError
+from autoshard.pipeline.schedules import SCHEDULES
+from autoshard.pipeline.stages import even_cuts
+
+
+@dataclass(frozen=True)
+class PipelineOption:
+    """One point of the pipeline search space."""
+
+    schedule: str
+    devices: int
+    microbatches: int
+    virtual: int
+    counts: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        """E.g. ``1f1b, 8 stages, 32 microbatches, layers 15+16x6+15``."""
+        stages = f"{self.devices}x{self.virtual} stages" if self.virtual > 1 else f"{self.devices} stages"
+        return f"{self.schedule}, {stages}, {self.microbatches} microbatches, layers {_runs(self.counts)}"
+
+
+def _runs(counts: Sequence[int]) -> str:
+    """``15+16x6+15``: layer counts with repeats folded."""
+    parts, k = [], 0
+    while k < len(counts):
+        j = k
+        while j < len(counts) and counts[j] == counts[k]:
+            j += 1
+        parts.append(f"{counts[k]}x{j - k}" if j - k > 1 else str(counts[k]))
+        k = j
+    return "+".join(parts)
+
+
+def microbatch_counts(devices: int, batch: int, given: Sequence[int] | None = None) -> list[int]:
+    """The microbatch counts to search: ``given``, else the divisors of the batch from ``devices``
+    (fewer leave a device idle) to ``4 devices`` (the bubble is then under a fifth of the step)."""
+    counts = list(given) if given else [m for m in range(devices, 4 * devices + 1) if batch % m == 0]
+    if not counts:
+        raise AutoshardError(f"no microbatch count between {devices} and {4 * devices} divides the batch of {batch}: "
+                             f"give --microbatches")
+    bad = [m for m in counts if m < 1 or batch % m]
+    if bad:
+        raise AutoshardError(f"--microbatches {bad[0]} does not divide the batch of {batch}: use a divisor")
+    return counts
+
+
+def options_for(layers: int, devices: int, microbatches: Sequence[int], schedules: Sequence[str] = SCHEDULES,
+                virtual: Sequence[int] = (2,)) -> list[PipelineOption]:
+    """The enumerated options: each schedule with each microbatch count, interleaved with each count
+    of ``virtual`` stages per device, and the cuts: even, or one layer fewer on the last stage
+    (which holds the head) and one more in the middle."""
+    found = []
+    for schedule in schedules:
+        for m in microbatches:
+            for v in (virtual if schedule == "interleaved-1f1b" else (1,)):
+                if schedule == "interleaved-1f1b" and m % devices or devices * v > layers:
+                    continue
+                even = even_cuts(layers, devices * v)
+                cuts = [even]
+                if even[-1] > 1 and len(even) > 1:
+                    lighter = list(even)
+                    lighter[-1] -= 1
+                    lighter[(len(lighter) - 1) // 2] += 1
+                    cuts.append(tuple(lighter))
+                found += [PipelineOption(schedule, devices, m, v, c) for c in cuts]
+    return found
+
+
+def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:
+    """``layers 8+7 + head``: a device's layers per stage and the ends it holds."""
+    counts, first, last = signature
+    return f"layers {'+'.join(map(str, counts))}" + (" + embedding" if first else "") + (" + head" if last else "")
