@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from autoshard.cli.pipeline import microbatch_inputs
+from autoshard.cli.training import (Reporter, latest_checkpoint, load_checkpoint, make_optimizer, save_checkpoint,
+                                    use_flags)
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.frontend.load import LoadedModel, load_model
@@ -88,9 +90,6 @@ def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: i
                    out: TextIO = sys.stdout) -> list[float]:
     """The distributed part: build the stage, resume, train, checkpoint (process group initialized).
     Returns the losses of the steps this call trained (on every rank)."""
-    from autoshard.cli.train import (Reporter, latest_checkpoint, load_checkpoint, make_optimizer, save_checkpoint,
-                                     use_flags)
-
     pipeline, loaded = training.pipeline, training.loaded
     runner = PipelineRunner(loaded.model, training.graphs, training.plans, pipeline.mesh, pipeline.axis,
                             pipeline.schedule, pipeline.microbatches, training.inputs)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoshard.pipeline.schedules import device_orders, timing
 from autoshard.pipeline.options import PipelineOption
 from autoshard.pipeline.stages import even_cuts
-from autoshard.pipeline.search import PipelineSearch, critical_path
+from autoshard.pipeline.search import PipelineSearch
 from autoshard.problem.baselines.torchtitan import torchtitan_choice
 
 
@@ -31,22 +30,11 @@ class BaselineStep:
 
 
 def torchtitan_pipeline(engine: PipelineSearch, option: PipelineOption) -> BaselineStep:
-    """torchtitan's FSDP + TP plan on every device of ``option``'s pipeline."""
-    stages = engine.stages(option)
-    orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
-    in_flight = timing(orders, [1.0] * len(option.counts), [1.0] * len(option.counts)).in_flight
-    held: dict[tuple, int] = {}
-    for d, stage in enumerate(stages):  # alike devices share a problem, under the fullest one's memory
-        held[stage.signature] = max(held.get(stage.signature, 0), in_flight[d])
-    seconds, peak, fits = [], 0, True
-    for stage in stages:
-        mp = engine.stage_problem(option, stage, held[stage.signature])
-        choice = torchtitan_choice(mp)
-        seconds.append(mp.problem.cost(choice) / mp.cost_model.ticks_per_unit)
-        used = mp.problem.peak_usage(choice)
-        peak = max(peak, used)
-        fits = fits and (mp.problem.usage_limit is None or used <= mp.problem.usage_limit)
-    return BaselineStep(option, critical_path(option, stages, orders, seconds), peak, fits)
+    """torchtitan's FSDP + TP plan on every device of ``option``'s pipeline (the devices after the
+    first pass their tensors in the layouts the first sends in, as the search's do)."""
+    searched = engine.evaluate(option, bounded=True, recipe=torchtitan_choice)
+    peak = max(s.solution.peak or 0 for s in searched.solutions.values())
+    return BaselineStep(option, searched.step, peak, searched.fits)
 
 
 def torchtitan_options(layers: int, devices: int, data_parallel: int, batch: int) -> list[PipelineOption]:

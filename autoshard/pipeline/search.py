@@ -68,6 +68,11 @@ class Searched:
     origin: str = "search"
 
     @property
+    def fits(self) -> bool:
+        """Every device's plan within the memory budget."""
+        return all(s.solution.status != "over budget" for s in self.solutions.values())
+
+    @property
     def proved(self) -> bool:
         """Its step meets its bound and every boundary layout agrees."""
         return self.step is not None and not self.mismatches and self.step <= self.bound * (1 + 1e-9)
@@ -89,12 +94,16 @@ class PipelineResult:
         return max(0.0, (self.best.step - self.lower_bound) / self.best.step) if self.best.step else 0.0
 
 
+Recipe = Callable[[ModelProblem], list[int]]
+"""A hand-written plan of a device's problem (torchtitan's: ``torchtitan_choice``)."""
+
+
 class PipelineSearch:
     """Solves the options of one model on one mesh (stage problems cached by what makes them alike)."""
 
     def __init__(self, graph_for: Callable[[int], OpGraph], mesh: Mesh, axis: int, build: Mapping[str, Any],
                  timeout: float | None, progress: Callable[[str], None] = lambda line: None,
-                 incumbent: Callable[[ModelProblem], list[int]] | None = torchtitan_choice) -> None:
+                 incumbent: Recipe | None = torchtitan_choice) -> None:
         if not 0 <= axis < mesh.ndim or mesh.ndim < 2:
             raise AutoshardError(f"--pipeline {axis} is not an axis of the {mesh.ndim}-D mesh {mesh.label} that "
                                  f"leaves another: pipeline over one axis of a mesh with two or more")
@@ -167,19 +176,20 @@ class PipelineSearch:
 
     def solve_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
                     share: int = 1, boundary: Mapping[str, TensorSpec] | None = None,
-                    solve: bool = True) -> ModelSolution:
-        """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left; with a budget,
-        the incumbent (the recipe's plan) where it fits and costs less, or alone (``solve=False``)."""
-        key = self._key(option, stage, in_flight, bounded, boundary or {})
-        if key in self.cache or not solve and key + ("incumbent",) in self.cache:
-            return self.cache.get(key) or self.cache[key + ("incumbent",)]
+                    recipe: Recipe | None = None) -> ModelSolution:
+        """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left (with a budget,
+        the incumbent's plan instead where it fits and costs less); or ``recipe``'s plan as it is,
+        not solved, whether it fits or not."""
+        key = self._key(option, stage, in_flight, bounded, boundary or {}) + ((recipe,) if recipe else ())
+        if key in self.cache:
+            return self.cache[key]
         mp = self.stage_problem(option, stage, in_flight, bounded, boundary)
-        known = self._incumbent(mp, stage) if bounded and self.incumbent is not None else None
-        if not solve:
-            if known is None:
-                raise AutoshardError(f"the baseline plan does not fit the budget on {stage_label(stage.signature)}")
-            self.cache[key + ("incumbent",)] = known
-            return known
+        if recipe is not None:
+            self.cache[key] = _as_solution(mp, recipe(mp), stage)
+            return self.cache[key]
+        known = _as_solution(mp, self.incumbent(mp), stage) if bounded and self.incumbent is not None else None
+        if known is not None and not mp.problem.is_feasible(list(known.solution.choice)):
+            known = None
         what = "bound" if not bounded else f"{in_flight}/{option.virtual} in flight" if option.virtual > 1 \
             else f"{in_flight} in flight"
         fixed = ", boundary layouts fixed" if boundary else ""
@@ -198,16 +208,7 @@ class PipelineSearch:
         self.cache[key] = solved
         return solved
 
-    def _incumbent(self, mp: ModelProblem, stage: Stage) -> ModelSolution | None:
-        """The incumbent plan of a device's problem as a solution, or None where it does not fit."""
-        choice = list(self.incumbent(mp))
-        if not mp.problem.is_feasible(choice):
-            return None
-        cost = mp.problem.cost(choice)
-        found = Solution(choice, cost, None, "feasible", None, 0.0, 0)
-        return ModelSolution(mp, found, make_plan(mp, choice, model=stage.graph.name))
-
-    def evaluate(self, option: PipelineOption, bounded: bool, solve: bool = True) -> Searched:
+    def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None) -> Searched:
         """The option's step (``bounded``) or its lower bound (no memory budget).
 
         Bounded, the first device is solved on its own and the others receive and send their
@@ -229,7 +230,7 @@ class PipelineSearch:
         first = stages[0].signature
         rest = [sig for sig in searched.groups if sig != first]
         searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
-                                                     solve=solve)
+                                                     recipe=recipe)
         lower = {first: _seconds(searched.solutions[first], lower=True)}
         sent = boundary_layouts(stages[0], searched.solutions[first])
         own = boundary_of(stages[0], sent)
@@ -237,12 +238,12 @@ class PipelineSearch:
         if any(received.get(n, l) != l for n, l in own.items()):
             # an interleaved first device also receives: in the layouts it sends in
             searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
-                                                         own, solve)
+                                                         own, recipe)
             lower[first] = min(lower[first], _seconds(searched.solutions[first], lower=True))
         for k, sig in enumerate(sorted(rest, key=lambda g: -held[g] * sum(g[0]))):  # the fullest first
             stage = stages[searched.groups[sig][0]]
             searched.solutions[sig] = self.solve_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
-                                                       boundary_of(stage, sent), solve)
+                                                       boundary_of(stage, sent), recipe)
             lower[sig] = _seconds(self.solve_stage(option, stage, held[sig], False, 4), lower=True)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
         searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
@@ -271,6 +272,15 @@ def boundary_of(stage: Stage, layouts: Mapping[TensorMeta, TensorSpec]) -> dict[
     """The layouts ``stage`` receives and sends its boundary tensors in: those of their kind."""
     names = stage.received + (() if stage.last else stage.sent)
     return {name: layouts[stage.graph[name].tensor] for name in names if stage.graph[name].tensor in layouts}
+
+
+def _as_solution(mp: ModelProblem, choice: Sequence[int], stage: Stage) -> ModelSolution:
+    """A given plan of a device's problem, evaluated, as a (feasible or not) solution."""
+    choice = list(choice)
+    fits = mp.problem.is_feasible(choice)
+    found = Solution(choice, mp.problem.cost(choice), None, "feasible" if fits else "over budget", None, 0.0, 0,
+                     peak=mp.problem.peak_usage(choice))
+    return ModelSolution(mp, found, make_plan(mp, choice, model=stage.graph.name))
 
 
 def _seconds(solution: ModelSolution, lower: bool) -> float:
@@ -348,11 +358,10 @@ def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption], bounds: Map
             ) -> Searched | None:
     """The best of the seed options under the incumbent plans alone (no solving), or None."""
     best = None
-    for option in seeds:
-        try:
-            seeded = engine.evaluate(option, bounded=True, solve=False)
-        except AutoshardError as exc:
-            engine.progress(f"the baseline plan does not fit: {option.label} ({exc})")
+    for option in seeds if engine.incumbent is not None else ():
+        seeded = engine.evaluate(option, bounded=True, recipe=engine.incumbent)
+        if not seeded.fits:
+            engine.progress(f"the baseline plan does not fit the budget: {option.label}")
             continue
         seeded.bound, seeded.origin = bounds.get(option, 0.0), "baseline"
         engine.progress(f"baseline step {format_seconds(seeded.step)}: {option.label}")

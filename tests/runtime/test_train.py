@@ -33,7 +33,8 @@ from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
-from autoshard.cli.train import Training, build_parser, main, make_optimizer, quiet_dtensor_hints, train, training_steps
+from autoshard.cli.train import Training, build_parser, main, quiet_dtensor_hints, train, training_steps
+from autoshard.cli.training import make_optimizer
 
 from .dist import run_ranks
 from .plans import EXAMPLES

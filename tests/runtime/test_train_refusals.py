@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from autoshard.errors import AutoshardError
 from autoshard.cli.process import refuse
-from autoshard.cli.train import Training, main, make_optimizer, quiet_dtensor_hints, save_checkpoint, train
+from autoshard.cli.train import Training, main, quiet_dtensor_hints, train
+from autoshard.cli.training import make_optimizer, save_checkpoint
 
 from .dist import run_ranks
 from .plans import EXAMPLES
