@@ -104,6 +104,9 @@ class PipelineSearch:
     def __init__(self, graph_for: Callable[[int], OpGraph], mesh: Mesh, axis: int, build: Mapping[str, Any],
                  timeout: float | None, progress: Callable[[str], None] = lambda line: None,
                  incumbent: Recipe | None = torchtitan_choice) -> None:
+        if build.get("mode", "inference") != "training":
+            raise AutoshardError("--pipeline plans training steps (forwards and backwards of microbatches): "
+                                 "add --mode training")
         if not 0 <= axis < mesh.ndim or mesh.ndim < 2:
             raise AutoshardError(f"--pipeline {axis} is not an axis of the {mesh.ndim}-D mesh {mesh.label} that "
                                  f"leaves another: pipeline over one axis of a mesh with two or more")

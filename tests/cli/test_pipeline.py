@@ -63,12 +63,15 @@ def test_pipeline_search_prints_options_claim_and_plan(capsys, model_file, tmp_p
 
 
 @pytest.mark.parametrize("argv,message", [
-    (("--mesh", "4", "--pipeline", "0"), "pipeline over one axis of a mesh with two or more"),
-    (("--mesh", "2x2", "--pipeline", "0", "--microbatches", "3"), "--microbatches 3 does not divide the batch of 4"),
-    (("--mesh", "2x2", "--pipeline", "0", "--baseline", "megatron"), "--baseline megatron is not costed"),
+    (("--mesh", "4", "--pipeline", "0", "--mode", "training"), "pipeline over one axis of a mesh with two or more"),
+    (("--mesh", "2x2", "--pipeline", "0", "--mode", "training", "--microbatches", "3"),
+     "--microbatches 3 does not divide the batch of 4"),
+    (("--mesh", "2x2", "--pipeline", "0", "--mode", "training", "--baseline", "megatron"),
+     "--baseline megatron is not costed"),
+    (("--mesh", "2x2", "--pipeline", "0"), "--pipeline plans training steps"),
 ])
 def test_bad_pipeline_flags_are_one_line_errors(capsys, model_file, argv, message) -> None:
-    code, _, err = _run(capsys, model_file, "--mode", "training", "--quiet", *argv)
+    code, _, err = _run(capsys, model_file, "--quiet", *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 

@@ -71,7 +71,7 @@ def test_stages_agree_on_the_layouts_they_pass(engine) -> None:
 def test_a_pipeline_needs_another_axis() -> None:
     mesh = parse_mesh("4")
     with pytest.raises(AutoshardError, match="pipeline over one axis"):
-        PipelineSearch(lambda m: None, mesh, 0, {}, None)
+        PipelineSearch(lambda m: None, mesh, 0, {"mode": "training"}, None)
 
 
 def test_cuts_must_cover_the_layers() -> None:
