@@ -125,6 +125,9 @@ def print_result(result: PipelineResult, console: Console) -> None:
         console.print(f"[bold]Pipeline devices {','.join(map(str, devices))}[/] ({stage_label(signature)}, "
                       f"mesh {mp.mesh.label}): "
                       f"{mp.cost_model.format(solved.solution.cost)} per microbatch", highlight=False)
+        if len(devices) > 1:
+            console.print("(the layouts are shown on the layers the plan was solved for; each of these devices "
+                          "lays out its own layers alike)", highlight=False)
         console.print(layout_summary(mp, choice))
         console.print(memory_line(mp, choice), highlight=False)
 
