@@ -111,9 +111,7 @@ class PipelineSearch:
             raise AutoshardError(f"--pipeline {axis} is not an axis of the {mesh.ndim}-D mesh {mesh.label} that "
                                  f"leaves another: pipeline over one axis of a mesh with two or more")
         self.graph_for, self.mesh, self.axis = graph_for, mesh, axis
-        self.inner = Mesh(tuple(s for a, s in enumerate(mesh.shape) if a != axis),
-                          tuple(b for a, b in enumerate(mesh.bandwidth) if a != axis),
-                          tuple(l for a, l in enumerate(mesh.latency) if a != axis))
+        self.inner = mesh.without_axis(axis)
         self.link = (mesh.bandwidth[axis], mesh.latency[axis])
         self.build, self.timeout, self.progress, self.incumbent = dict(build), timeout, progress, incumbent
         self.start = time.monotonic()

@@ -76,9 +76,7 @@ class MeshGroups:
         full = init_device_mesh(device_type or default_device_type(), mesh.shape, mesh_dim_names=names)
         inner_names = tuple(n for a, n in enumerate(names) if a != axis)
         sub = full[inner_names] if len(inner_names) > 1 else full[inner_names[0]]
-        inner = Mesh(tuple(s for a, s in enumerate(mesh.shape) if a != axis),
-                     tuple(b for a, b in enumerate(mesh.bandwidth) if a != axis),
-                     tuple(l for a, l in enumerate(mesh.latency) if a != axis))
+        inner = mesh.without_axis(axis)
         coords = mesh.coords(rank)
         groups = tuple(sub.get_group(a) if n > 1 else None for a, n in enumerate(inner.shape))
         span = sub._flatten().get_group() if inner.ndim > 1 else sub.get_group()

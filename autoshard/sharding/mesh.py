@@ -72,6 +72,12 @@ class Mesh:
             r = r * n + c
         return r
 
+    def without_axis(self, axis: int) -> "Mesh":
+        """The mesh of the other axes (a pipeline stage's, when ``axis`` carries the pipeline)."""
+        keep = [a for a in range(self.ndim) if a != axis]
+        return Mesh(tuple(self.shape[a] for a in keep), tuple(self.bandwidth[a] for a in keep),
+                    tuple(self.latency[a] for a in keep))
+
     def axis_groups(self, axis: int) -> list[list[int]]:
         """The rank groups that communicate along one mesh axis (one group per other coordinate)."""
         groups: dict[tuple[int, ...], list[int]] = {}
