@@ -77,5 +77,5 @@ def test_bad_pipeline_flags_are_one_line_errors(capsys, model_file, argv, messag
 
 def test_a_model_without_repeated_layers_cannot_be_pipelined(capsys) -> None:
     code, _, err = _run(capsys, str(ROOT / "examples" / "mlp.py"), "--mesh", "2x2", "--pipeline", "0",
-                        "--microbatches", "2", "--quiet")
+                        "--mode", "training", "--microbatches", "2", "--quiet")
     assert code == 2 and "has none" in err
