@@ -30,6 +30,10 @@ from autoshard.cost.units import format_bytes
 DIRECT_Z3_MAX_STRATEGIES = 64
 
 
+class BudgetError(AutoshardError):
+    """No plan of the problem fits its memory budget, as the solver proved."""
+
+
 @dataclass(frozen=True)
 class StageOptions:
     """A pipeline stage's terms: microbatches per step, the most it holds in flight (in its own
@@ -123,7 +127,7 @@ def solve_model_problem(
     try:
         solution = solve(mp.problem, options or default_solve_options(mp), on_event=on_event)
     except InfeasibleError:
-        raise AutoshardError(_budget_message(mp)) from None
+        raise BudgetError(_budget_message(mp)) from None
     plan = make_plan(mp, list(solution.choice), model=model_name, lower_bound=solution.lower_bound,
                      proved_optimal=solution.status == "optimal")
     return ModelSolution(mp, solution, plan)

@@ -98,8 +98,8 @@ def print_result(result: PipelineResult, console: Console) -> None:
             claim = "proved" if s.proved else "layouts differ" if s.mismatches else \
                 f"gap {100 * (s.step - s.bound) / s.step:.2f}%"
         else:
-            claim = "not bounded in time" if not s.bounded else "pruned: bound >= best" if s.bound >= best.step \
-                else "not solved in time"
+            claim = "not bounded in time" if not s.bounded else "no plan found in time" \
+                if s.origin == "no plan" else "pruned: bound >= best" if s.bound >= best.step else "not solved in time"
         table.add_row(s.option.label, format_seconds(s.bound) if s.bounded else "-",
                       "-" if s.step is None else format_seconds(s.step), claim)
     if best.origin == "baseline":
@@ -107,14 +107,16 @@ def print_result(result: PipelineResult, console: Console) -> None:
                       format_seconds(best.step), "incumbent, not improved on")
     console.print(table)
     if result.unbounded:
-        console.print(f"[yellow]best[/] step {format_seconds(best.step)}, {best.option.label}; {result.unbounded} of the "
-                      f"{len(result.searched)} options were not bounded in time, so there is no bound over all "
+        console.print(f"[yellow]best[/] step {format_seconds(best.step)}, {best.option.label}; "
+                      f"{result.unbounded} of the {len(result.searched)} options were not bounded in time, so there "
+                      f"is no bound over all "
                       f"({result.elapsed:.1f}s)", highlight=False)
     elif result.gap <= 1e-9 and best.proved:
         console.print(f"[green]proved optimal[/] over the {len(result.searched)} pipeline options: step "
                       f"{format_seconds(best.step)}, {best.option.label} ({result.elapsed:.1f}s)", highlight=False)
     else:
-        console.print(f"[yellow]best[/] step {format_seconds(best.step)}, lower bound {format_seconds(result.lower_bound)} over the "
+        console.print(f"[yellow]best[/] step {format_seconds(best.step)}, lower bound "
+                      f"{format_seconds(result.lower_bound)} over the "
                       f"{len(result.searched)} options, gap {100 * result.gap:.2f}% ({best.option.label})",
                       highlight=False)
     for line in best.mismatches:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
-from autoshard.api import ModelSolution, StageOptions, build_model_problem, default_solve_options, solve_model_problem
+from autoshard.api import (BudgetError, ModelSolution, StageOptions, build_model_problem, default_solve_options,
+                           solve_model_problem)
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.plans import relabel
@@ -55,7 +56,7 @@ from autoshard.sharding.spec import TensorSpec
 class Searched:
     """An option as far as it was solved: per device group its solution, the step and its bound
     (``bounded``: False when the time limit came before its bound; ``origin``: ``baseline`` for
-    the recipe's plans taken as they are, not solved)."""
+    the recipe's plans taken as they are, not solved, ``no plan`` where solving found none in time)."""
 
     option: PipelineOption
     bound: float
@@ -340,11 +341,17 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
             continue
         try:
             solved = engine.evaluate(entry.option, bounded=True)
-        except AutoshardError as exc:  # no plan of this option fits the budget
+        except BudgetError as exc:  # proved: no plan of this option fits
             engine.progress(f"does not fit: {entry.option.label} ({exc})")
             continue
+        except AutoshardError as exc:  # none found in time: its bound stays in the claim
+            engine.progress(f"no plan found: {entry.option.label} ({exc})")
+            entry.origin = "no plan"
+            searched.append(entry)
+            continue
         solved.bound = max(solved.bound, entry.bound)
-        engine.progress(f"step {format_seconds(solved.step)}{' (proved)' if solved.proved else ''}: {entry.option.label}")
+        proved = " (proved)" if solved.proved else ""
+        engine.progress(f"step {format_seconds(solved.step)}{proved}: {entry.option.label}")
         searched.append(solved)
         if best is None or solved.step < best.step:
             best = solved

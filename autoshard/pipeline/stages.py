@@ -51,8 +51,8 @@ def even_cuts(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per stage as even as possible, the remainder given to the middle stages (the first
     and last also hold the embedding and the head)."""
     if stages > layers:
-        raise AutoshardError(f"{stages} pipeline stages need at least {stages} repeated layers, the model has {layers}: "
-                             f"use a smaller pipeline degree or fewer virtual stages")
+        raise AutoshardError(f"{stages} pipeline stages need at least {stages} repeated layers, the model has "
+                             f"{layers}: use a smaller pipeline degree or fewer virtual stages")
     base, extra = divmod(layers, stages)
     middle = list(range(1, stages - 1)) or list(range(stages))
     bonus = set(sorted(middle, key=lambda s: abs(s - (stages - 1) / 2))[:extra])

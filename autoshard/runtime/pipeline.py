@@ -87,8 +87,8 @@ class PipelineRunner:
     def __init__(self, model: nn.Module, graphs: Sequence[OpGraph], plans: Sequence[Plan], mesh: Mesh, axis: int,
                  schedule: str, microbatches: int, input_names: Sequence[str]) -> None:
         if len(graphs) != mesh.shape[axis] or len(plans) != len(graphs):
-            raise AutoshardError(f"a pipeline over mesh axis {axis} of {mesh.label} needs {mesh.shape[axis]} stage plans, "
-                                 f"got {len(plans)}: one per stage, interleaved stages are not run")
+            raise AutoshardError(f"a pipeline over mesh axis {axis} of {mesh.label} needs {mesh.shape[axis]} stage "
+                                 f"plans, got {len(plans)}: one per stage, interleaved stages are not run")
         _check_boundaries(graphs, plans)
         self.groups, self.device, self.pipe_group = MeshGroups.stage(mesh, axis)
         self.mesh, self.axis, self.devices = mesh, axis, mesh.shape[axis]
