@@ -102,6 +102,9 @@ def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: i
     if resumed is not None:
         done = load_checkpoint(resumed[1], runner.module, optimizer, part=True)
         was = use_flags(optimizer, args)
+        if done >= args.steps:
+            raise AutoshardError(f"the checkpoint {resumed[1]} is at step {done}; --steps {args.steps} leaves "
+                                 "nothing to train: raise --steps")
     last = runner.first_rank_of(pipeline.mesh.shape[pipeline.axis] - 1)
     reporter = Reporter(out, args.steps, done + 1, out.isatty()) if rank == 0 else None
     losses = []

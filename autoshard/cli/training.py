@@ -14,11 +14,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from autoshard.errors import AutoshardError
 
 CHECKPOINT = re.compile(r"^step_(\d+)$")
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+"""AdamW's state and hyperparameters keyed by parameter name (``optimizer.param_groups.<name>.lr``),
+so every pipeline stage saves and reads its own parameters' entries, not one rank's group list."""
 
 
 def make_optimizer(module: torch.nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
@@ -36,7 +39,7 @@ def latest_checkpoint(folder: Path) -> tuple[int, Path] | None:
 
 def save_checkpoint(folder: Path, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Path:
     """Write ``folder/step_N`` with the parameters, AdamW's state by parameter name and the step (collective)."""
-    model_state, optim_state = get_state_dict(module, optimizer)
+    model_state, optim_state = get_state_dict(module, optimizer, options=FLAT)
     path = folder / f"step_{step:06d}"
     dcp.save({"model": model_state, "optimizer": optim_state, "step": step}, checkpoint_id=path)
     return path
@@ -48,9 +51,10 @@ def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.
 
     Refuses (AutoshardError, on every rank) a checkpoint of another model and one that cannot be read.
     """
-    model_state, optim_state = get_state_dict(module, optimizer)
+    model_state, optim_state = get_state_dict(module, optimizer, options=FLAT)
     shapes = {name: tuple(value.shape) for name, value in model_state.items()}
-    check_checkpoint(path, shapes, list(optim_state["state"]), part)
+    trained = list(dict.fromkeys(key[len("state."):key.rindex(".")] for key in optim_state if key.startswith("state.")))
+    check_checkpoint(path, shapes, trained, part)
     state = {"model": model_state, "optimizer": optim_state, "step": 0}
     try:
         dcp.load(state, checkpoint_id=path)
@@ -58,7 +62,8 @@ def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.
         cause, _ = next(iter(error.failures.values()))
         raise AutoshardError(f"checkpoint {path} cannot be loaded ({_first_line(cause)}): it is damaged or was "
                              "written by another program; delete it to resume from the one before") from None
-    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=FLAT)
     return int(state["step"])
 
 

@@ -180,7 +180,7 @@ def _resumed_whole(rank: int, world: int, argv: list[str]) -> list[float]:
 def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_without_one(tmp_path: Path) -> None:
     """autoshard.train's loop on the searched PP 2 x TP 2 plan (clipping over both stages): the
     unsharded loop's losses; its step-2 checkpoint resumes on 2 ranks under a plan without a
-    pipeline and gives the pipelined run's steps 3 and 4."""
+    pipeline, and on 4 ranks under a 4-stage pipeline, each giving the pipelined run's steps 3 and 4."""
     path = tmp_path / "titan_tiny.py"
     path.write_text(MODEL)
     loaded = load_model(str(path))
@@ -207,3 +207,13 @@ def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_withou
     resumed = run_ranks(2, _resumed_whole, ["--plan", str(tmp_path / "whole.json"), *common, "--resume"],
                         timeout=180)
     assert _worst(resumed[0], piped[0][2:]) <= TOLERANCE
+    shutil.rmtree(folder / "step_000004")  # the resumed run's
+    deeper = parse_mesh("4x1")  # and under a pipeline of another degree, on another mesh
+    engine4 = PipelineSearch(engine.graph_for, deeper, 0, dict(mode="training"), None)
+    result4 = search(engine4, options_for(4, 4, [4], ("1f1b",)))
+    four = tmp_path / "pipeline4.json"
+    best4 = result4.best
+    PipelinePlan(deeper, 0, "1f1b", 4, 1, best4.option.counts, best4.step, result4.lower_bound, best4.proved,
+                 engine4.group_plans(best4)).save(four)
+    again = run_ranks(4, _pipelined_then_resumed, ["--plan", str(four), *common, "--resume"], timeout=180)
+    assert _worst(again[0], piped[0][2:]) <= TOLERANCE
