@@ -36,7 +36,6 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Iterator, Sequence, TextIO
 
 import torch
@@ -50,12 +49,11 @@ from autoshard.frontend.graph import OpGraph
 from autoshard.problem.plan import Plan
 from autoshard.cli.process import refuse
 from autoshard.cli.run import launch_env
-from autoshard.cli.training import (Reporter, latest_checkpoint, load_checkpoint, make_optimizer, save_checkpoint,
-                                    use_flags)
+from autoshard.cli.training import Reporter, checkpoint_if_due, make_optimizer, resume, whole_loss
 from autoshard.cli.train_pipeline import is_pipeline_file, prepare_pipeline, train_pipeline
 from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_layouts, check_model,
                                       check_world)
-from autoshard.runtime.executor import ParallelModule, gather_full, parallelize
+from autoshard.runtime.executor import parallelize
 from autoshard.runtime.groups import MeshGroups, broadcast_from_first
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,17 +153,7 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
     module = parallelize(training.loaded.model, plan, groups, graph=training.graph,
                          validate=False)  # prepare() checked it
     optimizer = make_optimizer(module, args)
-    folder = Path(args.checkpoint) if args.checkpoint else None
-    done, was = 0, ""
-    resumed = latest_checkpoint(folder) if args.resume and folder is not None else None
-    if args.resume and resumed is None:
-        raise AutoshardError(f"--resume: no finished checkpoint in {folder}: train without --resume first")
-    if resumed is not None:
-        done = load_checkpoint(resumed[1], module, optimizer)
-        was = use_flags(optimizer, args)
-        if done >= args.steps:
-            raise AutoshardError(f"the checkpoint {resumed[1]} is at step {done}; --steps {args.steps} leaves "
-                                 "nothing to train: raise --steps")
+    done, was, resumed = resume(args, module, optimizer)
     reporter = Reporter(out, args.steps, done + 1, out.isatty()) if rank == 0 else None
     losses = []
     with reporter if reporter is not None else nullcontext():
@@ -173,28 +161,18 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
             reporter.note(f"autoshard.train: {plan.model or training.loaded.name} on mesh {plan.mesh.label} "
                           f"({plan.mesh.size} ranks, {args.backend}), steps {done + 1}-{args.steps}, "
                           f"AdamW lr {args.lr:g}{was}"
-                          + (f", resumed from {resumed[1]}" if resumed is not None else ""))
+                          + (f", resumed from {resumed}" if resumed is not None else ""))
+        loss_of = whole_loss(module.output_specs[0], groups)
         steps = training_steps(module, optimizer, loaded, done + 1, args.steps, args.max_grad_norm,
-                               _whole_loss(module, groups), training.device)
+                               lambda local: float(loss_of(local)), training.device)
         for step, loss, seconds in steps:
             losses.append(loss)
             if reporter is not None:
                 reporter.step(step, loss, seconds)
-            if folder is not None and (step % args.checkpoint_every == 0 or step == args.steps):
-                path = save_checkpoint(folder, step, module, optimizer)
-                if reporter is not None:
-                    reporter.note(f"checkpoint {path}")
+            checkpoint_if_due(args, step, module, optimizer, reporter)
             if on_step is not None:
                 on_step(step, loss)
     return losses
-
-
-def _whole_loss(module: ParallelModule, groups: MeshGroups) -> Callable[[torch.Tensor], float]:
-    """The loss value from this rank's piece: itself when replicated, else summed over the partial axes."""
-    spec = module.output_specs[0]
-    if spec.is_replicated:
-        return float
-    return lambda local: float(gather_full(local, spec, groups))
 
 
 def quiet_dtensor_hints() -> None:

@@ -26,8 +26,7 @@ import torch
 import torch.distributed as dist
 
 from autoshard.cli.pipeline import microbatch_inputs
-from autoshard.cli.training import (Reporter, latest_checkpoint, load_checkpoint, make_optimizer, save_checkpoint,
-                                    use_flags)
+from autoshard.cli.training import Reporter, checkpoint_if_due, make_optimizer, resume, whole_loss
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.frontend.load import LoadedModel, load_model
@@ -36,7 +35,6 @@ from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.stages import cut
 from autoshard.problem.plan import Plan
 from autoshard.runtime.checks import check_backend, check_layouts, check_model
-from autoshard.runtime.executor import gather_full
 from autoshard.runtime.pipeline import PipelineRunner
 from autoshard.sharding.layers import find_repeated_layers
 
@@ -94,17 +92,7 @@ def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: i
     runner = PipelineRunner(loaded.model, training.graphs, training.plans, pipeline.mesh, pipeline.axis,
                             pipeline.schedule, pipeline.microbatches, training.inputs)
     optimizer = make_optimizer(runner.module, args)
-    folder = Path(args.checkpoint) if args.checkpoint else None
-    done, was = 0, ""
-    resumed = latest_checkpoint(folder) if args.resume and folder is not None else None
-    if args.resume and resumed is None:
-        raise AutoshardError(f"--resume: no finished checkpoint in {folder}: train without --resume first")
-    if resumed is not None:
-        done = load_checkpoint(resumed[1], runner.module, optimizer, part=True)
-        was = use_flags(optimizer, args)
-        if done >= args.steps:
-            raise AutoshardError(f"the checkpoint {resumed[1]} is at step {done}; --steps {args.steps} leaves "
-                                 "nothing to train: raise --steps")
+    done, was, resumed = resume(args, runner.module, optimizer, part=True)
     last = runner.first_rank_of(pipeline.mesh.shape[pipeline.axis] - 1)
     reporter = Reporter(out, args.steps, done + 1, out.isatty()) if rank == 0 else None
     losses = []
@@ -113,7 +101,7 @@ def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: i
             reporter.note(f"autoshard.train: {loaded.name} pipelined ({pipeline.schedule}, "
                           f"{pipeline.microbatches} microbatches) on mesh {pipeline.mesh.label} over axis "
                           f"{pipeline.axis}, steps {done + 1}-{args.steps}, AdamW lr {args.lr:g}{was}"
-                          + (f", resumed from {resumed[1]}" if resumed is not None else ""))
+                          + (f", resumed from {resumed}" if resumed is not None else ""))
         for step in range(done + 1, args.steps + 1):
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
@@ -123,28 +111,21 @@ def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: i
             optimizer.step()
             value = torch.zeros((), dtype=torch.float64)
             if loss is not None:
-                spec = runner.loss_spec
-                whole = loss.detach() if spec.is_replicated else gather_full(loss.detach(), spec, runner.groups)
-                value = whole.to(torch.float64)
+                value = whole_loss(runner.loss_spec, runner.groups)(loss).to(torch.float64)
             dist.broadcast(value, src=last)
             losses.append(float(value))
             if reporter is not None:
                 reporter.step(step, losses[-1], time.perf_counter() - start)
-            if folder is not None and (step % args.checkpoint_every == 0 or step == args.steps):
-                path = save_checkpoint(folder, step, runner.module, optimizer)
-                if reporter is not None:
-                    reporter.note(f"checkpoint {path}")
+            checkpoint_if_due(args, step, runner.module, optimizer, reporter)
     return losses
 
 
 def clip_over_stages(runner: PipelineRunner, max_norm: float) -> None:
     """Scale every stage's gradients so that the 2-norm over the whole model is at most ``max_norm``."""
-    grads = [p.grad for p in runner.module.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    params = [p for p in runner.module.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     squared = norm.detach().to(torch.float64) ** 2
     dist.all_reduce(squared, group=runner.pipe_group)
-    total = squared.sqrt().to(torch.float32)
-    if grads:
-        torch.nn.utils.clip_grads_with_norm_([p for p in runner.module.parameters() if p.grad is not None],
-                                             max_norm, total)
+    if params:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, squared.sqrt().to(torch.float32))

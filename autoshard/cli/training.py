@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -17,6 +17,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from autoshard.errors import AutoshardError
+from autoshard.runtime.executor import gather_full
+from autoshard.runtime.groups import MeshGroups
+from autoshard.sharding.spec import TensorSpec
 
 CHECKPOINT = re.compile(r"^step_(\d+)$")
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -156,3 +159,40 @@ class Reporter:
             self.progress.console.print(text, highlight=False, markup=False)
         else:
             print(text, file=self.out, flush=True)
+
+
+def resume(args: argparse.Namespace, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           part: bool = False) -> tuple[int, str, Path | None]:
+    """With ``--resume``, the latest checkpoint of ``--checkpoint`` loaded into ``module`` and
+    ``optimizer`` (``part``: a pipeline stage's share of the model): (its step, what the banner adds
+    about the flags, its path); (0, "", None) without ``--resume`` (collective)."""
+    folder = Path(args.checkpoint) if args.checkpoint else None
+    resumed = latest_checkpoint(folder) if args.resume and folder is not None else None
+    if args.resume and resumed is None:
+        raise AutoshardError(f"--resume: no finished checkpoint in {folder}: train without --resume first")
+    if resumed is None:
+        return 0, "", None
+    done = load_checkpoint(resumed[1], module, optimizer, part)
+    was = use_flags(optimizer, args)
+    if done >= args.steps:
+        raise AutoshardError(f"the checkpoint {resumed[1]} is at step {done}; --steps {args.steps} leaves "
+                             "nothing to train: raise --steps")
+    return done, was, resumed[1]
+
+
+def checkpoint_if_due(args: argparse.Namespace, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      reporter: Reporter | None) -> None:
+    """Save ``step``'s checkpoint when ``--checkpoint-every`` says so, and after the last step
+    (collective); rank 0's reporter names it."""
+    if args.checkpoint and (step % args.checkpoint_every == 0 or step == args.steps):
+        path = save_checkpoint(Path(args.checkpoint), step, module, optimizer)
+        if reporter is not None:
+            reporter.note(f"checkpoint {path}")
+
+
+def whole_loss(spec: TensorSpec, groups: MeshGroups) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The whole loss from this rank's piece of layout ``spec``: the piece itself when replicated,
+    else summed over the partial axes (collective then)."""
+    if spec.is_replicated:
+        return lambda local: local.detach()
+    return lambda local: gather_full(local.detach(), spec, groups)

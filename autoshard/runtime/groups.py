@@ -49,13 +49,8 @@ class MeshGroups:
         mesh device ``r`` (row-major, last axis fastest). ``device_type`` defaults to ``cuda``
         under NCCL and ``cpu`` otherwise.
         """
-        if not dist.is_initialized():
-            raise AutoshardError("torch.distributed is not initialized: call init_process_group before MeshGroups.create")
-        world, rank = dist.get_world_size(), dist.get_rank()
-        if world != mesh.size:
-            raise AutoshardError(f"mesh {mesh.label} has {mesh.size} devices but the world has {world} ranks: launch {mesh.size}")
-        names = tuple(f"axis{axis}" for axis in range(mesh.ndim))
-        device_mesh = init_device_mesh(device_type or default_device_type(), mesh.shape, mesh_dim_names=names)
+        rank, device_mesh = _world_mesh(mesh, device_type, "MeshGroups.create")
+        names = device_mesh.mesh_dim_names
         for count in range(2, mesh.ndim + 1):  # DTensor then reduces over several axes in one collective
             for axes in itertools.combinations(names, count):  # (clip_grad_norm_'s norm), not one per axis
                 device_mesh[axes]._flatten()
@@ -67,13 +62,8 @@ class MeshGroups:
         """The groups of this rank's pipeline stage: the mesh without ``axis``, over the ranks that
         share this rank's coordinate on it (returned too), and the group along ``axis`` (the ranks
         that share its other coordinates). Collective, as :meth:`create`."""
-        if not dist.is_initialized():
-            raise AutoshardError("torch.distributed is not initialized: call init_process_group first")
-        world, rank = dist.get_world_size(), dist.get_rank()
-        if world != mesh.size:
-            raise AutoshardError(f"mesh {mesh.label} has {mesh.size} devices but the world has {world} ranks: launch {mesh.size}")
-        names = tuple(f"axis{a}" for a in range(mesh.ndim))
-        full = init_device_mesh(device_type or default_device_type(), mesh.shape, mesh_dim_names=names)
+        rank, full = _world_mesh(mesh, device_type, "MeshGroups.stage")
+        names = full.mesh_dim_names
         inner_names = tuple(n for a, n in enumerate(names) if a != axis)
         sub = full[inner_names] if len(inner_names) > 1 else full[inner_names[0]]
         inner = mesh.without_axis(axis)
@@ -104,6 +94,18 @@ class MeshGroups:
     def axis_size(self, axis: int) -> int:
         """Number of devices along mesh axis ``axis``."""
         return self.mesh.shape[axis]
+
+
+def _world_mesh(mesh: Mesh, device_type: str | None, caller: str) -> tuple[int, DeviceMesh]:
+    """This rank and a DeviceMesh of ``mesh``'s shape (axes named ``axis0`` ...) over the whole
+    world, which must be initialized and as large as the mesh (collective)."""
+    if not dist.is_initialized():
+        raise AutoshardError(f"torch.distributed is not initialized: call init_process_group before {caller}")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world != mesh.size:
+        raise AutoshardError(f"mesh {mesh.label} has {mesh.size} devices but the world has {world} ranks: launch {mesh.size}")
+    names = tuple(f"axis{axis}" for axis in range(mesh.ndim))
+    return rank, init_device_mesh(device_type or default_device_type(), mesh.shape, mesh_dim_names=names)
 
 
 def default_device_type() -> str:
