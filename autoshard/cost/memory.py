@@ -200,11 +200,10 @@ def state_items(node: OpNode, layouts: Sequence[TensorSpec], life: Lifetimes, me
     an input a pipeline stage receives: the piece of its layout, and its gradient before it is sent back."""
     meta = node.tensor
     if node.attrs.get(RECEIVED):
-        items = [MemoryItem(node.name, "received", life.value[node.name],
-                            tuple(local_bytes(l, meta, mesh) for l in layouts))]
+        pieces = tuple(local_bytes(l, meta, mesh) for l in layouts)
+        items = [MemoryItem(node.name, "received", life.value[node.name], pieces)]
         if node.name in life.gradient:
-            items.append(MemoryItem(node.name, "gradient", life.gradient[node.name],
-                                    tuple(local_bytes(l, meta, mesh) for l in layouts)))
+            items.append(MemoryItem(node.name, "gradient", life.gradient[node.name], pieces))
         return items
     if node.kind == NodeKind.INPUT:
         whole = meta.nbytes if meta is not None else 0

@@ -112,10 +112,10 @@ def timing(orders: Sequence[Sequence[Action]], forward: Sequence[float], backwar
             graph.add_edge(a, Action("B", a.stage - 1, a.microbatch), weight=duration[a] + transfer)
     if not nx.is_directed_acyclic_graph(graph):
         raise AutoshardError("this pipeline schedule waits on itself (a cycle of dependencies): use another")
-    return Timing(nx.dag_longest_path_length(graph, weight="weight"), tuple(_peak_in_flight(o) for o in orders))
+    return Timing(nx.dag_longest_path_length(graph, weight="weight"), tuple(peak_in_flight(o) for o in orders))
 
 
-def _peak_in_flight(order: Sequence[Action]) -> int:
+def peak_in_flight(order: Sequence[Action]) -> int:
     """Most forwards run on a device whose backward has not."""
     live = peak = 0
     for a in order:

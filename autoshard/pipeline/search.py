@@ -45,7 +45,7 @@ from autoshard.problem.readback import make_plan
 from autoshard.solver import Solution
 from autoshard.frontend.graph import OpGraph, TensorMeta
 from autoshard.pipeline.options import PipelineOption, stage_label
-from autoshard.pipeline.schedules import device_orders, timing
+from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
 from autoshard.pipeline.stages import Stage, cut, shared_parameters, stage_layouts, stage_outputs
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
@@ -63,7 +63,6 @@ class Searched:
     step: float | None = None
     solutions: dict[tuple, ModelSolution] = field(default_factory=dict)
     groups: dict[tuple, list[int]] = field(default_factory=dict)
-    in_flight: tuple[int, ...] = ()
     mismatches: list[str] = field(default_factory=list)
     bounded: bool = True
     origin: str = "search"
@@ -216,11 +215,11 @@ class PipelineSearch:
         Bounded, the first device is solved on its own and the others receive and send their
         boundary tensors in the layouts it sends in (alike devices chain the same tensor), so the
         stages agree by construction; their bound is that of their free problems without a budget,
-        the first device's that of its own solve."""
+        the first device's that of its own solve. ``recipe``: that plan on every device, not solved."""
         stages = self.stages(option)
         orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
-        in_flight = timing(orders, [1.0] * len(option.counts), [1.0] * len(option.counts)).in_flight
-        searched = Searched(option, 0.0, in_flight=in_flight)
+        in_flight = tuple(peak_in_flight(order) for order in orders)
+        searched = Searched(option, 0.0)
         for d, stage in enumerate(stages):
             searched.groups.setdefault(stage.signature, []).append(d)
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}

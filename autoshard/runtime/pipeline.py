@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autoshard.cost.memory import local_bytes
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.pipeline.schedules import device_orders
@@ -33,9 +34,6 @@ from autoshard.runtime.executor import ParallelModule, parallelize
 from autoshard.runtime.groups import MeshGroups
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
 
 @dataclass(frozen=True)
 class Transfer:
@@ -60,25 +58,17 @@ def expected_transfers(graph: OpGraph, plan: Plan, microbatches: int, first: boo
     received, sent = stage_layouts(graph, plan)
     found = []
     for name, spec in received.items():
-        nbytes = _local_bytes(graph, name, spec, plan.mesh)
+        nbytes = local_bytes(spec, graph[name].tensor, plan.mesh)
         found += [Transfer("received", name, "forward", nbytes), Transfer("sent", name, "backward", nbytes)]
     if not last:
         for name, spec in sent.items():
-            nbytes = _local_bytes(graph, name, spec, plan.mesh)
+            nbytes = local_bytes(spec, graph[name].tensor, plan.mesh)
             found += [Transfer("sent", name, "forward", nbytes), Transfer("received", name, "backward", nbytes)]
     return sorted(found * microbatches, key=_order)
 
 
 def _order(t: Transfer) -> tuple:
     return t.direction, t.name, t.phase, t.nbytes
-
-
-def _local_bytes(graph: OpGraph, name: str, spec: TensorSpec, mesh: Mesh) -> int:
-    meta = graph[name].tensor
-    count = 1
-    for n in spec.local_shape(meta.shape, mesh.shape):
-        count *= n
-    return count * meta.itemsize
 
 
 class PipelineRunner:
@@ -114,12 +104,7 @@ class PipelineRunner:
 
     def _empty(self, name: str, spec: TensorSpec) -> torch.Tensor:
         meta = self.graph[name].tensor
-        return torch.empty(spec.local_shape(meta.shape, self.mesh_inner_shape), dtype=_DTYPES[meta.dtype])
-
-    @property
-    def mesh_inner_shape(self) -> tuple[int, ...]:
-        """The shape of the stage's mesh."""
-        return self.groups.mesh.shape
+        return torch.empty(spec.local_shape(meta.shape, self.groups.mesh.shape), dtype=getattr(torch, meta.dtype))
 
     def step(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor | None:
         """One training step on the whole batch ``inputs`` (the model's inputs, then targets):

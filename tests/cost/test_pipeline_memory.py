@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from autoshard.api import StageOptions, build_model_problem
 from autoshard.frontend.graph import NodeKind
 from autoshard.frontend.trace import trace
-from autoshard.pipeline.schedules import device_orders
+from autoshard.pipeline.schedules import device_orders, peak_in_flight
 from autoshard.pipeline.stages import cut
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.measure import measure_stage_peak
@@ -44,7 +44,7 @@ def test_a_stage_holding_microbatches_in_flight_is_predicted_within_ten_percent(
     graph = trace(model, (tokens, tokens.clone()))
     stage = cut(graph, find_repeated_layers(graph), (2, 2), 2)[device]
     order = device_orders(schedule, 2, MICROBATCHES)[device]
-    held = max(sum(1 if a.kind == "F" else -1 for a in order[:k + 1]) for k in range(len(order)))
+    held = peak_in_flight(order)
     mp = build_model_problem(stage.graph, "1", mode="training",
                              stage=StageOptions(MICROBATCHES, Fraction(held), (1e11, 1e-5)))
     choice = mp.complete([0] * len(mp.names))

@@ -17,8 +17,8 @@ import torch
 
 from autoshard.api import plan_model
 from autoshard.cli.train import build_parser, prepare, train, training_steps
+from autoshard.cli.pipeline import microbatch_inputs, write_plan
 from autoshard.cli.train_pipeline import prepare_pipeline, train_pipeline
-from autoshard.cost.devices import get_device
 from autoshard.frontend.graph import NodeKind
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
@@ -41,13 +41,17 @@ from .test_train_context import MODEL
 STEPS, MICROBATCHES, LR = 5, 2, 3e-3
 
 
+def _engine(loaded, mesh) -> PipelineSearch:
+    """The pipeline search of a loaded model file's training step on ``mesh`` (axis 0), generic device."""
+    return PipelineSearch(lambda m: trace(loaded.model, microbatch_inputs(loaded.example_inputs, m)), mesh, 0,
+                          dict(mode="training"), None)
+
+
 def _stages(path: Path):
     path.write_text(MODEL)
     loaded = load_model(str(path))
     mesh = parse_mesh("2x2")
-    engine = PipelineSearch(lambda m: trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // m)
-                                                                 for t in loaded.example_inputs)),
-                            mesh, 0, dict(mode="training", device=get_device(None)), None)
+    engine = _engine(loaded, mesh)
     option = PipelineOption("1f1b", 2, MICROBATCHES, 1, (2, 2))
     stages = engine.stages(option)
     plans = []
@@ -119,8 +123,7 @@ EIGHT_LAYERS = MODEL.replace("Transformer(4, 32, 4, 2, 64, VOCAB, SEQ)", "Transf
 
 def _train_file(rank: int, world: int, loaded, mesh, path: str, inputs) -> list[float]:
     pipeline = PipelinePlan.load(path)
-    graph = trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // pipeline.microbatches)
-                                      for t in loaded.example_inputs))
+    graph = trace(loaded.model, microbatch_inputs(loaded.example_inputs, pipeline.microbatches))
     stages = cut(graph, find_repeated_layers(graph), pipeline.counts, mesh.shape[pipeline.axis])
     runner = PipelineRunner(loaded.model, [s.graph for s in stages], pipeline.device_plans(stages), mesh,
                             pipeline.axis, pipeline.schedule, pipeline.microbatches, inputs)
@@ -143,16 +146,12 @@ def test_a_searched_four_stage_pipeline_runs_from_its_plan_file(tmp_path: Path) 
     path.write_text(EIGHT_LAYERS)
     loaded = load_model(str(path))
     mesh = parse_mesh("4x1")
-    engine = PipelineSearch(lambda m: trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // m)
-                                                                 for t in loaded.example_inputs)),
-                            mesh, 0, dict(mode="training", device=get_device(None)), None)
+    engine = _engine(loaded, mesh)
     result = search(engine, [o for o in options_for(8, 4, [4], ("1f1b",)) if o.counts == (2, 2, 2, 2)])
     best = result.best
     assert any(len(devices) > 1 for devices in best.groups.values())  # a shared plan is relabelled
     plan_file = tmp_path / "pipeline.json"
-    PipelinePlan(mesh, 0, best.option.schedule, best.option.microbatches, best.option.virtual, best.option.counts,
-                 best.step, result.lower_bound, best.proved,
-                 engine.group_plans(best)).save(plan_file)
+    write_plan(result, engine, str(plan_file))
     inputs = [n.name for n in engine.graph(4) if n.kind == NodeKind.INPUT]
     results = run_ranks(4, _train_file, loaded, mesh, str(plan_file), inputs, timeout=180)
     model = load_model(str(path)).model
@@ -185,14 +184,10 @@ def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_withou
     path.write_text(MODEL)
     loaded = load_model(str(path))
     mesh = parse_mesh("2x2")
-    engine = PipelineSearch(lambda m: trace(loaded.model, tuple(t.narrow(0, 0, t.shape[0] // m)
-                                                                 for t in loaded.example_inputs)),
-                            mesh, 0, dict(mode="training"), None)
+    engine = _engine(loaded, mesh)
     result = search(engine, options_for(4, 2, [2], ("1f1b",)))
-    best = result.best
     plan_file = tmp_path / "pipeline.json"
-    PipelinePlan(mesh, 0, "1f1b", 2, 1, best.option.counts, best.step, result.lower_bound, best.proved,
-                 engine.group_plans(best)).save(plan_file)
+    write_plan(result, engine, str(plan_file))
     folder = tmp_path / "ckpt"
     common = [str(path), "--steps", "4", "--lr", "3e-3", "--checkpoint", str(folder), "--checkpoint-every", "2"]
     piped = run_ranks(4, _pipelined_then_resumed, ["--plan", str(plan_file), *common], timeout=180)
@@ -209,11 +204,9 @@ def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_withou
     assert _worst(resumed[0], piped[0][2:]) <= TOLERANCE
     shutil.rmtree(folder / "step_000004")  # the resumed run's
     deeper = parse_mesh("4x1")  # and under a pipeline of another degree, on another mesh
-    engine4 = PipelineSearch(engine.graph_for, deeper, 0, dict(mode="training"), None)
+    engine4 = _engine(loaded, deeper)
     result4 = search(engine4, options_for(4, 4, [4], ("1f1b",)))
     four = tmp_path / "pipeline4.json"
-    best4 = result4.best
-    PipelinePlan(deeper, 0, "1f1b", 4, 1, best4.option.counts, best4.step, result4.lower_bound, best4.proved,
-                 engine4.group_plans(best4)).save(four)
+    write_plan(result4, engine4, str(four))
     again = run_ranks(4, _pipelined_then_resumed, ["--plan", str(four), *common, "--resume"], timeout=180)
     assert _worst(again[0], piped[0][2:]) <= TOLERANCE
