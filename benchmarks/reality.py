@@ -57,9 +57,9 @@ class Run:
 
 RUNS = [
     Run("table1", "Table 1, FSDP, LLaMA-3.1-8B, 8 H100", 8, 2, 8192, 5762, 82.4,
-        "kernel rates at 500 W (preset: MAMF and FlashAttention measured at 700 W)"),
+        "kernel rates at 500 W (preset: measured on an H100 SXM at 700 W)"),
     Run("table3", "Table 3, FSDP, LLaMA-3.1-8B, 128 H100", 128, 2, 8192, 5605, 67.0,
-        "kernel rates at 500 W (preset: MAMF and FlashAttention measured at 700 W)"),
+        "kernel rates at 500 W (preset: measured on an H100 SXM at 700 W)"),
 ]
 """torchtitan's 1-D (FSDP) rows without torch.compile or Float8 (SOURCE); the others need
 Float8, context or pipeline parallelism, which the model does not express yet."""

@@ -10,7 +10,9 @@ kernel class achieves on the device (``cost/devices.py``: ``achieved``):
     forward  = max(flops / rate(fwd),          (sum_k in_k + out) / streaming)
     backward = max(backward_flops / rate(bwd), (out + sum_k in_k + sum_{k needs grad} in_k) / streaming)
 
-with rate = peak(dtype) * achieved[class]: ``matmul`` for matmuls and convolutions, the fused
+with rate = peak(dtype) * achieved[class]: ``matmul`` for matmuls and convolutions (or, where the
+preset measured it, the fraction its ``matmul_by_flops`` curve gives at the product's local
+flops: small products run far below peak), the fused
 attention classes for ``scaled_dot_product_attention`` (forward and backward apart), peak for
 any other op (they are bound by the bytes), and streaming = HBM bandwidth * achieved["memory"].
 Causal attention (``is_causal``) skips the masked half: torch's counter counts the full square,
@@ -81,10 +83,11 @@ def op_times(work: OpWork | None, degree: int, in_bytes: Sequence[int], needs_gr
     backward_flops = work.backward_flops * share if work is not None else 0
     forward_class, backward_class = kernel_classes(op)
     bandwidth = device.streaming_bandwidth
-    forward = roofline(flops / degree, sum(in_bytes) + out_bytes, device.flops_per_second(dtype, forward_class),
+    size = flops / degree  # one product's local flops: the backward's products are each this size
+    forward = roofline(flops / degree, sum(in_bytes) + out_bytes, device.flops_per_second(dtype, forward_class, size),
                        bandwidth)
     backward = 0.0
     if any(needs_grad):
         backward = roofline(backward_flops / degree, backward_bytes(in_bytes, needs_grad, out_bytes),
-                            device.flops_per_second(dtype, backward_class), bandwidth)
+                            device.flops_per_second(dtype, backward_class, size), bandwidth)
     return PassTimes(forward, backward)

@@ -4,7 +4,11 @@ The presets are data (``devices.toml``, shipped in the package), every figure wi
 How they are used:
 
 - compute (``cost/compute.py``): a kernel of class ``c`` runs at ``peak(dtype) * achieved[c]``
-  flop/s and streams bytes at ``memory_bandwidth * achieved["memory"]``;
+  flop/s and streams bytes at ``memory_bandwidth * achieved["memory"]``; where the preset has a
+  ``matmul_by_flops`` curve, a matrix product of ``F`` local flops runs at the fraction the curve
+  gives at ``F`` (interpolated in ``log F``, held at its ends) instead of ``achieved["matmul"]``;
+- the optimizer step: AdamW moves ``adamw_bytes`` bytes of HBM traffic per parameter element
+  (fp32 state; scaled by the state's itemsize / 4) at the streaming bandwidth;
 - collectives (``cost/communication.py``): the links' bandwidths are the bus bandwidths NCCL
   reaches (nccl-tests busBw), at which a collective moves its ring bytes;
 - memory: the caching allocator reserves ``1 + allocator_headroom`` times the live bytes, and
@@ -18,6 +22,7 @@ overlap.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,6 +74,8 @@ class Device:
     runtime_bytes: int = 0
     overlap: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    matmul_by_flops: tuple[tuple[float, float], ...] = ()
+    adamw_bytes: float = 0.0
 
     @property
     def intra(self) -> Link:
@@ -80,10 +87,17 @@ class Device:
         """(bandwidth, latency) of links across nodes."""
         return self.inter_bandwidth, self.inter_latency
 
-    def flops_per_second(self, dtype: str, kernel: str = "matmul") -> float:
-        """Flop/s a kernel of class ``kernel`` reaches on work in ``dtype`` (a tensor dtype name)."""
+    def flops_per_second(self, dtype: str, kernel: str = "matmul", flops: float | None = None) -> float:
+        """Flop/s a kernel of class ``kernel`` reaches on work in ``dtype`` (a tensor dtype name);
+        ``flops``: one matrix product's local flops, where the preset has a size curve."""
         peak = self.peak_flops.get(dtype_class(dtype)) or self.peak_flops["fp32"]
+        if kernel == "matmul" and self.matmul_by_flops and flops:
+            return peak * curve_fraction(self.matmul_by_flops, flops)
         return peak * self.achieved.get(kernel, 1.0)
+
+    def optimizer_seconds(self, state_bytes: int) -> float:
+        """Seconds of the AdamW step over parameters whose one optimizer slot holds ``state_bytes``."""
+        return state_bytes / 4 * self.adamw_bytes / self.streaming_bandwidth
 
     @property
     def streaming_bandwidth(self) -> float:
@@ -106,6 +120,17 @@ class Device:
         return replace(self, peak_flops=peaks, memory_bandwidth=bandwidth)
 
 
+def curve_fraction(curve: tuple[tuple[float, float], ...], flops: float) -> float:
+    """The fraction ``curve`` (ascending ``(flops, fraction)`` points) gives at ``flops``: linear in
+    ``log flops`` between points, the end value beyond them."""
+    if flops <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if flops <= x1:
+            return y0 + (y1 - y0) * (math.log(flops) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return curve[-1][1]
+
+
 GENERIC = Device("generic", {c: 100e12 for c in DTYPE_CLASSES}, 2e12, None,
                  NVLINK_BANDWIDTH, NVLINK_LATENCY, NETWORK_BANDWIDTH, NETWORK_LATENCY,
                  "no preset: 100 Tflop/s in every dtype, 2 TB/s memory, 300 GB/s and 1 us inside a node, "
@@ -119,6 +144,9 @@ def _preset(name: str, data: dict) -> Device:
     missing = [k for k in KERNEL_CLASSES if k not in achieved]
     if missing:
         raise ValueError(f"devices.toml [{name}] lacks {', '.join(missing)}")
+    curve = [f for f, _ in data.get("matmul_by_flops", ())]
+    if curve != sorted(set(curve)):
+        raise ValueError(f"devices.toml [{name}]: matmul_by_flops must ascend in flops")
     peaks = data["peak_flops"]
     summary = (f"{data['description']}: " + ", ".join(f"{c} {peaks[c] / 1e12:.4g}" for c in DTYPE_CLASSES)
                + f" Tflop/s (matmuls at {achieved['matmul']:.0%}), HBM {data['memory_bandwidth'] / 1e12:.3g} TB/s, "
@@ -127,7 +155,9 @@ def _preset(name: str, data: dict) -> Device:
     return Device(name, dict(peaks), data["memory_bandwidth"], int(data["memory"] * GiB),
                   data["intra"]["bandwidth"], data["intra"]["latency"], data["inter"]["bandwidth"],
                   data["inter"]["latency"], summary, achieved, data["allocator"]["headroom"],
-                  int(data["allocator"]["runtime_gib"] * GiB), data["overlap"], dict(data["sources"]))
+                  int(data["allocator"]["runtime_gib"] * GiB), data["overlap"], dict(data["sources"]),
+                  tuple((float(f), float(a)) for f, a in data.get("matmul_by_flops", ())),
+                  float(data.get("adamw", {}).get("bytes_per_parameter", 0.0)))
 
 
 def load_presets(path: Path = PRESETS_PATH) -> dict[str, Device]:

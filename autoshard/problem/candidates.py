@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 from autoshard.cost.communication import CostModel
 from autoshard.cost.compute import causal_split_load, op_times
 from autoshard.cost.lifetimes import Lifetimes
-from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
+from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items, param_precision,
                                    recompute_variants, state_items)
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, checkpoint_readers
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode, OpWork, TensorMeta
@@ -245,8 +245,18 @@ class CandidateBuilder:
             items = recompute_variants(items, items_of(again, self.blocks), len(options), len(again))
             recompute = [False] * len(options) + [True] * len(again)
             options = options + again
-        return Candidate(node, [OpStrategy((), (), l, ()) for l, _ in options], [0] * len(options), items,
+        return Candidate(node, [OpStrategy((), (), l, ()) for l, _ in options],
+                         [self._optimizer_ticks(node, l) for l, _ in options], items,
                          storage=[s for _, s in options], recompute=recompute)
+
+    def _optimizer_ticks(self, node: OpNode, layout: TensorSpec) -> int:
+        """The AdamW step over the parameter's local piece in ``layout`` (0 outside training, for
+        frozen parameters, and on devices without an optimizer figure)."""
+        if not (self.training and node.requires_grad and self.optimizer_slots and self.cost_model.charges_compute):
+            return 0
+        state = param_precision(self.precision, node.tensor.itemsize).optimizer
+        seconds = self.cost_model.device.optimizer_seconds(local_bytes(layout, node.tensor, self.mesh, state))
+        return self.cost_model.ticks(seconds)
 
     def _storage_options(self, meta: TensorMeta, layouts: list[TensorSpec], owner: list[OpStrategy],
                          operand: int, saved: bool) -> list[tuple[TensorSpec, ParamStorage]]:

@@ -42,7 +42,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_pipeline_search_prints_options_claim_and_plan(capsys, model_file, tmp_path) -> None:
     out_file = tmp_path / "pipeline.json"
     code, out, err = _run(capsys, model_file, "--mesh", "2x2", "--pipeline", "0", "--mode", "training",
-                          "--device", "h100", "--memory-budget", "1GiB", "--schedule", "1f1b",
+                          "--device", "h100", "--memory-budget", "2.3GiB", "--schedule", "1f1b",
                           "--microbatches", "2,4", "--quiet", "--baseline", "torchtitan", "--out", str(out_file))
     assert code == 0, err
     assert "Pipeline options" in out and "proved optimal over the 4 pipeline options" in out

@@ -23,7 +23,8 @@ def engine():
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
     model = tiny_llama(4)
-    build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=6 << 20, recompute="full")
+    build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=device.runtime_bytes + (6 << 20),
+                 recompute="full")
     return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
 
 
@@ -106,7 +107,7 @@ def test_the_recipe_seeds_the_search_and_stands_when_nothing_beats_it_in_time() 
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
     model = tiny_llama(4)
-    build = dict(mode="training", device=device, memory_budget=6 << 20)
+    build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
     seed = torchtitan_options(4, 2, 2, BATCH)[0]
     hurried = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=1e-3)
     result = search(hurried, options_for(4, 2, [2, 4], ("1f1b",)), [seed])

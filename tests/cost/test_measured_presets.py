@@ -1,0 +1,48 @@
+"""The h100 preset's measured figures are those of the measurement file they cite, recomputed here."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autoshard.cost.devices import PRESETS
+
+MEASURED = json.loads((Path(__file__).parents[2] / "benchmarks" / "data" / "h100_sxm_measured.json").read_text())
+H100 = PRESETS["h100"]
+PEAK = H100.peak_flops["bf16"]
+
+
+def test_the_matmul_curve_is_the_median_of_each_power_of_two_of_flops() -> None:
+    grid = MEASURED["gemm"][:6**3]  # gpu_kernels.py writes the 6-size cube first, then LLaMA's shapes
+    assert {r["m"] for r in grid} == {512, 1024, 2048, 4096, 8192, 16384}
+    by_size: dict[int, list[float]] = {}
+    for r in grid:
+        by_size.setdefault(round(math.log2(2 * r["m"] * r["n"] * r["k"])), []).append(r["tflops"] * 1e12 / PEAK)
+    expected = [(2.0**k, statistics.median(v)) for k, v in sorted(by_size.items())]
+    assert len(H100.matmul_by_flops) == len(expected)
+    for (flops, fraction), (want_flops, want) in zip(H100.matmul_by_flops, expected):
+        assert flops == pytest.approx(want_flops, rel=5e-3) and fraction == pytest.approx(want, abs=1e-3)
+
+
+def test_the_scalar_fractions_are_the_measured_large_products_attention_and_streaming() -> None:
+    large = [r["tflops"] for r in MEASURED["gemm"] if 2 * r["m"] * r["n"] * r["k"] >= 1e12]
+    assert H100.achieved["matmul"] == pytest.approx(statistics.median(large) * 1e12 / PEAK, abs=1e-3)
+    flash = next(r for r in MEASURED["attention"] if r["seq"] == 8192 and r["head_dim"] == 128)
+    assert H100.achieved["attention_forward"] == pytest.approx(flash["forward_tflops"] * 1e12 / PEAK, abs=1e-3)
+    torch_counted = flash["backward_tflops"] * 2 / 2.5  # torch counts the backward at twice the forward's flops
+    assert H100.achieved["attention_backward"] == pytest.approx(torch_counted * 1e12 / PEAK, abs=1e-3)
+    largest_add = max((r for r in MEASURED["streaming"] if r["kernel"] == "add"), key=lambda r: r["bytes"])
+    assert H100.streaming_bandwidth == pytest.approx(largest_add["gbps"] * 1e9, rel=1e-3)
+
+
+def test_the_allocator_and_optimizer_figures_are_the_measured_ones() -> None:
+    run = MEASURED["allocator"]
+    assert H100.allocator_headroom == pytest.approx(run["peak_reserved"] / run["peak_allocated"] - 1, abs=1e-3)
+    outside = run["outside_allocator"] + MEASURED["nccl"]["one_rank_bytes"]
+    assert H100.runtime_bytes == pytest.approx(outside, rel=0.01)
+    foreach = next(r for r in MEASURED["adamw"] if r["implementation"] == "foreach")
+    assert H100.optimizer_seconds(4 * foreach["parameters"]) == pytest.approx(foreach["seconds"], rel=1e-3)
