@@ -105,7 +105,6 @@ def gemms(sizes: list[int], llama_tokens: list[int]) -> list[dict]:
         a, b = randn(m, k), randn(k, n)
         seconds = timed(lambda: a @ b)
         rows.append({"m": m, "n": n, "k": k, "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12})
-        del a, b
     return rows
 
 
@@ -125,7 +124,6 @@ def attention(configs: list[tuple[int, int, int, int]]) -> list[dict]:
         rows.append({"batch": batch, "heads": heads, "seq": seq, "head_dim": dim, "forward_s": forward,
                      "backward_s": backward, "forward_tflops": flops / forward / 1e12,
                      "backward_tflops": 2.5 * flops / backward / 1e12})
-        del q, k, v, out, grad
     return rows
 
 
@@ -139,7 +137,6 @@ def streaming(sizes: list[int]) -> list[dict]:
         add = timed(lambda: torch.add(x, y, out=out))
         rows.append({"kernel": "copy", "bytes": 4 * numel, "seconds": copy, "gbps": 4 * numel / copy / 1e9})
         rows.append({"kernel": "add", "bytes": 6 * numel, "seconds": add, "gbps": 6 * numel / add / 1e9})
-        del x, y, out
     for tokens in (sizes[-1] // 4096 // 4, sizes[-1] // 4096):
         norm = torch.nn.RMSNorm(4096, eps=1e-5, device=DEVICE, dtype=BF16)
         x = randn(tokens, 4096, grad=True)
@@ -151,7 +148,6 @@ def streaming(sizes: list[int]) -> list[dict]:
         rows.append({"kernel": "rmsnorm_forward", "bytes": nbytes, "seconds": forward, "gbps": nbytes / forward / 1e9})
         rows.append({"kernel": "rmsnorm_backward", "bytes": 3 * nbytes // 2, "seconds": backward,
                      "gbps": 3 * nbytes / 2 / backward / 1e9})
-        del norm, x, y, grad
     return rows
 
 
@@ -238,7 +234,6 @@ def layer_and_head(batch: int, seq: int, dim: int, heads: int, kv_heads: int, hi
         step()
         torch.cuda.synchronize()
         result["layer_peak_bytes_over_inputs"] = torch.cuda.max_memory_allocated() - base
-    del block, ffn, x, grad
     empty_cache()
     output = torch.nn.Linear(dim, vocab, bias=False).to(DEVICE, BF16)
     h = randn(batch, seq, dim, grad=True)
@@ -248,7 +243,6 @@ def layer_and_head(batch: int, seq: int, dim: int, heads: int, kv_heads: int, hi
         F.cross_entropy(output(h).flatten(0, 1).float(), labels).backward()
 
     result["head_forward_backward_s"] = timed(head, 0.5)
-    del output, h, labels
     empty_cache()
     return result
 
