@@ -10,9 +10,9 @@ kernel class achieves on the device (``cost/devices.py``: ``achieved``):
     forward  = max(flops / rate(fwd),          (sum_k in_k + out) / streaming)
     backward = max(backward_flops / rate(bwd), (out + sum_k in_k + sum_{k needs grad} in_k) / streaming)
 
-with rate = peak(dtype) * achieved[class]: ``matmul`` for matmuls and convolutions (or, where the
-preset measured it, the fraction its ``matmul_by_flops`` curve gives at the product's local
-flops: small products run far below peak), the fused
+with rate = peak(dtype) * achieved[class] (or, where the preset measured it, the fraction its
+``by_flops`` curve for the class gives at the kernel's local flops: small products and short
+attention run far below peak): ``matmul`` for matmuls and convolutions, the fused
 attention classes for ``scaled_dot_product_attention`` (forward and backward apart), peak for
 any other op (they are bound by the bytes), and streaming = HBM bandwidth * achieved["memory"].
 Causal attention (``is_causal``) skips the masked half: torch's counter counts the full square,
@@ -83,7 +83,7 @@ def op_times(work: OpWork | None, degree: int, in_bytes: Sequence[int], needs_gr
     backward_flops = work.backward_flops * share if work is not None else 0
     forward_class, backward_class = kernel_classes(op)
     bandwidth = device.streaming_bandwidth
-    size = flops / degree  # one product's local flops: the backward's products are each this size
+    size = flops / degree  # the curves' measure: a product's (or attention's forward) local flops
     forward = roofline(flops / degree, sum(in_bytes) + out_bytes, device.flops_per_second(dtype, forward_class, size),
                        bandwidth)
     backward = 0.0

@@ -5,8 +5,8 @@ How they are used:
 
 - compute (``cost/compute.py``): a kernel of class ``c`` runs at ``peak(dtype) * achieved[c]``
   flop/s and streams bytes at ``memory_bandwidth * achieved["memory"]``; where the preset has a
-  ``matmul_by_flops`` curve, a matrix product of ``F`` local flops runs at the fraction the curve
-  gives at ``F`` (interpolated in ``log F``, held at its ends) instead of ``achieved["matmul"]``;
+  ``by_flops`` curve for the class, a kernel of ``F`` local flops runs at the fraction the curve
+  gives at ``F`` (interpolated in ``log F``, held at its ends) instead of ``achieved[c]``;
 - the optimizer step: AdamW moves ``adamw_bytes`` bytes of HBM traffic per parameter element
   (fp32 state; scaled by the state's itemsize / 4) at the streaming bandwidth;
 - collectives (``cost/communication.py``): the links' bandwidths are the bus bandwidths NCCL
@@ -74,7 +74,7 @@ class Device:
     runtime_bytes: int = 0
     overlap: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
-    matmul_by_flops: tuple[tuple[float, float], ...] = ()
+    by_flops: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     adamw_bytes: float = 0.0
 
     @property
@@ -89,10 +89,11 @@ class Device:
 
     def flops_per_second(self, dtype: str, kernel: str = "matmul", flops: float | None = None) -> float:
         """Flop/s a kernel of class ``kernel`` reaches on work in ``dtype`` (a tensor dtype name);
-        ``flops``: one matrix product's local flops, where the preset has a size curve."""
+        ``flops``: the kernel's local flops, where the preset has a curve for its class."""
         peak = self.peak_flops.get(dtype_class(dtype)) or self.peak_flops["fp32"]
-        if kernel == "matmul" and self.matmul_by_flops and flops:
-            return peak * curve_fraction(self.matmul_by_flops, flops)
+        curve = self.by_flops.get(kernel)
+        if curve and flops:
+            return peak * curve_fraction(curve, flops)
         return peak * self.achieved.get(kernel, 1.0)
 
     def optimizer_seconds(self, state_bytes: int) -> float:
@@ -144,9 +145,11 @@ def _preset(name: str, data: dict) -> Device:
     missing = [k for k in KERNEL_CLASSES if k not in achieved]
     if missing:
         raise ValueError(f"devices.toml [{name}] lacks {', '.join(missing)}")
-    curve = [f for f, _ in data.get("matmul_by_flops", ())]
-    if curve != sorted(set(curve)):
-        raise ValueError(f"devices.toml [{name}]: matmul_by_flops must ascend in flops")
+    curves = {kernel: tuple((float(f), float(a)) for f, a in points)
+              for kernel, points in data.get("by_flops", {}).items()}
+    for kernel, points in curves.items():
+        if kernel not in KERNEL_CLASSES or [f for f, _ in points] != sorted({f for f, _ in points}):
+            raise ValueError(f"devices.toml [{name}.by_flops]: {kernel} must be a kernel class with ascending flops")
     peaks = data["peak_flops"]
     summary = (f"{data['description']}: " + ", ".join(f"{c} {peaks[c] / 1e12:.4g}" for c in DTYPE_CLASSES)
                + f" Tflop/s (matmuls at {achieved['matmul']:.0%}), HBM {data['memory_bandwidth'] / 1e12:.3g} TB/s, "
@@ -156,7 +159,7 @@ def _preset(name: str, data: dict) -> Device:
                   data["intra"]["bandwidth"], data["intra"]["latency"], data["inter"]["bandwidth"],
                   data["inter"]["latency"], summary, achieved, data["allocator"]["headroom"],
                   int(data["allocator"]["runtime_gib"] * GiB), data["overlap"], dict(data["sources"]),
-                  tuple((float(f), float(a)) for f, a in data.get("matmul_by_flops", ())),
+                  curves,
                   float(data.get("adamw", {}).get("bytes_per_parameter", 0.0)))
 
 

@@ -23,8 +23,8 @@ def test_the_matmul_curve_is_the_median_of_each_power_of_two_of_flops() -> None:
     for r in grid:
         by_size.setdefault(round(math.log2(2 * r["m"] * r["n"] * r["k"])), []).append(r["tflops"] * 1e12 / PEAK)
     expected = [(2.0**k, statistics.median(v)) for k, v in sorted(by_size.items())]
-    assert len(H100.matmul_by_flops) == len(expected)
-    for (flops, fraction), (want_flops, want) in zip(H100.matmul_by_flops, expected):
+    assert len(H100.by_flops["matmul"]) == len(expected)
+    for (flops, fraction), (want_flops, want) in zip(H100.by_flops["matmul"], expected):
         assert flops == pytest.approx(want_flops, rel=5e-3) and fraction == pytest.approx(want, abs=1e-3)
 
 
@@ -46,3 +46,14 @@ def test_the_allocator_and_optimizer_figures_are_the_measured_ones() -> None:
     assert H100.runtime_bytes == pytest.approx(outside, rel=0.01)
     foreach = next(r for r in MEASURED["adamw"] if r["implementation"] == "foreach")
     assert H100.optimizer_seconds(4 * foreach["parameters"]) == pytest.approx(foreach["seconds"], rel=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["forward", "backward"])
+def test_the_attention_curves_are_the_flash_kernel_at_head_dim_128(kind: str) -> None:
+    runs = [r for r in MEASURED["attention"] if r["head_dim"] == 128]
+    expected = [(2 * r["batch"] * r["heads"] * r["seq"] ** 2 * 128,  # causal: half of torch's 4 b h s^2 d
+                 r[f"{kind}_tflops"] * (0.8 if kind == "backward" else 1.0) * 1e12 / PEAK) for r in runs]
+    curve = H100.by_flops[f"attention_{kind}"]
+    assert len(curve) == len(expected)
+    for (flops, fraction), (want_flops, want) in zip(curve, expected):
+        assert flops == pytest.approx(want_flops, rel=5e-3) and fraction == pytest.approx(want, abs=1e-3)
