@@ -14,9 +14,11 @@ Where each part is implemented:
   elimination, merged edges, functional nodes): reduce.py, core.py; memory rows compressed onto
   the reduced core's nodes (segments of rows per node): memory.py;
 - bounds: the LP relaxation (relax.py), the Lagrangian relaxation of the memory rows solved by
-  TRW-S or elimination (lagrange.py, trws.py, eliminate.py), cuts for z3 from their duals (cut.py);
+  TRW-S or elimination (lagrange.py, trws.py, eliminate.py) or, where toulbar2 proves the
+  penalised core in a second, exactly (exact_lagrange.py), cuts for z3 from their duals (cut.py);
 - plans: minimum-memory start and local search (heuristics.py, penalised_start.py), Lagrangian
-  plans, toulbar2 on the penalised subproblem (subproblem.py, toulbar.py), large-neighbourhood
+  plans (exact ones: exact_lagrange.py), toulbar2 on the penalised subproblem (subproblem.py,
+  toulbar.py), large-neighbourhood
   search (lns.py), usage weights (usage_weights.py);
 - proofs: z3 CEGIS, "is there a plan cheaper than the best?" until UNSAT (cegis.py, run by
   z3_phases.py), exact elimination (eliminate.py), HiGHS's MILP (milp.py), toulbar2's branch

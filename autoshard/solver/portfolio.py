@@ -13,7 +13,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
     at most MILP_MAX_COLUMNS, else a second Lagrangian search with its own
     seed, taking turns with toulbar2 on per-node usage weights in place of the rows
     (second_search.py, usage_weights.py); this process runs the LP bound, z3 and the
-    Lagrangian relaxation of memory solved by elimination or TRW-S (lagrange.py, trws.py)
+    Lagrangian relaxation of memory, first exactly step by step where toulbar2 proves the
+    penalised core in a second (exact_lagrange.py), then by elimination or TRW-S (lagrange.py, trws.py)
     with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
     large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
@@ -37,6 +38,7 @@ from autoshard.solver.cegis import Z3Worker
 from autoshard.solver.cut import DualCut
 from autoshard.solver.eliminate import EliminationPlan
 from autoshard.solver.events import Phase
+from autoshard.solver.exact_lagrange import SHARE as EXACT_SHARE, search as exact_search
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.lns import NeighbourhoodSearch
@@ -227,6 +229,9 @@ class Portfolio:
         memory = comp.has_memory
         if state.deadline is not None and state.left() < LAGRANGE_SETUP * state.greedy_time:
             return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
+        if memory and state.options.toulbar and can_take(comp, rows=False):
+            with state.timed("exact-lagrange"):
+                self._exact_lagrangian()
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = LagrangianSearch(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
@@ -275,6 +280,22 @@ class Portfolio:
             z3_thread.join_until(None)
             self.z3.drain(z3_thread)
         return z3_thread
+
+    def _exact_lagrangian(self) -> None:
+        """Exact Lagrangian steps (exact_lagrange.py) for up to its share of the time left."""
+        state = self.state
+        state.emit(Phase("exact-lagrange", "toulbar2's exact minima of the Lagrangian relaxation of memory",
+                         state.elapsed()))
+
+        def bound(value: int) -> bool:
+            before = state.lower
+            state.bound(value, "exact-lagrange")
+            return state.lower != before
+
+        until = state.share(EXACT_SHARE) or time.monotonic() + 60.0
+        exact_search(state.comp, state.rng, state.options.seed, lambda: state.best_cost,
+                     lambda x: state.offer(x, "exact-lagrange", None), bound,
+                     lambda call, seconds: call_forked(call, state.soon(seconds), self._heard), until)
 
     def _probe(self, probe: PenalisedProbe, lag: LagrangianSearch, steps: int) -> bool:
         """toulbar2 on this step's penalised problem in a forked child (killed at the deadline;

@@ -101,6 +101,28 @@ def solve_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     return None if found is None else np.asarray(found[0], dtype=np.int64)
 
 
+def prove_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: int) -> tuple[np.ndarray, bool] | None:
+    """toulbar2's branch and bound (HBFS) on the core's costs plus ``penalty`` (integers, flat as
+    in ``FrozenCore.arrays``), memory rows left out, for up to ``seconds`` (CPU): its best plan
+    and whether it proved it minimal, or None when it found none."""
+    import pytoulbar2
+
+    a = comp.arrays
+    flat = np.where(a.costs < INF, a.costs.astype(np.float64) + penalty, INF)
+    if np.where(flat < INF, flat, 0).max(initial=0) >= MAX_EXACT_COST:
+        return None  # doubles no longer hold the costs exactly
+    with silenced():
+        cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed)
+        _network(cfn, comp, views(flat, a.c_off))
+        try:
+            found = cfn.Solve(timeLimit=max(1, int(seconds)))
+        except pytoulbar2.Contradiction:  # every plan forbidden
+            return None
+    if found is None:
+        return None
+    return np.asarray(found[0], dtype=np.int64), cfn.GetDDualBound() >= found[1]
+
+
 def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
     """A plan of ``comp`` that fits and costs less than x, by toulbar2's branch and bound with the
     memory rows as knapsack constraints and x's cost as the upper bound, within ``seconds`` (CPU);
