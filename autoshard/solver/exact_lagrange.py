@@ -6,8 +6,7 @@ Where toulbar2's branch and bound proves the core without its memory rows within
 cores of models built of repeated layers), each step hands it the core with the penalties
 ``floor(sum_r lam_r usage_r)`` added (``toulbar.prove_penalised``, in a forked child with a
 wall-clock limit). A proved minimum m gives the bound ``floor(m - lam . capacity)`` (the floored
-penalties only lower it). The minimiser is a plan: offered as it is when it fits, else repaired
-to fit and polished (``subproblem.fitted``). lam moves along the plan's overflow g by deflected
+penalties only lower it). The minimiser, when it fits, is polished by local search and offered. lam moves along the plan's overflow g by deflected
 Polyak steps towards the best cost U, as in lagrange.py:
 
     d = g - 1.5 (g . d' / |d'|^2) d'  if g . d' < 0, else g;   lam <- max(0, lam + (U - L) d / |d|^2)
@@ -29,17 +28,18 @@ import numpy as np
 
 from autoshard.solver.core import INF, FrozenCore
 from autoshard.solver.lagrange import DEFLECTION, StepResult, _penalties
-from autoshard.solver.subproblem import fitted
+from autoshard.solver.heuristics import Search
 from autoshard.solver.toulbar import prove_penalised
 
 STALL = 20
-"""Steps in a row without a better plan or bound after which the search stops."""
+"""Steps in a row without a better plan after which the search stops (its bounds, weak on the
+cores it is for, do not keep it going)."""
 SHARE = 0.5
 """Most of the time left the search takes."""
 PROVE_SECONDS = 1
 """toulbar2's CPU-time limit per penalised core; a step whose minimum is not proved gives no bound."""
-FIT_SECONDS = 2.0
-"""Longest repair and polish of a step's plan."""
+POLISH_SECONDS = 1.0
+"""Longest local search on a step's plan that fits."""
 
 Runner = Callable[[Callable[[], tuple[np.ndarray, bool] | None], float], tuple[np.ndarray, bool] | None]
 """Runs toulbar2's call with a wall-clock limit (seconds), in a child that is killed at it."""
@@ -61,7 +61,7 @@ class ExactLagrangian:
 
     def step(self, upper: int | None, run: Runner, deadline: float) -> StepResult | None:
         """One step: the penalised minimum (None when toulbar2 gave none in time), its bound when
-        proved, its plan fitted (None when it could not be), and the multipliers moved."""
+        proved, its plan polished where it fits (None where it does not), and the multipliers moved."""
         comp = self.comp
         self.steps += 1
         penalty = self.penalties()
@@ -75,10 +75,13 @@ class ExactLagrangian:
             return None
         overflow = (comp.profile(x) - comp.capacity).astype(np.float64)
         self._move(overflow, value, upper)
-        search = fitted(comp, x, self.rng, min(deadline, time.monotonic() + FIT_SECONDS))
-        plan = None if search is None else search.x
+        search = Search(comp, x, self.rng)
+        plan = None
+        if search.feasible:  # no repair: the minimisers that matter fit as they are, and repairs take seconds
+            search.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
+            plan = search.x
         bound = math.floor(value - 1e-9 * abs(value)) if proved else None  # doubles summed: a margin
-        return StepResult(plan, None if search is None else search.total, bound)
+        return StepResult(plan, search.total if plan is not None else None, bound)
 
     def _move(self, g: np.ndarray, value: float, upper: int | None) -> None:
         """The deflected Polyak step along the overflow ``g`` (towards ``upper``, else 5% above L)."""
@@ -94,10 +97,10 @@ class ExactLagrangian:
 
 
 def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable[[], int | None],
-           offer: Callable[[np.ndarray], bool], bound: Callable[[int], bool], run: Runner, until: float) -> int:
-    """Exact Lagrangian steps on ``comp`` until ``until``, or until STALL steps in a row neither
-    ``offer`` a better plan nor ``bound`` a better bound (each says whether it was); how many
-    steps ran. The first step is the core without penalties: if toulbar2 does not prove that
+           offer: Callable[[np.ndarray], bool], bound: Callable[[int], None], run: Runner, until: float) -> int:
+    """Exact Lagrangian steps on ``comp`` until ``until``, or until STALL steps in a row do not
+    ``offer`` a better plan (it says whether it was); each proved bound goes to ``bound``; how
+    many steps ran. The first step is the core without penalties: if toulbar2 does not prove that
     one, no step is worth its time."""
     lagrangian = ExactLagrangian(comp, rng, seed)
     stale = 0
@@ -105,7 +108,7 @@ def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable
         result = lagrangian.step(best(), run, until)
         if result is None or (lagrangian.steps == 1 and result.bound is None):
             break
-        gained = result.plan is not None and offer(result.plan)
-        gained = (result.bound is not None and bound(result.bound)) or gained
-        stale = 0 if gained else stale + 1
+        if result.bound is not None:
+            bound(result.bound)
+        stale = 0 if result.plan is not None and offer(result.plan) else stale + 1
     return lagrangian.steps

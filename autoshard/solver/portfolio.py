@@ -286,15 +286,10 @@ class Portfolio:
         state = self.state
         state.emit(Phase("exact-lagrange", "toulbar2's exact minima of the Lagrangian relaxation of memory",
                          state.elapsed()))
-
-        def bound(value: int) -> bool:
-            before = state.lower
-            state.bound(value, "exact-lagrange")
-            return state.lower != before
-
         until = state.share(EXACT_SHARE) or time.monotonic() + 60.0
         exact_search(state.comp, state.rng, state.options.seed, lambda: state.best_cost,
-                     lambda x: state.offer(x, "exact-lagrange", None), bound,
+                     lambda x: state.offer(x, "exact-lagrange", None),
+                     lambda value: state.bound(value, "exact-lagrange"),
                      lambda call, seconds: call_forked(call, state.soon(seconds), self._heard), until)
 
     def _probe(self, probe: PenalisedProbe, lag: LagrangianSearch, steps: int) -> bool:

@@ -54,10 +54,9 @@ def test_bounds_never_pass_the_optimum_and_offered_plans_fit() -> None:
             plans.append(x)
             return True
 
-        def bound(value: int) -> bool:
+        def bound(value: int) -> None:
             assert value <= best, (seed, value, best)
             bounds.append(value)
-            return True
 
         steps = search(comp, np.random.default_rng(seed), seed, lambda: min((comp.cost(p) for p in plans), default=None),
                        offer, bound, direct, time.monotonic() + 1)
