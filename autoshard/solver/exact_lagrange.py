@@ -6,8 +6,9 @@ Where toulbar2's branch and bound proves the core without its memory rows within
 cores of models built of repeated layers), each step hands it the core with the penalties
 ``floor(sum_r lam_r usage_r)`` added (``toulbar.prove_penalised``, in a forked child with a
 wall-clock limit). A proved minimum m gives the bound ``floor(m - lam . capacity)`` (the floored
-penalties only lower it). The minimiser, when it fits, is polished by local search and offered. lam moves along the plan's overflow g by deflected
-Polyak steps towards the best cost U, as in lagrange.py:
+penalties only lower it). The minimiser, when it fits, is polished by local search and offered.
+lam moves along the minimiser's overflow g by deflected Polyak steps towards the best cost U, as
+in lagrange.py:
 
     d = g - 1.5 (g . d' / |d'|^2) d'  if g . d' < 0, else g;   lam <- max(0, lam + (U - L) d / |d|^2)
 
