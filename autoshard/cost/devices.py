@@ -166,7 +166,13 @@ def _preset(name: str, data: dict) -> Device:
 def load_presets(path: Path = PRESETS_PATH) -> dict[str, Device]:
     """Every preset in ``path`` by name."""
     with path.open("rb") as f:
-        return {name: _preset(name, table) for name, table in tomllib.load(f).items()}
+        tables = tomllib.load(f)
+    for name, table in tables.items():  # ``by_flops = "h100"``: that preset's curves
+        if isinstance(table.get("by_flops"), str):
+            if "by_flops" not in tables.get(table["by_flops"], {}):
+                raise ValueError(f"devices.toml [{name}]: by_flops names {table['by_flops']!r}, which has no curves")
+            table["by_flops"] = tables[table["by_flops"]]["by_flops"]
+    return {name: _preset(name, table) for name, table in tables.items()}
 
 
 PRESETS: dict[str, Device] = load_presets()

@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 from autoshard.cost.communication import CostModel
 from autoshard.cost.compute import causal_split_load, op_times
 from autoshard.cost.lifetimes import Lifetimes
-from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items, param_precision,
-                                   recompute_variants, state_items)
+from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
+                                   param_precision, recompute_variants, state_items)
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, checkpoint_readers
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode, OpWork, TensorMeta
 

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from autoshard.solver.core import INF, FrozenCore
-from autoshard.solver.lagrange import DEFLECTION, StepResult, _penalties
+from autoshard.solver.lagrange import StepResult, deflected, row_penalties
 from autoshard.solver.heuristics import Search
 from autoshard.solver.toulbar import prove_penalised
 
@@ -57,8 +57,7 @@ class ExactLagrangian:
 
     def penalties(self) -> np.ndarray:
         """Each strategy's usage times the summed multipliers of its rows, rounded down (flat)."""
-        cum = np.concatenate([[0.0], np.cumsum(self.lam)])
-        return np.floor(_penalties(cum, *self.comp.arrays.segment_args()))
+        return np.floor(row_penalties(self.comp, self.lam))
 
     def step(self, upper: int | None, run: Runner, deadline: float) -> StepResult | None:
         """One step: the penalised minimum (None when toulbar2 gave none in time), its bound when
@@ -86,9 +85,7 @@ class ExactLagrangian:
 
     def _move(self, g: np.ndarray, value: float, upper: int | None) -> None:
         """The deflected Polyak step along the overflow ``g`` (towards ``upper``, else 5% above L)."""
-        previous = self.direction
-        dot, size = float(g @ previous), float(previous @ previous)
-        d = g - DEFLECTION * dot / size * previous if dot < 0 and size > 0 else g
+        d = deflected(g, self.direction)
         norm = float(d @ d)
         if norm <= 0:
             return

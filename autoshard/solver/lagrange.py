@@ -60,6 +60,13 @@ def deflected(g: np.ndarray, previous: np.ndarray) -> np.ndarray:
     return g - DEFLECTION * dot / size * previous
 
 
+def row_penalties(comp: FrozenCore, lam: np.ndarray) -> np.ndarray:
+    """Every strategy's usage times the summed multipliers ``lam`` of its rows, flat
+    (``FrozenCore.arrays.c_off``'s layout)."""
+    cum = np.concatenate([[0.0], np.cumsum(lam)])
+    return _penalties(cum, *comp.arrays.segment_args())
+
+
 class LagrangianSearch:
     """Subgradient ascent on lam with TRW-S as the inner solver, one ``step`` at a time."""
 
@@ -93,8 +100,7 @@ class LagrangianSearch:
         consumer takes as is): its usage times the summed multipliers of its rows."""
         if not len(self.lam) or not self.lam.any():
             return None
-        cum = np.concatenate([[0.0], np.cumsum(self.lam)])
-        return _penalties(cum, *self.comp.arrays.segment_args())
+        return row_penalties(self.comp, self.lam)
 
     def step(self, upper: int | None, deadline: float) -> StepResult:
         """One round: sweeps, bound, plan, repair and polish, multiplier update."""

@@ -57,3 +57,7 @@ def test_the_attention_curves_are_the_flash_kernel_at_head_dim_128(kind: str) ->
     assert len(curve) == len(expected)
     for (flops, fraction), (want_flops, want) in zip(curve, expected):
         assert flops == pytest.approx(want_flops, rel=5e-3) and fraction == pytest.approx(want, abs=1e-3)
+
+
+def test_the_other_hopper_presets_take_the_h100_curves_by_name() -> None:
+    assert PRESETS["h100-hbm2e"].by_flops == PRESETS["h200"].by_flops == H100.by_flops
