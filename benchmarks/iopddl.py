@@ -6,7 +6,7 @@ For every instance: our cost, the wall time of our solver's whole process (start
 the file included, as the contest counts it) and its peak RSS (the process and its engine
 children), whether it was proved optimal (and by what) or the gap to our lower bound, the ratio
 to best_known_cost, and the contest winner's cost (benchmarks/data/iopddl_winner.csv); then the same for HiGHS
-(scipy.optimize.milp on the standard linearised ILP of the unreduced problem) under the same time
+(highspy on the standard linearised ILP of the unreduced problem) under the same time
 limit. The time limit defaults to the contest's limit for the instance (best_known.csv).
 """
 

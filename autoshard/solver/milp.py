@@ -1,6 +1,6 @@
-"""The standard linearised ILP of a FrozenCore, solved by HiGHS (scipy): the reference optimum the
-tests and the benchmark compare against (``solve_problem_milp``), and the LP relaxation that
-``relax.py`` turns into a proven lower bound.
+"""The standard linearised ILP of a FrozenCore, solved by HiGHS (highspy): the reference optimum the
+tests and the benchmark compare against (``solve_problem_milp``), the exact engine beside toulbar2
+(workers.py), and the LP relaxation that ``relax.py`` turns into a proven lower bound.
 
     x[i,s] in {0,1},  y[e,s,t] in [0,1],  0 <= level[r] <= capacity[r]
     minimise   sum c_i[s] x[i,s] + sum m_e[s,t] y[e,s,t]
@@ -19,15 +19,16 @@ benchmarks/README.md, "Measurements behind the design").
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
+import highspy
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array, csr_array
+from scipy.sparse import coo_array, csr_array, diags_array
 
 from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import INF, FrozenCore, Core
@@ -129,6 +130,25 @@ def linearise(comp: FrozenCore) -> Linearised:
     return Linearised(np.concatenate(objective), a_eq, b_eq, np.concatenate(upper), offsets)
 
 
+LEVEL_BITS = 16
+"""Memory levels are handed to HiGHS in units that put the largest capacity near 2**16. In bytes
+(capacities near 2**36 beside 0/1 columns) its MIP presolve declared fitting LLaMA-3-8B cores
+infeasible; with capacities near 2**10 its root LP took minutes where it takes seconds near 2**16
+(benchmarks/README.md, "Measurements behind the design")."""
+
+_scheduler_pid: int | None = None
+"""The process whose HiGHS thread pool exists: a forked child inherits the pool's state but not
+its threads, and HiGHS waits on them forever unless the pool is reset first."""
+
+
+def _own_scheduler() -> None:
+    """Reset HiGHS's thread pool when it was started by the process this one was forked from."""
+    global _scheduler_pid
+    if _scheduler_pid is not None and _scheduler_pid != os.getpid():
+        highspy.Highs.resetGlobalScheduler(False)
+    _scheduler_pid = os.getpid()
+
+
 @dataclass(frozen=True)
 class MilpResult:
     """What HiGHS returned: a plan (or None), its exact cost, HiGHS's dual bound and whether it proved it."""
@@ -139,6 +159,12 @@ class MilpResult:
     optimal: bool
     elapsed: float
     infeasible: bool = False
+
+
+Progress = Callable[[str, int, list[int] | None], None]
+"""``progress(kind, value, plan)`` while HiGHS runs: ``("plan", cost, choice)`` for each better
+plan that fits (cost exact, choice in the core's local indices), ``("bound", lower, None)`` each
+time the proven lower bound rises (already less the tolerance margin of ``safe_bound``)."""
 
 
 def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None) -> MilpResult:
@@ -159,33 +185,104 @@ def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None
     return MilpResult(choice, ev.cost, result.bound, result.optimal, elapsed)
 
 
+def safe_bound(comp: FrozenCore, dual_bound: float) -> int:
+    """HiGHS's dual bound (of the core's objective, without its constant) as an integer lower
+    bound of the problem, less a margin for HiGHS's floating-point tolerances."""
+    return round(dual_bound - 1e-6 * abs(dual_bound) - 1) + comp.const
+
+
 def solve_core_milp(
-    compact: FrozenCore, time_limit: float | None = None, exact: bool = False, gap: float = 0.0
+    compact: FrozenCore, time_limit: float | None = None, exact: bool = False, gap: float = 0.0,
+    start: list[int] | None = None, progress: Progress | None = None,
 ) -> MilpResult:
     """HiGHS MILP on a FrozenCore; the choice is in the core's local strategy indices.
 
     ``exact`` asks for a zero relative gap (HiGHS stops at 0.01% by default), for proofs;
-    ``gap`` > 0 for that relative gap instead.
+    ``gap`` > 0 for that relative gap instead. ``start``: a plan HiGHS begins from (its cost
+    prunes the search from the first node). ``progress`` hears plans and bounds as they come,
+    so a caller that is stopped at a deadline keeps what HiGHS had found.
     """
-    start = time.monotonic()
+    begun = time.monotonic()
     if compact.capacity is not None and len(compact.capacity) and int(compact.capacity.min()) < 0:
         return MilpResult(None, None, None, False, 0.0)  # unavoidable usage over the limit
     lin = linearise(compact)
-    integrality = np.zeros(lin.columns)
-    integrality[: lin.nx] = 1
-    constraints = [LinearConstraint(lin.a_eq, lin.b_eq, lin.b_eq)]
-    options: dict = {"disp": False}
-    if exact or gap > 0:
-        options["mip_rel_gap"] = float(gap) if gap > 0 else 0.0
+    _own_scheduler()
+    with silenced():  # the constructor prints HiGHS's banner
+        highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("mip_rel_gap", float(gap) if gap > 0 else 0.0 if exact else 1e-4)
     if time_limit is not None:
-        options["time_limit"] = max(1.0, float(time_limit) - (time.monotonic() - start))
+        highs.setOptionValue("time_limit", max(1.0, float(time_limit) - (time.monotonic() - begun)))
+    highs.passModel(_highs_lp(lin, 0 if compact.capacity is None else len(compact.capacity)))
+    known = None if start is None else compact.cost(start)
+    if start is not None:
+        picked = lin.offsets[:-1] + np.asarray(start, dtype=np.int64)
+        highs.setSolution(len(picked), picked.astype(np.int32), np.ones(len(picked)))
+    if progress is not None:
+        _listen(highs, compact, lin, progress, known)
     with silenced():
-        res = milp(lin.c, constraints=constraints, integrality=integrality, bounds=Bounds(0, lin.upper),
-                   options=options)
-    elapsed = time.monotonic() - start
-    bound = getattr(res, "mip_dual_bound", None)
-    bound = None if bound is None or not np.isfinite(bound) else float(bound) + compact.const
-    if res.x is None:
-        return MilpResult(None, None, bound, False, elapsed, infeasible=res.status == 2)
-    choice = lin.choice(res.x)
-    return MilpResult(choice, compact.cost(choice), bound, res.status == 0, elapsed)
+        highs.run()
+    elapsed = time.monotonic() - begun
+    status = highs.getModelStatus()
+    info = highs.getInfo()
+    # an infeasible verdict (no proof with memory rows: tolerances) sets the dual bound to the cutoff
+    trusted = np.isfinite(info.mip_dual_bound) and status != highspy.HighsModelStatus.kInfeasible
+    bound = float(info.mip_dual_bound) + compact.const if trusted else None
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return MilpResult(None, None, bound, False, elapsed, infeasible=status == highspy.HighsModelStatus.kInfeasible)
+    choice = lin.choice(np.asarray(highs.getSolution().col_value))
+    return MilpResult(choice, compact.cost(choice), bound, status == highspy.HighsModelStatus.kOptimal, elapsed)
+
+
+def _highs_lp(lin: Linearised, rows_mem: int) -> highspy.HighsLp:
+    """The linearised ILP as HiGHS's model: equality rows, the x columns integer, and the last
+    ``rows_mem`` rows and columns (the memory levels) in a power-of-two unit that puts the
+    largest capacity near 2**LEVEL_BITS: the same constraints, divided through exactly."""
+    a = lin.a_eq.tocsr()
+    upper = lin.upper.copy()
+    if rows_mem:
+        levels = slice(lin.columns - rows_mem, lin.columns)
+        unit = 2.0 ** max(0, math.floor(math.log2(max(float(upper[levels].max()), 1.0))) - LEVEL_BITS)
+        row_scale = np.ones(a.shape[0])
+        row_scale[a.shape[0] - rows_mem:] = 1 / unit
+        col_scale = np.ones(lin.columns)
+        col_scale[levels] = unit  # level' = level / unit keeps its +-1 coefficients
+        a = (diags_array(row_scale) @ a @ diags_array(col_scale)).tocsr()
+        upper[levels] /= unit
+    a = a.tocsc()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = lin.columns, a.shape[0]
+    lp.col_cost_ = lin.c
+    lp.col_lower_, lp.col_upper_ = np.zeros(lin.columns), upper
+    lp.row_lower_ = lp.row_upper_ = lin.b_eq
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * lin.nx + [highspy.HighsVarType.kContinuous] * (
+        lin.columns - lin.nx)
+    return lp
+
+
+def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: Progress, known: int | None) -> None:
+    """Pass HiGHS's better plans (checked exactly on the core) and rising bounds to ``progress``.
+    Bounds are passed only below the cheapest plan known (``known``: the start's cost): one that
+    reaches it says the search has ended, and only HiGHS's final status tells a proof from a
+    tolerance-made verdict of infeasibility."""
+    best: list[int | None] = [known, None]  # cheapest plan known, highest bound reported
+
+    def improved(event: highspy.HighsCallbackEvent) -> None:
+        choice = lin.choice(np.asarray(event.data_out.mip_solution))
+        cost = comp.cost(choice)
+        if comp.is_feasible(choice) and (best[0] is None or cost < best[0]):
+            best[0] = cost
+            progress("plan", cost, choice)
+
+    def polled(event: highspy.HighsCallbackEvent) -> None:
+        dual = float(event.data_out.mip_dual_bound)
+        if np.isfinite(dual):
+            lower = safe_bound(comp, dual)
+            if (best[1] is None or lower > best[1]) and (best[0] is None or lower < best[0]):
+                best[1] = lower
+                progress("bound", lower, None)
+
+    highs.cbMipImprovingSolution.subscribe(improved)
+    highs.cbMipInterrupt.subscribe(polled)

@@ -55,6 +55,7 @@ class EngineWorker:
         self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.pid: int | None = None
         self.done = False
+        self.started: float | None = None  # time.monotonic() at its fork
         self.error: str | None = None
         self.cheapest: int | None = None  # the cheapest plan it reported (fitting or not)
         self._readers: list[threading.Thread] = []
@@ -86,6 +87,7 @@ class EngineWorker:
         """Fork the child and start reading what it reports."""
         events_read, events_write = os.pipe()
         text_read, text_write = os.pipe() if self.prints else (None, None)
+        self.started = time.monotonic()
         self.pid = fork_child(lambda: _child(self, events_write, text_write), [events_read, text_read],
                               [events_write, text_write])
         self._readers = [threading.Thread(target=self._read_events, args=(events_read,), daemon=True)]
@@ -191,12 +193,16 @@ def _run_engine(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> 
 
 
 def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
-    """HiGHS on the core: its plan, its verdict and its dual bound (less a margin for HiGHS's
-    floating-point tolerances)."""
-    from autoshard.solver.milp import solve_core_milp
+    """HiGHS on the core from the best plan so far: its plans and dual bounds as it finds them
+    (the parent stops it at the deadline), then its verdict."""
+    from autoshard.solver.milp import safe_bound, solve_core_milp
 
     comp = worker.comp
-    result = solve_core_milp(comp, None, exact=worker.gap <= 0, gap=worker.gap)
+
+    def heard(kind: str, value: int, plan: list[int] | None) -> None:
+        report(EngineEvent(kind, value, plan))
+
+    result = solve_core_milp(comp, None, exact=worker.gap <= 0, gap=worker.gap, start=worker.plan, progress=heard)
     if result.choice is not None and result.cost is not None and comp.is_feasible(result.choice):
         report(EngineEvent("plan", result.cost, list(result.choice)))
         if result.optimal and worker.gap <= 0:
@@ -204,5 +210,4 @@ def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
     elif (result.optimal or result.infeasible) and not comp.has_memory:
         report(EngineEvent("none"))
     if result.bound is not None:
-        lower = result.bound - comp.const
-        report(EngineEvent("bound", round(lower - 1e-6 * abs(lower) - 1) + comp.const))
+        report(EngineEvent("bound", safe_bound(comp, result.bound - comp.const)))

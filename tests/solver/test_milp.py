@@ -1,0 +1,97 @@
+"""HiGHS's MILP of a reduced core (milp.py) against enumeration on random small cores: its
+optimum, the plans and bounds it reports while it runs, and a start plan it is given."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from autoshard.solver.core import INF, FrozenCore
+from autoshard.solver.milp import solve_core_milp
+from tests.solver.helpers import core_of, optimum
+
+
+def cores(count: int) -> list[tuple[FrozenCore, int]]:
+    """Random cores with memory rows and at least one plan that fits, with their optima."""
+    found = []
+    for seed in range(400):
+        comp = core_of(seed, nodes=8)
+        if comp is None or comp.n == 0 or not comp.has_memory:
+            continue
+        best = optimum(comp)
+        if best is not None and best < INF:
+            found.append((comp, best))
+        if len(found) == count:
+            break
+    return found
+
+
+def fitting_plans(comp: FrozenCore) -> list[list[int]]:
+    """Every plan of the core that fits, most expensive first."""
+    plans = [list(x) for x in itertools.product(*[range(len(c)) for c in comp.costs]) if comp.is_feasible(list(x))]
+    return sorted(plans, key=comp.cost, reverse=True)
+
+
+def test_the_proved_optimum_is_the_enumerated_one_and_every_report_holds() -> None:
+    checked = 0
+    for comp, best in cores(25):
+        heard: list[tuple[str, int, list[int] | None]] = []
+        result = solve_core_milp(comp, exact=True, progress=lambda *event: heard.append(event))
+        assert result.optimal and result.cost == best
+        for kind, value, plan in heard:
+            if kind == "plan":
+                assert plan is not None and comp.is_feasible(plan) and comp.cost(plan) == value
+            else:
+                assert kind == "bound" and value <= best
+        assert any(kind == "plan" for kind, _, _ in heard)
+        checked += 1
+    assert checked == 25
+
+
+def test_a_start_plan_is_kept_or_bettered() -> None:
+    started = 0
+    for comp, best in cores(15):
+        worst = fitting_plans(comp)[0]
+        for start in (worst, fitting_plans(comp)[-1]):
+            heard: list[tuple[str, int, list[int] | None]] = []
+            result = solve_core_milp(comp, exact=True, start=start, progress=lambda *event: heard.append(event))
+            assert result.optimal and result.cost == best
+            assert all(value <= comp.cost(start) for kind, value, _ in heard if kind == "plan")
+            started += 1
+    assert started == 30
+
+
+def test_a_core_whose_limit_nothing_meets_gives_no_plan() -> None:
+    checked = 0
+    for comp, _ in cores(25):
+        tight = replace(comp, capacity=np.zeros_like(comp.capacity))
+        if fitting_plans(tight):
+            continue
+        result = solve_core_milp(tight, exact=True)
+        assert result.choice is None and not result.optimal
+        checked += 1
+    assert checked >= 5
+
+
+def test_a_child_forked_after_highs_ran_here_still_solves() -> None:
+    comp, best = cores(1)[0]
+    assert solve_core_milp(comp, exact=True).cost == best
+    pid = os.fork()
+    if pid == 0:  # the child: HiGHS's thread pool came with the fork, its threads did not
+        result = solve_core_milp(comp, exact=True)
+        os._exit(0 if result.cost == best else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError("HiGHS hung in the forked child")
