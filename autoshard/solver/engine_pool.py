@@ -29,6 +29,7 @@ class EnginePool:
         self.state = state
         self.engines: list[EngineWorker] = []
         self.waiting: tuple[list[str], str, float] | None = None
+        self.relaxation_proved_in: float | None = None  # seconds toulbar2 took to prove the core without rows
 
     @property
     def any_exact(self) -> bool:
@@ -91,6 +92,8 @@ class EnginePool:
             return
         elif event.kind in ("bound", "optimal"):
             state.bound(event.cost, source)
+            if engine.relaxation and event.kind == "optimal" and engine.started is not None:
+                self.relaxation_proved_in = time.monotonic() - engine.started
         elif event.kind == "none" and engine.upper is not None:
             state.bound(engine.upper, source)  # no plan below the cost it was given
         elif event.kind == "none":

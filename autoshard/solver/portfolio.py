@@ -13,8 +13,9 @@ bounds come together (step 2-4 of the pipeline in api.py).
     at most MILP_MAX_COLUMNS, else a second Lagrangian search with its own
     seed, taking turns with toulbar2 on per-node usage weights in place of the rows
     (second_search.py, usage_weights.py); this process runs the LP bound, z3 and the
-    Lagrangian relaxation of memory, first exactly step by step where toulbar2 proves the
-    penalised core in a second (exact_lagrange.py), then by elimination or TRW-S (lagrange.py, trws.py)
+    Lagrangian relaxation of memory by elimination or TRW-S (lagrange.py, trws.py), exactly step
+    by step for a while once toulbar2 has proved the core without rows within RELAXED_PROOF
+    seconds (exact_lagrange.py),
     with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
     large-neighbourhood search when it stalls (lns.py);
 - z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
@@ -75,6 +76,11 @@ MILP_MAX_COLUMNS = 1_000_000
 """Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
 Lagrangian search, which proves cores of this size that the Lagrangian search alone ends just
 short of (measured: see benchmarks/README.md, "Measurements behind the design")."""
+RELAXED_PROOF = 3.0
+"""Seconds after its start within which toulbar2 must prove the core without memory rows for the
+exact Lagrangian steps to run (they start at the next Lagrangian step after its verdict): each
+step solves such a core. Where it cannot (IOPDDL R: a first step of 2.2 s that proves nothing)
+they would only delay the other searches."""
 RELAXED_ALONE = 10.0
 """Seconds toulbar2 on the core without its memory rows runs before the second engine takes its
 processor: where its optimum fits it proves it within seconds, and where memory binds it would
@@ -229,9 +235,6 @@ class Portfolio:
         memory = comp.has_memory
         if state.deadline is not None and state.left() < LAGRANGE_SETUP * state.greedy_time:
             return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
-        if memory and state.options.toulbar and can_take(comp, rows=False):
-            with state.timed("exact-lagrange"):
-                self._exact_lagrangian()
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = LagrangianSearch(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
@@ -240,6 +243,7 @@ class Portfolio:
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
             if memory and lag.plan is None and state.options.toulbar and can_take(comp, rows=False) else None
         warmup = state.soon(min(30.0, 0.1 * state.left()) if state.deadline is not None else 10.0)
+        exact_due = memory and state.options.toulbar  # once toulbar2 proves the core without rows
         wants_z3 = z3_thread is None and state.options.prove
         if wants_z3 and not z3_takes(comp):  # say so now, before building a cut it cannot take
             wants_z3 = False
@@ -263,6 +267,11 @@ class Portfolio:
             if probe is not None and probe.due(steps):
                 own = self._probe(probe, lag, steps) or own
             self.pool.poll()
+            proved_in = self.pool.relaxation_proved_in
+            if exact_due and proved_in is not None and proved_in <= RELAXED_PROOF:
+                exact_due = False
+                with state.timed("exact-lagrange"):
+                    self._exact_lagrangian()
             if z3_thread is not None:
                 z3_thread.bound = state.best_cost
                 self.z3.drain(z3_thread)
