@@ -164,7 +164,7 @@ class MilpResult:
 Progress = Callable[[str, int, list[int] | None], None]
 """``progress(kind, value, plan)`` while HiGHS runs: ``("plan", cost, choice)`` for each better
 plan that fits (cost exact, choice in the core's local indices), ``("bound", lower, None)`` each
-time the proven lower bound rises (already less the tolerance margin of ``safe_bound``)."""
+time the proven lower bound rises (already less the tolerance margin of ``highs_lower_bound``)."""
 
 
 def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None) -> MilpResult:
@@ -185,9 +185,10 @@ def solve_problem_milp(problem: ShardingProblem, time_limit: float | None = None
     return MilpResult(choice, ev.cost, result.bound, result.optimal, elapsed)
 
 
-def safe_bound(comp: FrozenCore, dual_bound: float) -> int:
+def highs_lower_bound(comp: FrozenCore, dual_bound: float) -> int:
     """HiGHS's dual bound (of the core's objective, without its constant) as an integer lower
-    bound of the problem, less a margin for HiGHS's floating-point tolerances."""
+    bound of the problem, less a margin for HiGHS's tolerances (relative 1e-6: wider than
+    ``trws.safe_bound``'s, which covers only the rounding of float64 sums)."""
     return round(dual_bound - 1e-6 * abs(dual_bound) - 1) + comp.const
 
 
@@ -279,7 +280,7 @@ def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: P
     def polled(event: highspy.HighsCallbackEvent) -> None:
         dual = float(event.data_out.mip_dual_bound)
         if np.isfinite(dual):
-            lower = safe_bound(comp, dual)
+            lower = highs_lower_bound(comp, dual)
             if (best[1] is None or lower > best[1]) and (best[0] is None or lower < best[0]):
                 best[1] = lower
                 progress("bound", lower, None)

@@ -195,7 +195,7 @@ def _run_engine(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> 
 def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
     """HiGHS on the core from the best plan so far: its plans and dual bounds as it finds them
     (the parent stops it at the deadline), then its verdict."""
-    from autoshard.solver.milp import safe_bound, solve_core_milp
+    from autoshard.solver.milp import highs_lower_bound, solve_core_milp
 
     comp = worker.comp
 
@@ -210,4 +210,4 @@ def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
     elif (result.optimal or result.infeasible) and not comp.has_memory:
         report(EngineEvent("none"))
     if result.bound is not None:
-        report(EngineEvent("bound", safe_bound(comp, result.bound - comp.const)))
+        report(EngineEvent("bound", highs_lower_bound(comp, result.bound - comp.const)))
