@@ -309,7 +309,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
-    prices = EdgePrices(mesh, cost_model)
+    prices = EdgePrices(mesh, cost_model, options.precision)
     edges: list[ModelEdge] = []
     pairs: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []

@@ -18,13 +18,24 @@ plus the gradient's reduction, and ``fwd_j`` / ``bwd_j`` the owner's own forward
 compute under ``j`` (recompute included). Pairing each parameter with its own op's twin, not the
 whole layer, never hides more than the layer could. Every other collective (activations, tensor
 parallelism) is exposed: the step is the sum of compute and exposed communication.
+
+Where the model charges compute, FSDP2's own copies on the compute stream are added to those
+overlapped edges, never hidden (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each
+gather's copy-out (``split_with_sizes_copy`` from the all-gather buffer into the parameter: the
+gathered bytes read and written) and the gradient's copy-in before its reduction (``chunk_cat``
+of the gradient into the reduction buffer, cast to the reduction dtype: read at the compute
+dtype, written at the gradient's), all at the device's streaming bandwidth. Parameters gather at
+their compute dtype and gradients reduce at the precision's gradient dtype (``cost/memory.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from autoshard.cost.communication import CostModel
+from autoshard.cost.memory import local_bytes, param_precision
 from autoshard.frontend.graph import TensorMeta
 from autoshard.problem.candidates import Candidate
 from autoshard.sharding.mesh import Mesh
@@ -36,8 +47,8 @@ from autoshard.solver.problem import FORBIDDEN
 class EdgePrices:
     """Cost matrices of edges, shared across identical edges (repeated layers)."""
 
-    def __init__(self, mesh: Mesh, cost_model: CostModel) -> None:
-        self.mesh, self.cost_model = mesh, cost_model
+    def __init__(self, mesh: Mesh, cost_model: CostModel, precision: str = "as-is") -> None:
+        self.mesh, self.cost_model, self.precision = mesh, cost_model, precision
         self.reshards: dict[tuple, int] = {}
         self.matrices: dict[tuple, np.ndarray] = {}
 
@@ -94,20 +105,35 @@ class EdgePrices:
         re-gathered or recomputed, and reshards the gradient back to the stored layout."""
         forward = np.zeros((len(src.strategies), len(dst.strategies)), dtype=np.int64)
         backward_pass = np.zeros_like(forward)
+        copies = np.zeros_like(forward)
         allowed = np.zeros(forward.shape, dtype=bool)
         recompute = dst.recompute or [False] * len(dst.strategies)
+        bytes_of = param_precision(self.precision, meta.itemsize)
+        used = replace(meta, itemsize=bytes_of.compute or bytes_of.value)
+        reduced = replace(meta, itemsize=bytes_of.gradient)
         for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
-            gather = self.reshard(stored.out_spec, storage.use, meta)
+            gather = self.reshard(stored.out_spec, storage.use, used)
+            copy_out = self._streamed(2 * local_bytes(storage.use, used, self.mesh)) if gather else 0
             for j, s in enumerate(dst.strategies):
                 if s.in_specs[operand] != storage.use:
                     continue
                 allowed[i, j] = True
-                back = self.reshard(s.grad_specs[operand], stored.out_spec, meta) if backward else 0
+                back = self.reshard(s.grad_specs[operand], stored.out_spec, reduced) if backward else 0
+                gathers = 1 + int(storage.regather) + int(recompute[j])
                 forward[i, j] = gather
-                backward_pass[i, j] = back + gather * (int(storage.regather) + int(recompute[j]))
+                backward_pass[i, j] = back + gather * (gathers - 1)
+                copy_in = local_bytes(s.grad_specs[operand], used, self.mesh) \
+                    + local_bytes(s.grad_specs[operand], reduced, self.mesh)
+                copies[i, j] = copy_out * gathers + (self._streamed(copy_in) if back else 0)
         if overlap and dst.forward_costs is not None:
             own_forward = np.asarray(dst.forward_costs, dtype=np.int64)[None, :]
             own_backward = np.asarray(dst.costs, dtype=np.int64)[None, :] - own_forward
-            forward = np.maximum(0, forward - own_forward)
+            forward = np.maximum(0, forward - own_forward) + copies
             backward_pass = np.maximum(0, backward_pass - own_backward)
         return np.where(allowed, np.minimum(forward + backward_pass, FORBIDDEN), FORBIDDEN)
+
+    def _streamed(self, nbytes: int) -> int:
+        """Ticks of a memory-bound copy of ``nbytes`` (0 where the model does not charge compute)."""
+        if not self.cost_model.charges_compute:
+            return 0
+        return self.cost_model.ticks(nbytes / self.cost_model.device.streaming_bandwidth)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoshard.api import build_model_problem
 from autoshard.errors import AutoshardError
@@ -14,7 +17,9 @@ from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import check_layouts
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.reshard import reshard_steps
+from autoshard.cost.memory import local_bytes
 from benchmarks.titan_llama import Transformer
+from tests.runtime.dist import run_ranks
 
 LAYERS = 3
 
@@ -36,8 +41,56 @@ def _seconds(mp, spec_from, spec_to, meta) -> int:
     return mp.cost_model.ticks(sum(mp.cost_model.step_cost(s, meta.shape) for s in steps))
 
 
-def test_parameter_traffic_in_layers_exposes_only_what_the_owner_compute_cannot_hide(graph) -> None:
+def _fsdp2_copies(rank: int, world: int) -> dict[str, list[tuple[int, int]]]:
+    """(elements, bytes moved) of each copy FSDP2 itself runs around its collectives in one
+    bf16-mixed step of a Linear (fp32 reduction, resharded after forward): copy-out per gather,
+    copy-in per gradient reduction."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 64, bias=False))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model:
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    seen: dict[str, list[tuple[int, int]]] = {"fsdp.split_with_sizes_copy": [], "fsdp.chunk_cat": []}
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = str(func.overloadpacket)
+            if name in seen:
+                reads = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+                writes = kwargs["out"] if isinstance(kwargs["out"], (list, tuple)) else [kwargs["out"]]
+                moved = sum(t.numel() * t.element_size() for t in (*reads, *writes))
+                seen[name].append((sum(t.numel() for t in writes), moved))
+            return func(*args, **kwargs)
+
+    with Copies():
+        model(torch.randn(4, 64)).sum().backward()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def fsdp2_bytes_per_element() -> tuple[float, float]:
+    """Bytes FSDP2 moves per parameter element: per gather's copy-out, per gradient's copy-in."""
+    seen = run_ranks(2, _fsdp2_copies)[0]
+    copy_out, copy_in = seen["fsdp.split_with_sizes_copy"], seen["fsdp.chunk_cat"]
+    assert len(copy_out) >= 2 and len(copy_in) == 2  # every layer gathered at least once, each gradient reduced once
+    per_gather = {moved / elements for elements, moved in copy_out}
+    per_gradient = {moved / elements for elements, moved in copy_in}
+    assert len(per_gather) == 1 and len(per_gradient) == 1
+    return per_gather.pop(), per_gradient.pop()
+
+
+def test_parameter_traffic_in_layers_exposes_only_what_the_owner_compute_cannot_hide(
+        graph, fsdp2_bytes_per_element) -> None:
+    """Gathers and gradient reductions hide under the owner's compute up to its length; FSDP2's
+    copies on the compute stream (bytes measured from FSDP2 itself) never hide."""
+    copy_out_bytes, copy_in_bytes = fsdp2_bytes_per_element
     hidden, exposed = _build(graph), _build(graph, overlap=False)
+    streaming = hidden.cost_model.device.streaming_bandwidth
     in_layers = find_repeated_layers(graph).nodes
     checked = 0
     for edge, edge_off in zip(hidden.edges, exposed.edges):
@@ -48,22 +101,28 @@ def test_parameter_traffic_in_layers_exposes_only_what_the_owner_compute_cannot_
             continue
         on, off = hidden.problem.edge_costs[edge.index], exposed.problem.edge_costs[edge_off.index]
         in_layer = edge.dst in in_layers
+        fp32_gradient = replace(edge.meta, itemsize=4)  # bf16-mixed reduces gradients in fp32
         for i, (stored, storage) in enumerate(zip(param.strategies, param.storage)):
             gather = _seconds(hidden, stored.out_spec, storage.use, edge.meta)
+            gathered = local_bytes(storage.use, edge.meta, hidden.mesh) // edge.meta.itemsize
             for j, s in enumerate(owner.strategies):
                 again = bool(owner.recompute and owner.recompute[j])
                 if s.in_specs[edge.operand] != storage.use or again != bool(param.recompute and param.recompute[i]):
                     continue
-                back = _seconds(hidden, s.grad_specs[edge.operand], stored.out_spec, edge.meta)
+                back = _seconds(hidden, s.grad_specs[edge.operand], stored.out_spec, fp32_gradient)
                 forward_pass, backward_pass = gather, back + gather * (storage.regather + again)
                 assert off[i, j] == forward_pass + backward_pass
                 if not in_layer:
                     assert on[i, j] == off[i, j]
                     continue
+                gradient = local_bytes(s.grad_specs[edge.operand], edge.meta, hidden.mesh) // edge.meta.itemsize
+                copy_out = hidden.cost_model.ticks(gathered * copy_out_bytes / streaming) if gather else 0
+                copy_in = hidden.cost_model.ticks(gradient * copy_in_bytes / streaming) if back else 0
                 fwd = owner.forward_costs[j]
-                expected = max(0, forward_pass - fwd) + max(0, backward_pass - (owner.costs[j] - fwd))
+                expected = max(0, forward_pass - fwd) + max(0, backward_pass - (owner.costs[j] - fwd)) \
+                    + copy_out * (1 + storage.regather + again) + copy_in
                 assert on[i, j] == expected
-                checked += 1
+                checked += gather > 0 and back > 0
     assert checked > 0
     plan = torchtitan_choice(hidden)
     assert hidden.problem.cost(plan) < exposed.problem.cost(plan)
