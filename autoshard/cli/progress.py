@@ -3,8 +3,8 @@
 ``EventView`` keeps what every rendering needs (best cost, lower bound, phase, z3 checks, the
 solver's clock) and hands each event to the handler for its type (``on_improved`` ...), matched
 on the event classes of solver/events.py. Its renderings: ``LogLines`` (``--log``: plain lines on
-stderr), problem_file.ProblemDisplay (IOPDDL files) and solve.ModelProgress (model files, with
-cost tables). Each prints a status line after ``HEARTBEAT`` seconds without one where no live
+stderr), problem_file.ProblemDisplay (IOPDDL files) and model_progress.ModelProgress (model files,
+with cost tables). Each prints a status line after ``HEARTBEAT`` seconds without one where no live
 line moves (``Heartbeat``).
 """
 

@@ -20,12 +20,12 @@ from typing import Any, Iterator, Sequence
 
 from rich.console import Console
 from rich.live import Live
-from rich.text import Text
 
 from autoshard.cli import problem_file
 from autoshard.cli.baseline import BASELINES, cost_text, print_baseline
 from autoshard.cli.pipeline import add_arguments as add_pipeline_arguments, run_pipeline
-from autoshard.cli.progress import HEARTBEAT, EventView, Heartbeat, LogLines, failure_line
+from autoshard.cli.model_progress import SMALL_PLAN_ROWS, ModelProgress
+from autoshard.cli.progress import HEARTBEAT, Heartbeat, LogLines
 from autoshard.cost.communication import COST_MODELS
 from autoshard.cost.devices import GENERIC, PRESETS, get_device
 from autoshard.cost.memory import PRECISIONS
@@ -34,14 +34,10 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
-from autoshard.solver.events import EngineFailed, Event, Improved, Reduced
 from autoshard.cost.units import format_bytes, parse_bytes
 
 GRAPH_TABLE_MAX_NODES = 40
 """Graphs of at most this many nodes print their table unasked; larger ones with --graph."""
-SMALL_PLAN_ROWS = 40
-"""``--tables auto`` prints every improving plan's table up to this many rows; above, one line each and the
-final plan's communication."""
 PIPED_WIDTH = 10_000
 """Console width when stdout is not a terminal: tables keep their natural width instead of rich's 80."""
 ALL_REPLICATED = "all replicated: the model is too small to be worth sharding at these costs"
@@ -137,62 +133,6 @@ def _pins(items: Sequence[str]) -> dict[str, str]:
             raise AutoshardError(f"--pin {item!r} is not NAME=SPEC, e.g. --pin fc1.weight=SR")
         pins[name.strip()] = spec.strip()
     return pins
-
-
-class ModelProgress(EventView):
-    """Turns solver events into cost tables and a live status line; on a console that is not a
-    terminal (piped: no live line) the status is printed after HEARTBEAT s without a line."""
-
-    def __init__(self, mp: Any, console: Console, tables: str, live: Live | None, every: float = HEARTBEAT) -> None:
-        self.mp, self.console, self.tables, self.live = mp, console, tables, live
-        if tables == "auto":
-            from autoshard.cli.report import cost_rows
-            small = len(cost_rows(mp, [0] * mp.problem.num_nodes)) <= SMALL_PLAN_ROWS
-            self.tables = "all" if small else "lines"
-        self.iterations = 0
-        super().__init__(every, heartbeat=live is not None and not console.is_terminal)
-
-    def status(self) -> Text:
-        """The live line: iterations, the bound z3 is asked for, best plan, lower bound, time."""
-        fmt = self.mp.cost_model.format
-        best = "-" if self.best is None else fmt(self.best)
-        lower = "-" if self.lower is None else fmt(self.lower)
-        return Text(f"iterations {self.iterations}  bound < {best}  best {best}  lower bound {lower}  "
-                    f"time {time.monotonic() - self.start:.1f}s", style="cyan")
-
-    def status_text(self) -> str:
-        return self.status().plain
-
-    def on_improved(self, event: Improved) -> None:
-        self.iterations += 1
-        if self.tables == "lines":
-            self.print(f"[bold]Iteration {self.iterations}[/] ({event.source}): total "
-                       f"{cost_text(self.mp, event.cost)}", highlight=False)
-        elif self.tables == "all":
-            from autoshard.cli.report import iteration_table
-            bound = "" if event.bound is None else f", asked for < {self.mp.cost_model.format(event.bound)}"
-            self.print(f"[bold]Iteration {self.iterations}[/] ({event.source}{bound}): "
-                       f"total {cost_text(self.mp, event.cost)}", highlight=False)
-            self.print(iteration_table(self.mp, list(event.choice), None))
-
-    def on_engine_failed(self, event: EngineFailed) -> None:
-        self.line(failure_line(event))
-
-    def on_reduced(self, event: Reduced) -> None:
-        self.print(f"reduced: {event.nodes_before} nodes / {event.edges_before} edges -> "
-                   f"{event.nodes_after} / {event.edges_after} left for z3")
-
-    def after(self, event: Event) -> None:
-        if self.live is not None:
-            self.live.update(self.status())
-
-    def line(self, text: str) -> None:
-        self.print(text, markup=False, highlight=False)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """Print to the console and put off the next heartbeat."""
-        self.console.print(*args, **kwargs)
-        self.heartbeat.touch()
 
 
 def run_model(args: argparse.Namespace, console: Console) -> int:

@@ -121,12 +121,15 @@ def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]
         blocks.append((module, sorted(group, key=lambda l: (0 if ".shard(" in l else 1 if "fwd_pre" in l
                                                             else 2 if "bwd_post" in l else 3))))
     lines = [line for _, group in blocks for line in group] if every else _loop_layers(blocks)
-    return lines + _fill(notes, parameter_notes)
+    return lines + _fill(notes, parameter_notes, every)
 
 
 def _loop_layers(blocks: list[tuple[str, list[str]]]) -> list[str]:
     """Module lines in order, where three or more consecutive layers have the same lines but for
-    their layer number, as one ``for i in range(a, b):`` loop over them (still runnable code)."""
+    their layer number, as one ``for i in range(a, b):`` loop over them (still runnable code).
+    Where it is shorter, a run of layers whose lines differ only by syncs of some layers' own (the
+    first layer resharding the model's input) is one loop over their common lines followed by
+    those syncs: each module still shards before it syncs."""
     runs: list[tuple[str | None, int, list[str]]] = []  # (path up to the layer number, the number, lines)
     for module, group in blocks:
         pattern, number = layer_key(module)
@@ -138,19 +141,49 @@ def _loop_layers(blocks: list[tuple[str, list[str]]]) -> list[str]:
     lines: list[str] = []
     k = 0
     while k < len(runs):
+        head, number = runs[k][:2]
+        end = k + 1
+        while head is not None and end < len(runs) and runs[end][:2] == (head, number + end - k):
+            end += 1
+        equal = _equal_loops(runs[k:end])
+        common = _common_loop(runs[k:end])
+        lines += common if common is not None and len(common) < len(equal) else equal
+        k = end
+    return lines
+
+
+def _equal_loops(runs: list[tuple[str | None, int, list[str]]]) -> list[str]:
+    """Consecutive layers' lines, each stretch of three or more with equal lines as one loop."""
+    lines: list[str] = []
+    k = 0
+    while k < len(runs):
         head, number, group = runs[k]
         body = _generic(group, head, number)
         end = k + 1
-        while (head is not None and end < len(runs) and runs[end][:2] == (head, number + end - k)
-               and _generic(runs[end][2], head, runs[end][1]) == body):
+        while end < len(runs) and _generic(runs[end][2], head, runs[end][1]) == body:
             end += 1
-        if end - k >= 3 and not any("{" in line for line in group):
+        if head is not None and end - k >= 3 and not any("{" in line for line in group):
             lines.append(f"for i in range({number}, {number + end - k}):  # {head}{{{number}..{number + end - k - 1}}}")
             lines += [f"    {line}" for line in body]
         else:
             lines += [line for run in runs[k:end] for line in run[2]]
         k = end
     return lines
+
+
+def _common_loop(runs: list[tuple[str | None, int, list[str]]]) -> list[str] | None:
+    """Consecutive layers' lines as one loop over the lines they share and, after it, each
+    layer's other lines; None where they share none or those include a ``shard``."""
+    head, number = runs[0][:2]
+    if head is None or len(runs) < 3 or any("{" in line for run in runs for line in run[2]):
+        return None
+    bodies = [_generic(run[2], head, run[1]) for run in runs]
+    common = [line for line in bodies[0] if all(line in body for body in bodies[1:])]
+    own = [line for run, body in zip(runs, bodies) for line, generic in zip(run[2], body) if generic not in common]
+    if not common or any(".shard(" in line for line in own):
+        return None
+    return [f"for i in range({number}, {number + len(runs)}):  # {head}{{{number}..{number + len(runs) - 1}}}",
+            *(f"    {line}" for line in common), *own]
 
 
 def _generic(lines: list[str], head: str | None, number: int) -> list[str]:
@@ -162,16 +195,34 @@ def _generic(lines: list[str], head: str | None, number: int) -> list[str]:
             for line in lines]
 
 
-def _fill(notes: list[str], parameter_notes: dict[tuple[str, str], list[str]]) -> list[str]:
-    """Each parameter comment once per group of names, at the group's first place, names folded."""
+def _fill(notes: list[str], parameter_notes: dict[tuple[str, str], list[str]], every: bool = False) -> list[str]:
+    """Each parameter comment once, at its first place, naming every parameter it concerns (the
+    copies in repeated layers folded); with ``every``, once per parameter. Comments on edges that
+    differ only in the op they feed (``# unsqueeze_3 -> index: ...``, ``-> index_1: ...``) likewise
+    become one naming each op."""
     groups: dict[str, list[list[str]]] = {}
     for (comment, _), names in parameter_notes.items():
         groups.setdefault(comment, []).append(names)
+    edges: dict[tuple[str, str], list[str]] = {}
+    for line in notes:
+        if line not in groups and " -> " in line and not every:
+            source, rest = line.split(" -> ", 1)
+            edges.setdefault((source, rest.split(": ", 1)[1]), []).append(rest.split(": ", 1)[0])
     lines = []
     for line in notes:
-        if line not in groups:
+        if line in groups and every:
+            names = groups[line].pop(0)
+            lines += [line.format(fold(names))] if len(names) >= 3 else [line.format(name) for name in names]
+        elif line in groups:
+            if groups[line]:  # its first place; the rest of its groups are named here too
+                lines.append(line.format(", ".join(fold(names) if len(names) >= 3 else ", ".join(names)
+                                                   for names in groups[line])))
+                groups[line] = []
+        elif " -> " in line and not every:
+            source, rest = line.split(" -> ", 1)
+            targets = edges.pop((source, rest.split(": ", 1)[1]), None)
+            if targets is not None:
+                lines.append(f"{source} -> {', '.join(targets)}: {rest.split(': ', 1)[1]}")
+        else:
             lines.append(line)
-            continue
-        names = groups[line].pop(0)
-        lines += [line.format(fold(names))] if len(names) >= 3 else [line.format(name) for name in names]
     return lines

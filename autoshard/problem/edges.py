@@ -24,7 +24,9 @@ overlapped edges, never hidden (torch/distributed/fsdp/_fully_shard/_fsdp_collec
 gather's copy-out (``split_with_sizes_copy`` from the all-gather buffer into the parameter: the
 gathered bytes read and written) and the gradient's copy-in before its reduction (``chunk_cat``
 of the gradient into the reduction buffer, cast to the reduction dtype: read at the compute
-dtype, written at the gradient's), all at the device's streaming bandwidth. Parameters gather at
+dtype, written at the gradient's), all at the device's streaming bandwidth; a parameter gathered
+along a dimension other than 0 is copied once more each way (``torch.cat`` between its chunks
+and its layout, at the compute dtype). Parameters gather at
 their compute dtype and gradients reduce at the precision's gradient dtype (``cost/memory.py``).
 """
 
@@ -113,7 +115,8 @@ class EdgePrices:
         reduced = replace(meta, itemsize=bytes_of.gradient)
         for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
             gather = self.reshard(stored.out_spec, storage.use, used)
-            copy_out = self._streamed(2 * local_bytes(storage.use, used, self.mesh)) if gather else 0
+            rearranged = any(d != 0 and axes != storage.use.dims[d] for d, axes in enumerate(stored.out_spec.dims))
+            copy_out = self._streamed((2 + 2 * rearranged) * local_bytes(storage.use, used, self.mesh)) if gather else 0
             for j, s in enumerate(dst.strategies):
                 if s.in_specs[operand] != storage.use:
                     continue
@@ -122,7 +125,7 @@ class EdgePrices:
                 gathers = 1 + int(storage.regather) + int(recompute[j])
                 forward[i, j] = gather
                 backward_pass[i, j] = back + gather * (gathers - 1)
-                copy_in = local_bytes(s.grad_specs[operand], used, self.mesh) \
+                copy_in = (1 + 2 * rearranged) * local_bytes(s.grad_specs[operand], used, self.mesh) \
                     + local_bytes(s.grad_specs[operand], reduced, self.mesh)
                 copies[i, j] = copy_out * gathers + (self._streamed(copy_in) if back else 0)
         if overlap and dst.forward_costs is not None:

@@ -84,7 +84,8 @@ def test_repeated_layers_are_summarised_and_listed_in_full_on_request(
     assert "blocks.{0..11}.fc.weight" in grouped and "blocks.5.fc.weight" not in grouped
     assert "(50 parameters in 6 rows; --params all lists each)" in grouped
     assert re.search(r"layer_norm in blocks\.\{0\.\.11\}\.norm .* 12 x ", grouped)  # the reshard table's blocks
-    assert "# gradient of blocks.{0..11}.norm.weight needs all_reduce" in grouped
+    # one comment per kind of note, naming every parameter it concerns
+    assert "# gradient of blocks.{0..11}.norm.weight, blocks.{0..11}.norm.bias needs all_reduce" in grouped
     assert "blocks.5.fc.weight" in every and "# gradient of blocks.5.norm.weight needs all_reduce" in every
     assert len(every.splitlines()) - len(grouped.splitlines()) > 60  # 50 parameters, 24 gradient comments
 

@@ -151,7 +151,7 @@ def test_piped_model_solve_prints_its_status_after_silence():
 
     from rich.console import Console
 
-    from autoshard.cli.solve import ModelProgress
+    from autoshard.cli.model_progress import ModelProgress
 
     out = io.StringIO()
     mp = SimpleNamespace(cost_model=SimpleNamespace(format=str))
@@ -208,3 +208,29 @@ def test_recompute_policy_and_overlap_flags_reach_the_costs(capsys):
         baselines[flags] = int(re.search(r"torchtitan baseline: .*?\((\d+) ps\)", out).group(1))
     hidden, exposed = baselines.values()
     assert exposed > hidden  # torchtitan's FSDP gathers charged in full instead of hidden under compute
+
+
+def test_plans_whose_total_prints_the_same_share_one_line():
+    """One line per plan: a run of plans whose short total reads as the last printed one (a
+    neighbourhood search shaving picoseconds) prints as one line with its count, sources and the
+    last exact total, when the total shown changes and when the run ends."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from autoshard.cli.model_progress import ModelProgress
+    from autoshard.solver.events import Improved
+
+    out = io.StringIO()
+    mp = SimpleNamespace(cost_model=SimpleNamespace(format=lambda t: f"{t // 1000} ms", unit="s"))
+    progress = ModelProgress(mp, Console(file=out, force_terminal=False, width=200), "lines", None)
+    for k, (cost, source) in enumerate([(9500, "z3"), (7400, "lns"), (7300, "lns"), (7200, "milp"), (5100, "lns"),
+                                        (5050, "lns")], start=1):
+        progress(Improved(k, cost, (), None, 0.0, source, None))
+    progress.close()
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("Iteration")]
+    assert [line.split(": total ")[0] for line in lines] == [
+        "Iteration 1 (z3)", "Iteration 2 (lns)", "Iterations 3-4 (2 plans: lns 1, milp 1)", "Iteration 5 (lns)",
+        "Iteration 6 (lns)"]
+    assert lines[2].endswith("total 7 ms (7200 ps)") and lines[4].endswith("total 5 ms (5050 ps)")

@@ -63,3 +63,22 @@ def test_identical_layers_loop_and_run_the_same_primitives() -> None:
     loops = [line for line in folded if line.startswith("for i in range(")]
     assert loops and "layers.{" in loops[0]
     assert _run(folded) == _run(every)
+
+
+def test_a_layer_with_a_sync_of_its_own_stays_in_the_loop_and_each_module_still_shards_first() -> None:
+    from autoshard.lower.slapo import _loop_layers
+
+    def layer(i: int) -> list[tuple[str, list[str]]]:
+        return [(f"layers.{i}.up", [f'sch["layers.{i}.up"].shard("weight", axis=0)']
+                 + ([f'sch["layers.{i}.up"].sync(mode="fwd_pre", sync_op_or_fn="RR->SR")'] if i == 0 else [])),
+                (f"layers.{i}.down", [f'sch["layers.{i}.down"].shard("weight", axis=1)',
+                                      f'sch["layers.{i}.down"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")'])]
+
+    blocks = [block for i in range(6) for block in layer(i)]
+    every = [line for _, group in blocks for line in group]
+    folded = _loop_layers(blocks)
+    assert folded[0].startswith("for i in range(0, 6):") and len(folded) == 5
+    calls, unfolded = _run(folded), _run(every)
+    assert sorted(calls) == sorted(unfolded)
+    for module in {call[0] for call in unfolded}:  # per module: the same primitives in the same order
+        assert [c for c in calls if c[0] == module] == [c for c in unfolded if c[0] == module]

@@ -41,20 +41,23 @@ def _seconds(mp, spec_from, spec_to, meta) -> int:
     return mp.cost_model.ticks(sum(mp.cost_model.step_cost(s, meta.shape) for s in steps))
 
 
-def _fsdp2_copies(rank: int, world: int) -> dict[str, list[tuple[int, int]]]:
+def _fsdp2_copies(rank: int, world: int, dim: int) -> dict[str, list[tuple[int, int]]]:
     """(elements, bytes moved) of each copy FSDP2 itself runs around its collectives in one
-    bf16-mixed step of a Linear (fp32 reduction, resharded after forward): copy-out per gather,
-    copy-in per gradient reduction."""
+    bf16-mixed step of Linears sharded on ``dim`` (fp32 reduction, resharded after forward):
+    copy-out per gather, copy-in per gradient reduction, and the ``cat`` between the chunks and
+    the parameter's layout where ``dim`` is not 0."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
 
     mesh = init_device_mesh("cpu", (world,))
     model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 64, bias=False))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model:
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True,
+                    shard_placement_fn=lambda _: Shard(dim))
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    seen: dict[str, list[tuple[int, int]]] = {"fsdp.split_with_sizes_copy": [], "fsdp.chunk_cat": []}
+    seen: dict[str, list[tuple[int, int]]] = {"fsdp.split_with_sizes_copy": [], "fsdp.chunk_cat": [], "aten.cat": []}
 
     class Copies(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -62,9 +65,12 @@ def _fsdp2_copies(rank: int, world: int) -> dict[str, list[tuple[int, int]]]:
             name = str(func.overloadpacket)
             if name in seen:
                 reads = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-                writes = kwargs["out"] if isinstance(kwargs["out"], (list, tuple)) else [kwargs["out"]]
+                out = kwargs.get("out")
+                result = func(*args, **kwargs)
+                writes = out if isinstance(out, (list, tuple)) else [result if out is None else out]
                 moved = sum(t.numel() * t.element_size() for t in (*reads, *writes))
                 seen[name].append((sum(t.numel() for t in writes), moved))
+                return result
             return func(*args, **kwargs)
 
     with Copies():
@@ -73,22 +79,26 @@ def _fsdp2_copies(rank: int, world: int) -> dict[str, list[tuple[int, int]]]:
 
 
 @pytest.fixture(scope="module")
-def fsdp2_bytes_per_element() -> tuple[float, float]:
-    """Bytes FSDP2 moves per parameter element: per gather's copy-out, per gradient's copy-in."""
-    seen = run_ranks(2, _fsdp2_copies)[0]
-    copy_out, copy_in = seen["fsdp.split_with_sizes_copy"], seen["fsdp.chunk_cat"]
-    assert len(copy_out) >= 2 and len(copy_in) == 2  # every layer gathered at least once, each gradient reduced once
-    per_gather = {moved / elements for elements, moved in copy_out}
-    per_gradient = {moved / elements for elements, moved in copy_in}
-    assert len(per_gather) == 1 and len(per_gradient) == 1
-    return per_gather.pop(), per_gradient.pop()
+def fsdp2_bytes_per_element() -> dict[int, tuple[float, float]]:
+    """Bytes FSDP2 moves per parameter element, by the dimension it shards: per gather (copy-out,
+    then the cat into the parameter's layout), per gradient (the cat into dim-0 chunks, then the
+    fp32 copy-in)."""
+    measured = {}
+    for dim in (0, 1):
+        seen = run_ranks(2, _fsdp2_copies, dim)[0]
+        copy_out, copy_in, cats = seen["fsdp.split_with_sizes_copy"], seen["fsdp.chunk_cat"], seen["aten.cat"]
+        assert len(copy_out) >= 2 and len(copy_in) == 2  # every layer gathered at least once, each gradient reduced once
+        assert len(cats) == (0 if dim == 0 else len(copy_out) + len(copy_in))
+        per_element = [sum(m for _, m in copies) / sum(e for e, _ in copies) for copies in (copy_out, copy_in)]
+        cat = sum(m for _, m in cats) / sum(e for e, _ in cats) if cats else 0.0  # one per gather and per gradient
+        measured[dim] = (per_element[0] + cat, per_element[1] + cat)
+    return measured
 
 
 def test_parameter_traffic_in_layers_exposes_only_what_the_owner_compute_cannot_hide(
         graph, fsdp2_bytes_per_element) -> None:
     """Gathers and gradient reductions hide under the owner's compute up to its length; FSDP2's
     copies on the compute stream (bytes measured from FSDP2 itself) never hide."""
-    copy_out_bytes, copy_in_bytes = fsdp2_bytes_per_element
     hidden, exposed = _build(graph), _build(graph, overlap=False)
     streaming = hidden.cost_model.device.streaming_bandwidth
     in_layers = find_repeated_layers(graph).nodes
@@ -105,6 +115,8 @@ def test_parameter_traffic_in_layers_exposes_only_what_the_owner_compute_cannot_
         for i, (stored, storage) in enumerate(zip(param.strategies, param.storage)):
             gather = _seconds(hidden, stored.out_spec, storage.use, edge.meta)
             gathered = local_bytes(storage.use, edge.meta, hidden.mesh) // edge.meta.itemsize
+            dims = {d for d, axes in enumerate(stored.out_spec.dims) if axes != storage.use.dims[d]}
+            copy_out_bytes, copy_in_bytes = fsdp2_bytes_per_element[max(dims, default=0) and 1]
             for j, s in enumerate(owner.strategies):
                 again = bool(owner.recompute and owner.recompute[j])
                 if s.in_specs[edge.operand] != storage.use or again != bool(param.recompute and param.recompute[i]):
