@@ -52,8 +52,9 @@ def _sync_op(edge: EdgeReshard) -> str:
 
 def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]:
     """The plan as Slapo schedule lines (with comments for what module hooks cannot express); unless
-    ``every``, comments on parameters of repeated layers that say the same fold into one
-    (``# gradient of model.layers.{0..31}.mlp.up_proj.weight needs all_reduce ...``)."""
+    ``every``, comments that say the same of several parameters (or of one source's edges to
+    several ops) are one, naming them all with repeated layers folded
+    (``# gradient of model.layers.{0..31}.mlp.up_proj.weight, lm_head.weight needs all_reduce ...``)."""
     if plan.mesh.ndim != 1:
         return [f"# Slapo schedules shard over one device group; mesh {plan.mesh.label} is {plan.mesh.ndim}-D:",
                 "# run the JSON plan with autoshard.run (torchrun) instead."]
@@ -62,14 +63,10 @@ def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]
         return [f"# {split_experts[0]} runs its experts split over devices (expert routing): Slapo has no primitive",
                 "# for it; run the JSON plan with autoshard.run (torchrun) instead."]
     per_module: dict[str, list[str]] = {}
-    notes: list[str] = []
-    parameter_notes: dict[tuple[str, str], list[str]] = {}  # (comment with {} for the name, its pattern): names
+    notes: dict[str, dict[str, list[str]]] = {}  # comment with {} for the names -> names by layer pattern
 
     def note(comment: str, name: str) -> None:
-        key = (comment, name) if every else (comment, layer_key(name)[0])
-        parameter_notes.setdefault(key, []).append(name)
-        if len(parameter_notes[key]) == 1:
-            notes.append(comment)  # the comment's place; filled in below
+        notes.setdefault(comment, {}).setdefault(name if every else layer_key(name)[0], []).append(name)
 
     def add(module: str, line: str) -> None:
         per_module.setdefault(module, []).append(line)
@@ -94,7 +91,6 @@ def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]
         grad_reduce = edge.grad_src_spec is not None and bool(edge.grad_src_spec.partial)
         if not collective and not grad_reduce:
             continue
-        where = f"{edge.src} -> {edge.dst}"
         if src_node.kind == NodeKind.PARAM:
             if collective:
                 note(f"# parameter {{}} {_letters(edge.src_spec)}->{_letters(edge.dst_spec)} is gathered before "
@@ -112,8 +108,8 @@ def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]
         elif src_module and not _inside(dst_module, src_module) and collective and not grad_reduce:
             add(src_module, f'sch["{src_module}"].sync(mode="fwd_post", sync_op_or_fn={_sync_op(edge)})')
         else:
-            notes.append(f"# {where}: {_letters(edge.src_spec)}->{_letters(edge.dst_spec)} has no module "
-                         f"boundary to hook (run by autoshard.run)")
+            note(f"# {edge.src} -> {{}}: {_letters(edge.src_spec)}->{_letters(edge.dst_spec)} has no module "
+                 "boundary to hook (run by autoshard.run)", edge.dst)
     order = {m: i for i, m in enumerate(dict.fromkeys(n.module for n in graph))}
     blocks: list[tuple[str, list[str]]] = []
     for module in sorted(per_module, key=lambda m: order.get(m, len(order))):
@@ -121,7 +117,7 @@ def schedule_lines(plan: Plan, graph: OpGraph, every: bool = False) -> list[str]
         blocks.append((module, sorted(group, key=lambda l: (0 if ".shard(" in l else 1 if "fwd_pre" in l
                                                             else 2 if "bwd_post" in l else 3))))
     lines = [line for _, group in blocks for line in group] if every else _loop_layers(blocks)
-    return lines + _fill(notes, parameter_notes, every)
+    return lines + _fill(notes, every)
 
 
 def _loop_layers(blocks: list[tuple[str, list[str]]]) -> list[str]:
@@ -195,34 +191,12 @@ def _generic(lines: list[str], head: str | None, number: int) -> list[str]:
             for line in lines]
 
 
-def _fill(notes: list[str], parameter_notes: dict[tuple[str, str], list[str]], every: bool = False) -> list[str]:
-    """Each parameter comment once, at its first place, naming every parameter it concerns (the
-    copies in repeated layers folded); with ``every``, once per parameter. Comments on edges that
-    differ only in the op they feed (``# unsqueeze_3 -> index: ...``, ``-> index_1: ...``) likewise
-    become one naming each op."""
-    groups: dict[str, list[list[str]]] = {}
-    for (comment, _), names in parameter_notes.items():
-        groups.setdefault(comment, []).append(names)
-    edges: dict[tuple[str, str], list[str]] = {}
-    for line in notes:
-        if line not in groups and " -> " in line and not every:
-            source, rest = line.split(" -> ", 1)
-            edges.setdefault((source, rest.split(": ", 1)[1]), []).append(rest.split(": ", 1)[0])
+def _fill(notes: dict[str, dict[str, list[str]]], every: bool) -> list[str]:
+    """Each comment once, in order of first use, naming all it concerns (parameters with a comment
+    in common, the ops an edge's source feeds alike), the copies in repeated layers folded
+    (``model.layers.{0..31}.mlp.up_proj.weight``); with ``every``, once per name."""
     lines = []
-    for line in notes:
-        if line in groups and every:
-            names = groups[line].pop(0)
-            lines += [line.format(fold(names))] if len(names) >= 3 else [line.format(name) for name in names]
-        elif line in groups:
-            if groups[line]:  # its first place; the rest of its groups are named here too
-                lines.append(line.format(", ".join(fold(names) if len(names) >= 3 else ", ".join(names)
-                                                   for names in groups[line])))
-                groups[line] = []
-        elif " -> " in line and not every:
-            source, rest = line.split(" -> ", 1)
-            targets = edges.pop((source, rest.split(": ", 1)[1]), None)
-            if targets is not None:
-                lines.append(f"{source} -> {', '.join(targets)}: {rest.split(': ', 1)[1]}")
-        else:
-            lines.append(line)
+    for comment, groups in notes.items():
+        named = [fold(names) if len(names) >= 3 else ", ".join(names) for names in groups.values()]
+        lines += [comment.format(name) for name in named] if every else [comment.format(", ".join(named))]
     return lines

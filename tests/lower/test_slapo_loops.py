@@ -82,3 +82,21 @@ def test_a_layer_with_a_sync_of_its_own_stays_in_the_loop_and_each_module_still_
     assert sorted(calls) == sorted(unfolded)
     for module in {call[0] for call in unfolded}:  # per module: the same primitives in the same order
         assert [c for c in calls if c[0] == module] == [c for c in unfolded if c[0] == module]
+
+
+def test_comments_that_say_the_same_name_everything_they_concern_once_unless_every_is_asked() -> None:
+    from autoshard.lower.slapo import _fill
+
+    gradient = "# gradient of {} needs all_reduce"
+    edge = "# rope -> {}: RR->SR has no module boundary to hook"
+    notes = {gradient: {"layers.#.norm.weight": [f"layers.{i}.norm.weight" for i in range(4)],
+                        "head.weight": ["head.weight"]},
+             edge: {"index": ["index"], "index_1": ["index_1"]}}
+    assert _fill(notes, every=False) == ["# gradient of layers.{0..3}.norm.weight, head.weight needs all_reduce",
+                                         "# rope -> index, index_1: RR->SR has no module boundary to hook"]
+    every = {gradient: {f"layers.{i}.norm.weight": [f"layers.{i}.norm.weight"] for i in range(2)},
+             edge: {"index": ["index"], "index_1": ["index_1"]}}
+    assert _fill(every, every=True) == ["# gradient of layers.0.norm.weight needs all_reduce",
+                                        "# gradient of layers.1.norm.weight needs all_reduce",
+                                        "# rope -> index: RR->SR has no module boundary to hook",
+                                        "# rope -> index_1: RR->SR has no module boundary to hook"]
