@@ -107,16 +107,18 @@ class EdgePrices:
         re-gathered or recomputed, and reshards the gradient back to the stored layout."""
         forward = np.zeros((len(src.strategies), len(dst.strategies)), dtype=np.int64)
         backward_pass = np.zeros_like(forward)
-        copies = np.zeros_like(forward)
+        copies = np.zeros_like(forward)  # FSDP2's copies on the compute stream, where it overlaps
         allowed = np.zeros(forward.shape, dtype=bool)
         recompute = dst.recompute or [False] * len(dst.strategies)
+        hides = overlap and dst.forward_costs is not None
         bytes_of = param_precision(self.precision, meta.itemsize)
         used = replace(meta, itemsize=bytes_of.compute or bytes_of.value)
         reduced = replace(meta, itemsize=bytes_of.gradient)
         for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
             gather = self.reshard(stored.out_spec, storage.use, used)
             rearranged = any(d != 0 and axes != storage.use.dims[d] for d, axes in enumerate(stored.out_spec.dims))
-            copy_out = self._streamed((2 + 2 * rearranged) * local_bytes(storage.use, used, self.mesh)) if gather else 0
+            copy_out = self._streamed((2 + 2 * rearranged) * local_bytes(storage.use, used, self.mesh)) \
+                if hides and gather else 0
             for j, s in enumerate(dst.strategies):
                 if s.in_specs[operand] != storage.use:
                     continue
@@ -125,15 +127,15 @@ class EdgePrices:
                 gathers = 1 + int(storage.regather) + int(recompute[j])
                 forward[i, j] = gather
                 backward_pass[i, j] = back + gather * (gathers - 1)
-                copy_in = (1 + 2 * rearranged) * local_bytes(s.grad_specs[operand], used, self.mesh) \
-                    + local_bytes(s.grad_specs[operand], reduced, self.mesh)
-                copies[i, j] = copy_out * gathers + (self._streamed(copy_in) if back else 0)
-        if overlap and dst.forward_costs is not None:
+                copy_in = self._streamed((1 + 2 * rearranged) * local_bytes(s.grad_specs[operand], used, self.mesh)
+                                         + local_bytes(s.grad_specs[operand], reduced, self.mesh)) if hides and back else 0
+                copies[i, j] = copy_out * gathers + copy_in
+        if hides:
             own_forward = np.asarray(dst.forward_costs, dtype=np.int64)[None, :]
             own_backward = np.asarray(dst.costs, dtype=np.int64)[None, :] - own_forward
-            forward = np.maximum(0, forward - own_forward) + copies
+            forward = np.maximum(0, forward - own_forward)
             backward_pass = np.maximum(0, backward_pass - own_backward)
-        return np.where(allowed, np.minimum(forward + backward_pass, FORBIDDEN), FORBIDDEN)
+        return np.where(allowed, np.minimum(forward + backward_pass + copies, FORBIDDEN), FORBIDDEN)
 
     def _streamed(self, nbytes: int) -> int:
         """Ticks of a memory-bound copy of ``nbytes`` (0 where the model does not charge compute)."""
