@@ -57,8 +57,9 @@ class BuildOptions:
     recomputing only costs, so it is not offered.
     ``capacity_factor`` scales what expert-sharded ops are charged over balanced routing
     (sharding/exchange.py); ``expert_parallel`` pins every mixture-of-experts op to the layouts
-    that exchange tokens over that mesh axis. ``overlap``: parameter traffic of repeated layers
-    hides under the neighbouring layer's compute (``edges.py``). ``memory_budget`` bounds the live
+    that exchange tokens over that mesh axis. ``overlap``: FSDP2 runs the parameters: the traffic of
+    repeated layers hides under the neighbouring layer's compute, and every parameter pays FSDP2's
+    copies (``edges.py``). ``memory_budget`` bounds the live
     bytes; ``device_budget`` is the device memory it was derived from (``Device.live_limit``), for
     messages. A pipeline stage (autoshard/pipeline) holds ``in_flight`` microbatches at its
     fullest and, with ``accumulate``, sums gradients over them (``cost/memory.microbatched_items``);
@@ -309,7 +310,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
-    prices = EdgePrices(mesh, cost_model, options.precision)
+    prices = EdgePrices(mesh, cost_model, options.precision, fsdp2=options.overlap)
     edges: list[ModelEdge] = []
     pairs: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []

@@ -19,8 +19,10 @@ compute under ``j`` (recompute included). Pairing each parameter with its own op
 whole layer, never hides more than the layer could. Every other collective (activations, tensor
 parallelism) is exposed: the step is the sum of compute and exposed communication.
 
-Where the model charges compute, FSDP2's own copies on the compute stream are added to those
-overlapped edges, never hidden (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each
+Where the model charges compute and FSDP2 runs the parameters (``fsdp2``: with overlap, every
+parameter, the embedding and head outside the repeated layers included), FSDP2's own copies on
+the compute stream are added to every owner edge, never hidden
+(torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): each
 gather's copy-out (``split_with_sizes_copy`` from the all-gather buffer into the parameter: the
 gathered bytes read and written) and the gradient's copy-in before its reduction (``chunk_cat``
 of the gradient into the reduction buffer, cast to the reduction dtype: read at the compute
@@ -49,8 +51,8 @@ from autoshard.solver.problem import FORBIDDEN
 class EdgePrices:
     """Cost matrices of edges, shared across identical edges (repeated layers)."""
 
-    def __init__(self, mesh: Mesh, cost_model: CostModel, precision: str = "as-is") -> None:
-        self.mesh, self.cost_model, self.precision = mesh, cost_model, precision
+    def __init__(self, mesh: Mesh, cost_model: CostModel, precision: str = "as-is", fsdp2: bool = False) -> None:
+        self.mesh, self.cost_model, self.precision, self.fsdp2 = mesh, cost_model, precision, fsdp2
         self.reshards: dict[tuple, int] = {}
         self.matrices: dict[tuple, np.ndarray] = {}
 
@@ -107,7 +109,7 @@ class EdgePrices:
         re-gathered or recomputed, and reshards the gradient back to the stored layout."""
         forward = np.zeros((len(src.strategies), len(dst.strategies)), dtype=np.int64)
         backward_pass = np.zeros_like(forward)
-        copies = np.zeros_like(forward)  # FSDP2's copies on the compute stream, where it overlaps
+        copies = np.zeros_like(forward)  # FSDP2's copies on the compute stream, wherever FSDP2 runs
         allowed = np.zeros(forward.shape, dtype=bool)
         recompute = dst.recompute or [False] * len(dst.strategies)
         hides = overlap and dst.forward_costs is not None
@@ -118,7 +120,7 @@ class EdgePrices:
             gather = self.reshard(stored.out_spec, storage.use, used)
             rearranged = any(d != 0 and axes != storage.use.dims[d] for d, axes in enumerate(stored.out_spec.dims))
             copy_out = self._streamed((2 + 2 * rearranged) * local_bytes(storage.use, used, self.mesh)) \
-                if hides and gather else 0
+                if self.fsdp2 and gather else 0
             for j, s in enumerate(dst.strategies):
                 if s.in_specs[operand] != storage.use:
                     continue
@@ -128,7 +130,7 @@ class EdgePrices:
                 forward[i, j] = gather
                 backward_pass[i, j] = back + gather * (gathers - 1)
                 copy_in = self._streamed((1 + 2 * rearranged) * local_bytes(s.grad_specs[operand], used, self.mesh)
-                                         + local_bytes(s.grad_specs[operand], reduced, self.mesh)) if hides and back else 0
+                                         + local_bytes(s.grad_specs[operand], reduced, self.mesh)) if self.fsdp2 and back else 0
                 copies[i, j] = copy_out * gathers + copy_in
         if hides:
             own_forward = np.asarray(dst.forward_costs, dtype=np.int64)[None, :]
