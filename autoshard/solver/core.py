@@ -80,6 +80,7 @@ class Core:
         self.segments: list[list[Segment]] = [[] for _ in range(n)]
         self.capacity: np.ndarray | None = None
         self.row_times: np.ndarray | None = None
+        self.tallies = problem.tallies
 
     @property
     def has_memory(self) -> bool:
@@ -146,7 +147,26 @@ class Core:
             capacity=None if self.capacity is None else self.capacity.copy(),
             segments=segments,
             const=self.const,
+            tallies=self._core_tallies(index),
         )
+
+    def _core_tallies(self, index: dict[int, int]) -> list[list[tuple[int, np.ndarray]]]:
+        """Each tally over the alive nodes: per group, the first member still alive with its marked
+        strategies as local indices (a group none of whose members is alive is decided by the
+        others and left out: the count stays whole). Tallies with nothing left are dropped."""
+        out = []
+        for tally in self.tallies:
+            picked = []
+            for group in tally.groups:
+                for node, marked in group:
+                    if node in index:
+                        local = np.flatnonzero(np.isin(self.strategies[node], marked))
+                        if len(local):
+                            picked.append((index[node], local))
+                        break
+            if picked:
+                out.append(picked)
+        return out
 
 
 @dataclass
@@ -159,6 +179,7 @@ class FrozenCore:
     capacity: np.ndarray | None
     segments: list[list[tuple[int, int, np.ndarray]]]
     const: int = 0
+    tallies: list[list[tuple[int, np.ndarray]]] = field(default_factory=list)  # (node, marked local strategies)
     nbrs: list[list[tuple[int, np.ndarray]]] = field(init=False)
 
     def __post_init__(self) -> None:

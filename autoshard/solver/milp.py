@@ -33,6 +33,7 @@ from scipy.sparse import coo_array, csr_array, diags_array
 from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import INF, FrozenCore, Core
 from autoshard.solver.memory import attach_memory
+from autoshard.solver.tally import Region, dive
 
 
 @contextlib.contextmanager
@@ -159,6 +160,7 @@ class MilpResult:
     optimal: bool
     elapsed: float
     infeasible: bool = False
+    certified: int | None = None  # a bound certified before the MILP (tally.py), cost units, constant included
 
 
 Progress = Callable[[str, int, list[int] | None], None]
@@ -201,7 +203,10 @@ def solve_core_milp(
     ``exact`` asks for a zero relative gap (HiGHS stops at 0.01% by default), for proofs;
     ``gap`` > 0 for that relative gap instead. ``start``: a plan HiGHS begins from (its cost
     prunes the search from the first node). ``progress`` hears plans and bounds as they come,
-    so a caller that is stopped at a deadline keeps what HiGHS had found.
+    so a caller that is stopped at a deadline keeps what HiGHS had found. A core with tallies
+    and memory rows is first narrowed by branching on its counts (tally.py): HiGHS then searches
+    only the region that can hold a plan cheaper than ``start``, and a region that holds none
+    proves ``start`` optimal.
     """
     begun = time.monotonic()
     if compact.capacity is not None and len(compact.capacity) and int(compact.capacity.min()) < 0:
@@ -212,15 +217,29 @@ def solve_core_milp(
         highs = highspy.Highs()
     highs.setOptionValue("output_flag", False)
     highs.setOptionValue("mip_rel_gap", float(gap) if gap > 0 else 0.0 if exact else 1e-4)
+    model = _highs_lp(lin, 0 if compact.capacity is None else len(compact.capacity))
+    known = None if start is None else compact.cost(start)
+    region = Region()
+    if compact.tallies and compact.has_memory:
+        region = dive(model, compact, lin.offsets, known, None if time_limit is None else begun + time_limit)
+        if region.plan is not None:
+            start, known = region.plan, region.cost
+            if progress is not None:
+                progress("plan", known, list(start))
+        if progress is not None and region.bound is not None and (known is None or region.bound < known):
+            progress("bound", region.bound, None)
+        if region.closed and start is not None:
+            return MilpResult(list(start), known, None, True, time.monotonic() - begun, certified=region.bound)
     if time_limit is not None:
         highs.setOptionValue("time_limit", max(1.0, float(time_limit) - (time.monotonic() - begun)))
-    highs.passModel(_highs_lp(lin, 0 if compact.capacity is None else len(compact.capacity)))
-    known = None if start is None else compact.cost(start)
+    highs.passModel(model)
+    for row in region.rows:
+        highs.addRow(row.lower, row.upper, len(row.columns), row.columns, np.ones(len(row.columns)))
     if start is not None:
         picked = lin.offsets[:-1] + np.asarray(start, dtype=np.int64)
         highs.setSolution(len(picked), picked.astype(np.int32), np.ones(len(picked)))
     if progress is not None:
-        _listen(highs, compact, lin, progress, known)
+        _listen(highs, compact, lin, progress, known, region.bound)
     with silenced():
         highs.run()
     elapsed = time.monotonic() - begun
@@ -230,9 +249,14 @@ def solve_core_milp(
     trusted = np.isfinite(info.mip_dual_bound) and status != highspy.HighsModelStatus.kInfeasible
     bound = float(info.mip_dual_bound) + compact.const if trusted else None
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return MilpResult(None, None, bound, False, elapsed, infeasible=status == highspy.HighsModelStatus.kInfeasible)
+        return MilpResult(None, None, bound, False, elapsed, infeasible=status == highspy.HighsModelStatus.kInfeasible
+                          and not region.rows, certified=region.bound)
     choice = lin.choice(np.asarray(highs.getSolution().col_value))
-    return MilpResult(choice, compact.cost(choice), bound, status == highspy.HighsModelStatus.kOptimal, elapsed)
+    cost = compact.cost(choice)
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    if region.rows and known is not None and cost >= known:  # the region holds nothing cheaper than the start
+        choice, cost = list(start), known
+    return MilpResult(choice, cost, bound, optimal, elapsed, certified=region.bound)
 
 
 def _highs_lp(lin: Linearised, rows_mem: int) -> highspy.HighsLp:
@@ -263,12 +287,13 @@ def _highs_lp(lin: Linearised, rows_mem: int) -> highspy.HighsLp:
     return lp
 
 
-def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: Progress, known: int | None) -> None:
+def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: Progress, known: int | None,
+            reported: int | None = None) -> None:
     """Pass HiGHS's better plans (checked exactly on the core) and rising bounds to ``progress``.
     Bounds are passed only below the cheapest plan known (``known``: the start's cost): one that
     reaches it says the search has ended, and only HiGHS's final status tells a proof from a
-    tolerance-made verdict of infeasibility."""
-    best: list[int | None] = [known, None]  # cheapest plan known, highest bound reported
+    tolerance-made verdict of infeasibility. ``reported``: the bound already passed on."""
+    best: list[int | None] = [known, reported]  # cheapest plan known, highest bound reported
 
     def improved(event: highspy.HighsCallbackEvent) -> None:
         choice = lin.choice(np.asarray(event.data_out.mip_solution))

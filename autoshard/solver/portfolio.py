@@ -391,7 +391,8 @@ class Portfolio:
         many weighted literals) or stopped without a verdict, HiGHS solves the core's ILP to a zero gap."""
         state = self.state
         state.emit(Phase("milp", f"exact ILP of the {state.comp.n}-node core (HiGHS, zero gap)", state.elapsed()))
-        result = solve_core_milp(state.comp, exact=True)
+        result = solve_core_milp(state.comp, exact=True,
+                                 start=None if state.best_local is None else state.best_local.tolist())
         if result.choice is not None:
             state.offer(result.choice, "milp", None)
         if result.optimal and result.cost is not None:

@@ -38,9 +38,25 @@ class Evaluation:
         return self.within_limit and not self.uses_forbidden
 
 
+@dataclass(frozen=True)
+class Tally:
+    """A count that is a whole number in every plan: how many of ``groups`` pick a marked strategy.
+
+    Each group lists (node, marked strategies) pairs that one choice decides together (one layer's
+    recompute flag, carried by each of the layer's nodes); any one pair stands for the group. The
+    LP relaxation can split the count (20.6 of 32 identical layers recompute), and identical
+    layers make that split unreachable by branching on single nodes: the solver branches on the
+    count instead (solver/tally.py). A tally only guides the search: any tally is valid.
+    """
+
+    name: str
+    groups: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+
+
 @dataclass
 class ShardingProblem:
-    """Nodes with per-strategy cost and memory, edges with cost matrices, liveness and a memory limit."""
+    """Nodes with per-strategy cost and memory, edges with cost matrices, liveness and a memory
+    limit; ``tallies`` are whole-number counts worth branching on (``Tally``), none by default."""
 
     node_costs: list[np.ndarray]
     node_usages: list[np.ndarray]
@@ -50,6 +66,7 @@ class ShardingProblem:
     usage_limit: int | None = None
     name: str = ""
     node_names: list[str] = field(default_factory=list)
+    tallies: list[Tally] = field(default_factory=list)
 
     @property
     def num_nodes(self) -> int:
@@ -160,5 +177,11 @@ class ShardingProblem:
                 )
         if self.edge_costs and min(int(m.min()) for m in self.edge_costs) < 0:
             raise AutoshardError("an edge has a negative cost: costs must be >= 0")
+        for tally in self.tallies:
+            for group in tally.groups:
+                for node, marked in group:
+                    if not 0 <= node < n or any(not 0 <= s < self.num_strategies(node) for s in marked):
+                        raise AutoshardError(f"tally {tally.name!r} marks node {node} strategies {list(marked)}, "
+                                             f"which the problem does not have: mark existing nodes and strategies")
         if self.usage_limit is not None and self.usage_limit < 0:
             raise AutoshardError(f"usage limit {self.usage_limit} is negative: give a limit >= 0 or none")

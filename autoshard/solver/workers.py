@@ -211,3 +211,5 @@ def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
         report(EngineEvent("none"))
     if result.bound is not None:
         report(EngineEvent("bound", highs_lower_bound(comp, result.bound - comp.const)))
+    if result.certified is not None:
+        report(EngineEvent("bound", result.certified))

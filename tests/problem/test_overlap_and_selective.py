@@ -182,3 +182,17 @@ def test_an_unknown_policy_names_the_choices(graph) -> None:
         _build(graph, memory_budget=2**30, recompute="some")
     assert not np.any([c.recompute is not None for c in _build(graph, memory_budget=2**30,
                                                                  recompute="none").candidates.values()])
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_the_problem_counts_the_blocks_that_recompute_for_the_solver_to_branch_on(graph, recompute) -> None:
+    """One tally, one group per block; each member marks exactly its recomputing strategies."""
+    mp = _build(graph, memory_budget=2**30, recompute=recompute)
+    (tally,) = mp.problem.tallies
+    assert len(tally.groups) == LAYERS
+    for layer, group in enumerate(tally.groups):
+        assert group and {mp.blocks.block_of[mp.names[node]] for node, _ in group} == {layer}
+        for node, marked in group:
+            again = mp.candidates[mp.names[node]].recompute
+            assert marked and marked == tuple(s for s, flag in enumerate(again) if flag)
+    assert _build(graph, memory_budget=2**30, recompute="none").problem.tallies == []  # nothing to count

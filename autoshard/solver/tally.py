@@ -1,0 +1,182 @@
+"""Branching on tallies: whole-number counts that the LP relaxation splits (``problem.Tally``).
+
+Identical layers let the LP's optimum split one layer's choice (20.6 of 32 layers recompute).
+Branching on a single node does not raise the bound there, since another layer takes the
+fraction, so HiGHS's branch and bound stalls at the LP bound. The count itself is whole in
+every plan:
+
+    K_t = sum over the groups g of tally t of  sum_{s marked in g} x[node_g, s]  in {0, 1, ..., |t|}
+
+``dive`` solves the LP and picks the tally whose count is the most fractional (value v). It
+then solves both children, K_t <= floor(v) and K_t >= ceil(v). A child holds no plan cheaper
+than the cheapest known one (``known``) when its certified bound reaches that cost, and none
+at all when its LP is infeasible: it is closed. While exactly one child stays open the dive goes on inside it.
+It stops when both children stay open, when no count is fractional, or at its deadline. Every
+plan cheaper than ``known`` lies in the open region, so
+
+    lower bound on such plans = min over the open children of their certified LP bounds
+
+and the MILP then searches only that region (the rows it returns). The bounds are certified as
+in relax.py: the Lagrangian dual function at HiGHS's duals y, with each y_i's sign clipped to
+the row's finite bounds, is a valid bound for any y:
+
+    L(y) = sum_i (y_i rl_i if y_i > 0 else y_i ru_i) + sum_j min(d_j cl_j, d_j cu_j),   d = c - A^T y
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+from scipy.sparse import csc_array
+
+from autoshard.solver.core import FrozenCore
+from autoshard.solver.trws import safe_bound
+
+INFEASIBLE = 2**62
+"""The bound of a child whose LP has no solution."""
+FRACTIONAL = 1e-6
+"""A count within this of a whole number is taken as whole (HiGHS's primal tolerance is 1e-7)."""
+
+
+@dataclass(frozen=True)
+class CountRow:
+    """``lower <= sum of z[columns] <= upper``: one tally's count held to one side of a branch."""
+
+    columns: np.ndarray
+    lower: float
+    upper: float
+
+
+@dataclass
+class Region:
+    """Where every plan cheaper than the known one lies (``rows``), a certified lower bound on
+    those plans (None before the first LP finished), ``closed`` when there are none, and the
+    cheapest plan that rounding the LPs' optima gave when it beat the known one (``plan``)."""
+
+    rows: list[CountRow] = field(default_factory=list)
+    bound: int | None = None
+    closed: bool = False
+    plan: list[int] | None = None
+    cost: int | None = None
+
+
+def tally_columns(comp: FrozenCore, offsets: np.ndarray) -> list[np.ndarray]:
+    """The ILP columns x[node, s] each tally of ``comp`` sums (``offsets``: where each node's block starts)."""
+    return [np.concatenate([offsets[node] + marked for node, marked in tally]).astype(np.int32)
+            for tally in comp.tallies]
+
+
+def dive(model: highspy.HighsLp, comp: FrozenCore, offsets: np.ndarray, known: int | None,
+         deadline: float | None) -> Region:
+    """Branch on the most fractional tally while one child closes (module docstring). ``model``
+    is the core's ILP as HiGHS takes it (milp._highs_lp); its integrality is ignored here."""
+    counts = tally_columns(comp, offsets)
+    region = Region()
+    if not counts:
+        return region
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = model.num_col_, model.num_row_
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = model.col_cost_, model.col_lower_, model.col_upper_
+    lp.row_lower_, lp.row_upper_ = model.row_lower_, model.row_upper_
+    lp.a_matrix_ = model.a_matrix_
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.passModel(lp)
+    if not _solve(highs, deadline):
+        return region
+    region.bound = certified_bound(highs, comp.const)
+    for _ in range(4 * len(counts) + 8):
+        x = np.asarray(highs.getSolution().col_value)
+        known = _round(comp, offsets, x, known, region)
+        values = [float(x[cols].sum()) for cols in counts]
+        distance = [min(v - math.floor(v), math.ceil(v) - v) for v in values]
+        t = int(np.argmax(distance))
+        if distance[t] <= FRACTIONAL:
+            break
+        children = [CountRow(counts[t], -np.inf, float(math.floor(values[t]))),
+                    CountRow(counts[t], float(math.ceil(values[t])), np.inf)]
+        bounds = []
+        for child in children:
+            bound = _child_bound(highs, child, comp.const, deadline)
+            if bound is None:
+                return region  # out of time: the region so far stands
+            bounds.append(bound)
+        open_children = [c for c, b in zip(children, bounds) if b < (INFEASIBLE if known is None else known)]
+        if len(open_children) != 1:
+            region.bound = max(region.bound, min(bounds))
+            region.closed = not open_children
+            break
+        kept = open_children[0]
+        region.rows.append(kept)
+        _add(highs, kept)
+        region.bound = max(region.bound, bounds[children.index(kept)])
+        if not _solve(highs, deadline):
+            break
+    return region
+
+
+def _round(comp: FrozenCore, offsets: np.ndarray, x: np.ndarray, known: int | None, region: Region) -> int | None:
+    """Each node's largest LP value as a plan; kept in ``region`` when it fits and beats ``known``
+    (once the counts are whole, one or two fractional nodes are typically all that is left, and
+    rounding them often lands within microseconds of the bound). Returns the cheapest cost known."""
+    choice = [int(np.argmax(x[offsets[i]:offsets[i + 1]])) for i in range(comp.n)]
+    cost = comp.cost(choice)
+    if (known is None or cost < known) and comp.is_feasible(choice):
+        region.plan, region.cost = choice, cost
+        return cost
+    return known
+
+
+def certified_bound(highs: highspy.Highs, const: int) -> int:
+    """A valid integer lower bound of the LP ``highs`` has just run, plus ``const``, from its row
+    duals (module docstring): valid for any duals, so neither HiGHS's tolerances nor an LP cut
+    short can inflate it."""
+    lp = highs.getLp()
+    y = np.asarray(highs.getSolution().row_dual, dtype=np.float64)
+    row_lower, row_upper = np.asarray(lp.row_lower_), np.asarray(lp.row_upper_)
+    y = np.where(((y > 0) & ~np.isfinite(row_lower)) | ((y < 0) & ~np.isfinite(row_upper)), 0.0, y)
+    a = csc_array((np.asarray(lp.a_matrix_.value_), np.asarray(lp.a_matrix_.index_),
+                   np.asarray(lp.a_matrix_.start_)), shape=(lp.num_row_, lp.num_col_))
+    cost = np.asarray(lp.col_cost_, dtype=np.float64)
+    reduced = cost - a.T @ y
+    col_lower, col_upper = np.asarray(lp.col_lower_), np.asarray(lp.col_upper_)
+    if ((reduced > 0) & ~np.isfinite(col_lower)).any() or ((reduced < 0) & ~np.isfinite(col_upper)).any():
+        return -(2**62)
+    finite = lambda v: np.where(np.isfinite(v), v, 0.0)  # noqa: E731 - only read where the dual's sign allows
+    row_terms = np.where(y > 0, y * finite(row_lower), y * finite(row_upper))
+    col_terms = np.where(reduced > 0, reduced * finite(col_lower), reduced * finite(col_upper))
+    magnitude = float(np.abs(row_terms).sum() + (np.abs(cost) + abs(a).T @ np.abs(y)) @ np.abs(finite(col_upper)))
+    return safe_bound(float(row_terms.sum() + col_terms.sum()), magnitude) + const
+
+
+def _add(highs: highspy.Highs, row: CountRow) -> None:
+    highs.addRow(row.lower, row.upper, len(row.columns), row.columns, np.ones(len(row.columns)))
+
+
+def _child_bound(highs: highspy.Highs, child: CountRow, const: int, deadline: float | None) -> int | None:
+    """The certified bound of the LP with ``child``'s row added (INFEASIBLE when that LP is
+    infeasible), the row taken off again; None when no duals came back (the deadline)."""
+    _add(highs, child)
+    last = highs.getNumRow() - 1
+    try:
+        optimal = _solve(highs, deadline)
+        if not optimal and highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+            return INFEASIBLE
+        return certified_bound(highs, const) if highs.getSolution().dual_valid else None
+    finally:
+        highs.deleteRows(1, np.array([last], dtype=np.int32))
+
+
+def _solve(highs: highspy.Highs, deadline: float | None) -> bool:
+    """Run HiGHS's LP within the deadline; True when it reached an optimum."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0.1:
+            return False
+        highs.setOptionValue("time_limit", left)
+    highs.run()
+    return highs.getModelStatus() == highspy.HighsModelStatus.kOptimal

@@ -1,0 +1,74 @@
+"""Branching on tallies (tally.py): the count of identical layers that recompute, split by the LP,
+is branched on as a whole; the optimum stays the enumerated one and the bound is certified."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from autoshard.solver.core import Core
+from autoshard.solver.memory import attach_memory
+from autoshard.solver.milp import _highs_lp, linearise, solve_core_milp
+from autoshard.solver.problem import ShardingProblem, Tally
+from autoshard.solver.relax import lp_bound
+from autoshard.solver.tally import dive
+from tests.solver.test_milp import cores, fitting_plans
+
+
+def test_counts_branched_on_keep_the_enumerated_optimum_and_every_bound_below_it() -> None:
+    rng = np.random.default_rng(7)
+    checked = 0
+    for comp, best in cores(20):
+        marked = [(v, np.flatnonzero(rng.random(len(c)) < 0.5)) for v, c in enumerate(comp.costs)]
+        counted = replace(comp, tallies=[[(v, s) for v, s in marked if len(s)]] if any(len(s) for _, s in marked) else [])
+        plans = fitting_plans(counted)
+        for start in (plans[0], plans[-1]):
+            heard: list[tuple[str, int, list[int] | None]] = []
+            result = solve_core_milp(counted, exact=True, start=start, progress=lambda *event: heard.append(event))
+            assert result.optimal and result.cost == best and counted.is_feasible(result.choice)
+            assert result.certified is None or result.certified <= max(best, counted.cost(start))
+            assert all(value <= best for kind, value, _ in heard if kind == "bound")
+            checked += 1
+    assert checked == 40
+
+
+def layers_that_must_partly_recompute(layers: int = 8) -> ShardingProblem:
+    """Identical layers in a chain, live at once: each keeps its activations (10 bytes, no cost) or
+    recomputes them in one of two ways (7 or 8 ticks, no bytes); the limit fits the activations of 3.5."""
+    costs = [np.array([0, 7, 8], dtype=np.int64) for _ in range(layers)]
+    usages = [np.array([10, 0, 0], dtype=np.int64) for _ in range(layers)]
+    chain = np.zeros((3, 3), dtype=np.int64)
+    edges = [(i, i + 1) for i in range(layers - 1)]
+    marked = tuple(((i, (1, 2)),) for i in range(layers))
+    return ShardingProblem(costs, usages, [(0, 1)] * layers, edges, [chain] * len(edges), usage_limit=35,
+                           tallies=[Tally("recomputing layers", marked)])
+
+
+def test_the_count_of_recomputing_layers_lifts_the_bound_to_the_whole_number_optimum() -> None:
+    problem = layers_that_must_partly_recompute()
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    assert len(comp.tallies) == 1 and len(comp.tallies[0]) == 8
+    optimum = 5 * 7  # five layers recompute
+    assert solve_core_milp(comp, exact=True).cost == optimum
+    assert lp_bound(comp, 30.0).bound < optimum  # the LP recomputes 4.5 layers
+    lin = linearise(comp)
+    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin.offsets, optimum, None)
+    assert region.closed and region.bound >= optimum  # <= 4 recompute: too big; >= 5: not cheaper
+    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin.offsets, None, None)  # no plan known
+    assert not region.closed and [(row.lower, row.upper) for row in region.rows] == [(5, np.inf)]
+    assert region.bound == optimum and region.cost == optimum  # the region's LP is whole: rounding it is the plan
+    assert comp.is_feasible(region.plan) and comp.cost(region.plan) == optimum
+
+
+def test_a_tally_outside_the_problem_is_refused() -> None:
+    problem = layers_that_must_partly_recompute(2)
+    bad = replace(problem, tallies=[Tally("x", (((0, (5,)),),))])
+    try:
+        bad.validate()
+    except Exception as error:  # noqa: BLE001 - the message is what is checked
+        assert "tally 'x' marks node 0 strategies [5]" in str(error)
+    else:
+        raise AssertionError("a tally marking a strategy the node lacks was accepted")
