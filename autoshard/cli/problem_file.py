@@ -156,7 +156,7 @@ class Clock:
 
 ORIGINAL_STDOUT = os.dup(1)
 """The process's stdout as it was at import: the watchdog writes the answer here even while a
-HiGHS call has fd 1 pointed at /dev/null (milp.silenced)."""
+HiGHS call has fd 1 pointed at /dev/null (silence.silenced)."""
 ORIGINAL_STDERR = os.dup(2)
 
 

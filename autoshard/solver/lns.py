@@ -163,7 +163,7 @@ class NeighbourhoodSearch:
             choice = self.server.call(improve, (sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
             return choice, time.monotonic() - began < 0.75 * seconds
         # also in the child, killed at its time: HiGHS runs past its own limit, and in this
-        # process its fds 1 and 2 would be on /dev/null while it runs (milp.silenced), taking the
+        # process its fds 1 and 2 would be on /dev/null while it runs (silence.silenced), taking the
         # status lines other threads print with them
         limit = max(1.0, min(MAX_SOLVE, 0.5 * left))
         result = self.server.call(solve_core_milp, (sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))

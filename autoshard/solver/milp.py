@@ -18,13 +18,11 @@ benchmarks/README.md, "Measurements behind the design").
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import highspy
 import numpy as np
@@ -33,28 +31,10 @@ from scipy.sparse import coo_array, csr_array, diags_array
 from autoshard.solver.problem import ShardingProblem
 from autoshard.solver.core import INF, FrozenCore, Core
 from autoshard.solver.memory import attach_memory
+from autoshard.solver.silence import silenced
 from autoshard.solver.tally import Region, dive
 
 
-@contextlib.contextmanager
-def silenced() -> Iterator[None]:
-    """File descriptors 1 and 2 on /dev/null for the duration: HiGHS's C++ code prints debug
-    lines of its own (e.g. ``HighsMipSolverData::transformNewIntegerFeasibleSolution``) that
-    ``disp=False`` does not stop, and they must not land in the user's output; toulbar2
-    (toulbar.py) likewise, and in a worker child fds 1 and 2 are the pipe the parent reads."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
 
 
 @dataclass

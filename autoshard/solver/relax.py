@@ -28,7 +28,8 @@ from scipy.optimize import linprog
 
 from autoshard.solver.core import FrozenCore
 from autoshard.solver.cut import DualCut
-from autoshard.solver.milp import linearise, silenced
+from autoshard.solver.milp import linearise
+from autoshard.solver.silence import silenced
 from autoshard.solver.trws import safe_bound
 
 MAX_COLUMNS = 200_000

@@ -34,6 +34,7 @@ import numpy as np
 from scipy.sparse import csc_array
 
 from autoshard.solver.core import FrozenCore
+from autoshard.solver.silence import silenced
 from autoshard.solver.trws import safe_bound
 
 INFEASIBLE = 2**62
@@ -78,12 +79,13 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, offsets: np.ndarray, known: i
     region = Region()
     if not counts:
         return region
-    lp = highspy.HighsLp()
+    lp = highspy.HighsLp()  # the model without its integrality: the relaxation
     lp.num_col_, lp.num_row_ = model.num_col_, model.num_row_
     lp.col_cost_, lp.col_lower_, lp.col_upper_ = model.col_cost_, model.col_lower_, model.col_upper_
     lp.row_lower_, lp.row_upper_ = model.row_lower_, model.row_upper_
     lp.a_matrix_ = model.a_matrix_
-    highs = highspy.Highs()
+    with silenced():  # the constructor prints HiGHS's banner
+        highs = highspy.Highs()
     highs.setOptionValue("output_flag", False)
     highs.passModel(lp)
     if not _solve(highs, deadline):
@@ -146,11 +148,15 @@ def certified_bound(highs: highspy.Highs, const: int) -> int:
     col_lower, col_upper = np.asarray(lp.col_lower_), np.asarray(lp.col_upper_)
     if ((reduced > 0) & ~np.isfinite(col_lower)).any() or ((reduced < 0) & ~np.isfinite(col_upper)).any():
         return -(2**62)
-    finite = lambda v: np.where(np.isfinite(v), v, 0.0)  # noqa: E731 - only read where the dual's sign allows
-    row_terms = np.where(y > 0, y * finite(row_lower), y * finite(row_upper))
-    col_terms = np.where(reduced > 0, reduced * finite(col_lower), reduced * finite(col_upper))
-    magnitude = float(np.abs(row_terms).sum() + (np.abs(cost) + abs(a).T @ np.abs(y)) @ np.abs(finite(col_upper)))
+    row_terms = np.where(y > 0, y * _finite(row_lower), y * _finite(row_upper))
+    col_terms = np.where(reduced > 0, reduced * _finite(col_lower), reduced * _finite(col_upper))
+    magnitude = float(np.abs(row_terms).sum() + (np.abs(cost) + abs(a).T @ np.abs(y)) @ np.abs(_finite(col_upper)))
     return safe_bound(float(row_terms.sum() + col_terms.sum()), magnitude) + const
+
+
+def _finite(bounds: np.ndarray) -> np.ndarray:
+    """The bounds with the infinite ones as 0 (read only where the dual's sign makes them finite)."""
+    return np.where(np.isfinite(bounds), bounds, 0.0)
 
 
 def _add(highs: highspy.Highs, row: CountRow) -> None:

@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from autoshard.solver.core import INF, FrozenCore, views
-from autoshard.solver.milp import silenced
+from autoshard.solver.silence import silenced
 
 MAX_ROW_TERMS = 100_000
 """Cores whose memory rows hold more (row, node, strategy) terms in total are not given to
