@@ -30,13 +30,14 @@ import numpy as np
 
 from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
 from autoshard.problem.edges import EdgePrices
+from autoshard.problem.tallies import recompute_tally
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
 from autoshard.cost.memory import PRECISIONS, MemoryItem, microbatched_items, out_metas
 from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
-from autoshard.solver.problem import FORBIDDEN, ShardingProblem, Tally
+from autoshard.solver.problem import FORBIDDEN, ShardingProblem
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.strategy import OpStrategy
@@ -357,26 +358,12 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         usage_limit=options.memory_budget,
         name=getattr(graph, "name", "") or "model",
         node_names=names + aux_names,
-        tallies=_recompute_tally(names, candidates, blocks),
+        tallies=recompute_tally(names, candidates, blocks, life, aux_owner),
     )
     items = [item for n in names for item in candidates[n].items]
     return ModelProblem(graph, mesh, cost_model, options, names, candidates, edges, problem,
                         _warnings(builder.unsupported, candidates, mesh), fingerprint(graph), life, items,
                         aux_owner, blocks, len(builder.cache), len(prices.matrices))
-
-
-def _recompute_tally(names: list[str], candidates: dict[str, Candidate], blocks: Blocks) -> list[Tally]:
-    """How many blocks recompute, as a count for the solver to branch on (``Tally``): per block,
-    its nodes that offer recomputation with their recomputing strategies (edges.py keeps one
-    block's nodes agreeing, so any one of them stands for the block)."""
-    groups: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
-    for i, name in enumerate(names):
-        block, recompute = blocks.block_of.get(name), candidates[name].recompute
-        if block is not None and recompute and any(recompute):
-            groups.setdefault(block, []).append((i, tuple(s for s, again in enumerate(recompute) if again)))
-    if len(groups) < 2:
-        return []
-    return [Tally("recomputing blocks", tuple(tuple(group) for _, group in sorted(groups.items())))]
 
 
 def _warnings(unsupported, candidates: dict[str, Candidate], mesh: Mesh) -> list[str]:

@@ -148,7 +148,22 @@ class Core:
             segments=segments,
             const=self.const,
             tallies=self._core_tallies(index),
+            toggles=[[self._twins(group, index) for group in tally.groups] for tally in self.tallies],
         )
+
+    def _twins(self, group: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...],
+               index: dict[int, int]) -> list[tuple[int, np.ndarray]]:
+        """The group's alive members, each with its local strategies' twins (``Tally``; -1 where
+        the twin is gone or there is none)."""
+        members = []
+        for node, _, twins in group:
+            if node not in index:
+                continue
+            local = {int(o): i for i, o in enumerate(self.strategies[node])}
+            twin = np.array([local.get(twins[int(o)], -1) if twins else -1 for o in self.strategies[node]],
+                            dtype=np.int64)
+            members.append((index[node], twin))
+        return members
 
     def _core_tallies(self, index: dict[int, int]) -> list[list[tuple[int, np.ndarray]]]:
         """Each tally over the alive nodes: per group, the first member still alive with its marked
@@ -158,7 +173,7 @@ class Core:
         for tally in self.tallies:
             picked = []
             for group in tally.groups:
-                for node, marked in group:
+                for node, marked, _ in group:
                     if node in index:
                         local = np.flatnonzero(np.isin(self.strategies[node], marked))
                         if len(local):
@@ -180,6 +195,7 @@ class FrozenCore:
     segments: list[list[tuple[int, int, np.ndarray]]]
     const: int = 0
     tallies: list[list[tuple[int, np.ndarray]]] = field(default_factory=list)  # (node, marked local strategies)
+    toggles: list[list[list[tuple[int, np.ndarray]]]] = field(default_factory=list)  # per tally, group: (node, twins)
     nbrs: list[list[tuple[int, np.ndarray]]] = field(init=False)
 
     def __post_init__(self) -> None:

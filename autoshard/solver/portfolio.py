@@ -48,6 +48,7 @@ from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.subproblem import PenalisedProbe
+from autoshard.solver.tally import flip_groups
 from autoshard.solver.toulbar import can_take
 from autoshard.solver.engine_pool import EnginePool
 from autoshard.solver.forks import call_forked
@@ -89,8 +90,7 @@ only slow the Lagrangian searches (measured: see benchmarks/README.md, "LLM scal
 LP_MIN_TIME = 0.3
 """Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
 LP_GRACE = 0.5
-"""Seconds the LP child gets past its own time limit (HiGHS's set-up, and scipy's, run past it)
-before it is killed."""
+"""Seconds the LP child gets past its own time limit before it is killed (HiGHS's and scipy's set-up run past it)."""
 LAGRANGE_SETUP = 1.0
 """The Lagrangian search starts only with this many times the greedy phase's time left: its
 set-up (TRW-S's messages, the first plan's local search) is work of the same kind and size, and
@@ -320,12 +320,11 @@ class Portfolio:
     def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on
         while it pays: it takes stalled Lagrangian plans much further), or when this process's
-        Lagrangian plans have not
-        improved the best for LNS_AFTER_STEPS steps and twenty steps' time, or under a time limit
-        for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit (``since``: when and how many
-        steps ago they last did), and there is a plan to improve. Plans of the other engines do
-        not put the slice off: each is a new start for it, not a reason to wait (measured: see
-        benchmarks/README.md, "Measurements behind the design")."""
+        Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps and twenty steps'
+        time, or under a time limit for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit
+        (``since``: when and how many steps ago they last did), and there is a plan to improve.
+        Plans of the other engines do not put the slice off: each is a new start for it, not a
+        reason to wait (measured: see benchmarks/README.md, "Measurements behind the design")."""
         state = self.state
         when, steps = since
         waited = time.monotonic() - when
@@ -336,16 +335,17 @@ class Portfolio:
         return self.lns_paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
 
     def _lns(self, lns: NeighbourhoodSearch) -> None:
-        """A slice of large-neighbourhood search from the best plan (lns.py). The engines are
-        heard between neighbourhoods; when one's plan beats the slice's, the slice goes on from
-        that plan rather than ending (the second engine's plans can come every few seconds, and
-        slices that ended at each did worse: see benchmarks/README.md, "Measurements behind the
-        design")."""
+        """Flips of whole layers (tally.flip_groups: a layer is wider than a wide core's neighbourhoods), then a
+        slice of large-neighbourhood search from the best plan (lns.py). The engines are heard between
+        neighbourhoods; when one's plan beats the slice's, the slice goes on from that plan rather than ending
+        (the second engine's plans can come every few seconds; slices that ended at each did worse)."""
         state = self.state
         left = state.left()
         if left is not None and left < 2.0:
             return
         budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
+        if (flipped := flip_groups(lns.comp, state.best_local, state.soon(0.2 * budget))) is not None:
+            state.offer(flipped, "flips", None)
         sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in lns.solvers)
         state.emit(Phase("lns", f"neighbourhood search ({sizes})", state.elapsed()))
         own = [state.best_cost]  # the best cost this slice knows of (its own plans, or the start)
@@ -391,8 +391,8 @@ class Portfolio:
         many weighted literals) or stopped without a verdict, HiGHS solves the core's ILP to a zero gap."""
         state = self.state
         state.emit(Phase("milp", f"exact ILP of the {state.comp.n}-node core (HiGHS, zero gap)", state.elapsed()))
-        result = solve_core_milp(state.comp, exact=True,
-                                 start=None if state.best_local is None else state.best_local.tolist())
+        best = state.best_local
+        result = solve_core_milp(state.comp, exact=True, start=None if best is None else best.tolist())
         if result.choice is not None:
             state.offer(result.choice, "milp", None)
         if result.optimal and result.cost is not None:

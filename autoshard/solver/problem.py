@@ -42,15 +42,17 @@ class Evaluation:
 class Tally:
     """A count that is a whole number in every plan: how many of ``groups`` pick a marked strategy.
 
-    Each group lists (node, marked strategies) pairs that one choice decides together (one layer's
-    recompute flag, carried by each of the layer's nodes); any one pair stands for the group. The
-    LP relaxation can split the count (20.6 of 32 identical layers recompute), and identical
-    layers make that split unreachable by branching on single nodes: the solver branches on the
-    count instead (solver/tally.py). A tally only guides the search: any tally is valid.
+    Each group lists members ``(node, marked strategies, twins)`` that one choice decides together
+    (one layer's recompute flag, carried by each of the layer's nodes); any one member stands for
+    the group. The LP relaxation can split the count (20.6 of 32 identical layers recompute), and
+    identical layers make that split unreachable by branching on single nodes: the solver branches
+    on the count instead (solver/tally.py). ``twins[s]`` is the node's strategy that is ``s`` with
+    the choice flipped (-1: none; empty: not given), so the search can flip a whole group at once.
+    A tally only guides the search: any tally is valid.
     """
 
     name: str
-    groups: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    groups: tuple[tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...], ...]
 
 
 @dataclass
@@ -179,9 +181,12 @@ class ShardingProblem:
             raise AutoshardError("an edge has a negative cost: costs must be >= 0")
         for tally in self.tallies:
             for group in tally.groups:
-                for node, marked in group:
-                    if not 0 <= node < n or any(not 0 <= s < self.num_strategies(node) for s in marked):
-                        raise AutoshardError(f"tally {tally.name!r} marks node {node} strategies {list(marked)}, "
-                                             f"which the problem does not have: mark existing nodes and strategies")
+                for node, marked, twins in group:
+                    if not 0 <= node < n or any(not 0 <= s < self.num_strategies(node) for s in marked) or (
+                            twins and (len(twins) != self.num_strategies(node)
+                                       or any(not -1 <= t < len(twins) for t in twins))):
+                        raise AutoshardError(f"tally {tally.name!r} marks node {node} strategies {list(marked)} "
+                                             f"(twins {list(twins)}), which the problem does not have: mark existing "
+                                             f"nodes and strategies, with one twin per strategy or none")
         if self.usage_limit is not None and self.usage_limit < 0:
             raise AutoshardError(f"usage limit {self.usage_limit} is negative: give a limit >= 0 or none")

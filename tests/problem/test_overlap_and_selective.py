@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoshard.api import build_model_problem
 from autoshard.errors import AutoshardError
+from autoshard.frontend.graph import NodeKind
 from autoshard.frontend.trace import trace
 from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.problem.readback import make_plan
@@ -186,13 +187,26 @@ def test_an_unknown_policy_names_the_choices(graph) -> None:
 
 @pytest.mark.parametrize("recompute", ["full", "selective"])
 def test_the_problem_counts_the_blocks_that_recompute_for_the_solver_to_branch_on(graph, recompute) -> None:
-    """One tally, one group per block; each member marks exactly its recomputing strategies."""
+    """One tally, one group per block: its ops, their parameters and the auxiliary memory nodes
+    that mirror them, each marking exactly its recomputing strategies, with twins that flip only
+    that choice (a parameter gathered again for backward recomputes as the one kept gathered)."""
     mp = _build(graph, memory_budget=2**30, recompute=recompute)
     (tally,) = mp.problem.tallies
     assert len(tally.groups) == LAYERS
+    owner = {len(mp.names) + j: o for j, o in enumerate(mp.aux_owner)}
     for layer, group in enumerate(tally.groups):
-        assert group and {mp.blocks.block_of[mp.names[node]] for node, _ in group} == {layer}
-        for node, marked in group:
-            again = mp.candidates[mp.names[node]].recompute
-            assert marked and marked == tuple(s for s, flag in enumerate(again) if flag)
+        names = [mp.names[owner.get(node, node)] for node, _, _ in group]
+        assert {mp.blocks.block_of[n] for n in names if n in mp.blocks.block_of} == {layer}
+        assert any(mp.candidates[n].node.kind == NodeKind.PARAM for n in names) and owner.keys() & {n for n, _, _ in group}
+        for name, (node, marked, twins) in zip(names, group):
+            cand = mp.candidates[name]
+            assert marked == tuple(s for s, flag in enumerate(cand.recompute) if flag)
+            for s, t in enumerate(twins):
+                if t < 0:
+                    continue
+                assert cand.recompute[t] != cand.recompute[s] and cand.strategies[t] == cand.strategies[s]
+                if cand.storage is not None:
+                    assert cand.storage[t].use == cand.storage[s].use and not cand.storage[t].regather or \
+                        not cand.storage[s].regather
+            assert all(t >= 0 for s, t in enumerate(twins) if cand.recompute[s])  # every recomputing one can stop
     assert _build(graph, memory_budget=2**30, recompute="none").problem.tallies == []  # nothing to count

@@ -165,6 +165,7 @@ def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_com
     class Heard:
         """Neighbourhood search where another engine's plan arrives during the first run."""
         solvers: list = []
+        comp = types.SimpleNamespace(toggles=[])  # no tally: no layer to flip first
 
         def __init__(self) -> None:
             self.starts: list[list[int]] = []

@@ -6,13 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
+from autoshard.errors import AutoshardError
 from autoshard.solver.core import Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.milp import _highs_lp, linearise, solve_core_milp
 from autoshard.solver.problem import ShardingProblem, Tally
 from autoshard.solver.relax import lp_bound
-from autoshard.solver.tally import dive
+from autoshard.solver.tally import dive, flip_groups
 from tests.solver.test_milp import cores, fitting_plans
 
 
@@ -40,7 +42,7 @@ def layers_that_must_partly_recompute(layers: int = 8) -> ShardingProblem:
     usages = [np.array([10, 0, 0], dtype=np.int64) for _ in range(layers)]
     chain = np.zeros((3, 3), dtype=np.int64)
     edges = [(i, i + 1) for i in range(layers - 1)]
-    marked = tuple(((i, (1, 2)),) for i in range(layers))
+    marked = tuple(((i, (1, 2), ()),) for i in range(layers))
     return ShardingProblem(costs, usages, [(0, 1)] * layers, edges, [chain] * len(edges), usage_limit=35,
                            tallies=[Tally("recomputing layers", marked)])
 
@@ -65,10 +67,34 @@ def test_the_count_of_recomputing_layers_lifts_the_bound_to_the_whole_number_opt
 
 def test_a_tally_outside_the_problem_is_refused() -> None:
     problem = layers_that_must_partly_recompute(2)
-    bad = replace(problem, tallies=[Tally("x", (((0, (5,)),),))])
-    try:
-        bad.validate()
-    except Exception as error:  # noqa: BLE001 - the message is what is checked
-        assert "tally 'x' marks node 0 strategies [5]" in str(error)
-    else:
-        raise AssertionError("a tally marking a strategy the node lacks was accepted")
+    with pytest.raises(AutoshardError, match=r"tally 'x' marks node 0 strategies \[5\]"):
+        replace(problem, tallies=[Tally("x", (((0, (5,), ()),),))]).validate()
+    for twins in ((1, 2), (1, 2, 3)):  # one twin per strategy, each a strategy or -1
+        with pytest.raises(AutoshardError, match="one twin per strategy"):
+            replace(problem, tallies=[Tally("x", (((0, (1,), twins),),))]).validate()
+
+
+def test_flipping_whole_layers_makes_the_moves_no_single_node_can() -> None:
+    """Layers of two nodes that must agree on recomputing (a forbidden pair between them); all
+    recompute at the start. Flips stop two of them recomputing (all that fits), never a third."""
+    layers, keep, again = 4, (0, 1), (2, 3)  # strategies: keep x, keep y, recompute x, recompute y
+    agree = np.full((4, 4), 10**18, dtype=np.int64)
+    agree[np.ix_(keep, keep)] = agree[np.ix_(again, again)] = 0
+    costs, usages, edges = [], [], []
+    for layer in range(layers):
+        costs += [np.array([0, 0, 7, 7], dtype=np.int64), np.array([1, 2, 1, 2], dtype=np.int64)]
+        usages += [np.array([10, 10, 0, 0], dtype=np.int64), np.zeros(4, dtype=np.int64)]
+        edges.append((2 * layer, 2 * layer + 1))
+    pair = (2, 3, 0, 1)  # each strategy's twin: the same variant, the choice flipped
+    groups = tuple(((2 * layer, again, pair), (2 * layer + 1, again, pair)) for layer in range(layers))
+    problem = ShardingProblem(costs, usages, [(0, 1)] * (2 * layers), edges, [agree] * layers, usage_limit=25,
+                              tallies=[Tally("recomputing layers", groups)])
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    start = np.array([2, 2] * layers)  # every layer recomputes, the second nodes at x
+    assert comp.cost(start) == 4 * 7 + 4 and comp.is_feasible(start)
+    flipped = flip_groups(comp, start)
+    assert flipped is not None and comp.is_feasible(flipped) and comp.cost(flipped) == 2 * 7 + 4
+    assert sorted(flipped[0::2].tolist()) == [0, 0, 2, 2] and (flipped[1::2] % 2 == 0).all()
+    assert flip_groups(comp, flipped) is None  # a third layer would not fit
