@@ -10,9 +10,11 @@ every plan:
 ``dive`` solves the LP and picks the tally whose count is the most fractional (value v). It
 then solves both children, K_t <= floor(v) and K_t >= ceil(v). A child holds no plan cheaper
 than the cheapest known one (``known``) when its certified bound reaches that cost, and none
-at all when its LP is infeasible: it is closed. While exactly one child stays open the dive goes on inside it.
-It stops when both children stay open, when no count is fractional, or at its deadline. Every
-plan cheaper than ``known`` lies in the open region, so
+at all when its LP is infeasible: it is closed. While exactly one child stays open the dive
+goes on inside it. It stops when both children stay open, when no count is fractional, or at
+its deadline. Each LP optimum on the way, every node rounded to its largest value, is kept as a
+plan when it fits and costs less than ``known`` (which it then becomes). Every plan cheaper
+than ``known`` lies in the open region, so
 
     lower bound on such plans = min over the open children of their certified LP bounds
 
@@ -21,6 +23,10 @@ in relax.py: the Lagrangian dual function at HiGHS's duals y, with each y_i's si
 the row's finite bounds, is a valid bound for any y:
 
     L(y) = sum_i (y_i rl_i if y_i > 0 else y_i ru_i) + sum_j min(d_j cl_j, d_j cu_j),   d = c - A^T y
+
+``flip_groups`` is the matching move for plans: every member of a group to its twin at once
+(one layer starts or stops recomputing), which no search over single nodes or neighbourhoods
+smaller than a layer can make.
 """
 
 from __future__ import annotations
