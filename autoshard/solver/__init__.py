@@ -19,10 +19,12 @@ Where each part is implemented:
 - plans: minimum-memory start and local search (heuristics.py, penalised_start.py), Lagrangian
   plans (exact ones: exact_lagrange.py), toulbar2 on the penalised subproblem (subproblem.py,
   toulbar.py), large-neighbourhood
-  search (lns.py), usage weights (usage_weights.py);
+  search (lns.py) after flipping whole layers (tally.py), usage weights (usage_weights.py);
 - proofs: z3 CEGIS, "is there a plan cheaper than the best?" until UNSAT (cegis.py, run by
-  z3_phases.py), exact elimination (eliminate.py), HiGHS's MILP (milp.py), toulbar2's branch
-  and bound with the memory rows as knapsack constraints (toulbar.py);
+  z3_phases.py), exact elimination (eliminate.py), HiGHS's MILP of the linearised core
+  (milp.py, linearised.py) after branching on whole-number counts (tally.py, bounds certified
+  by dual_bound.py), toulbar2's branch and bound with the memory rows as knapsack constraints
+  (toulbar.py);
 - engines in child processes, started, polled and stopped alike and reporting typed events
   (workers.py, engine_events.py, engine_pool.py; forks.py for every fork): toulbar2,
   toulbar2-vns, toulbar2-no-rows, highs and second-search (second_search.py);

@@ -1,8 +1,8 @@
 """A proven lower bound from the LP relaxation of the core (HiGHS dual simplex).
 
 HiGHS's dual values y are only approximately optimal, so the bound is not HiGHS's objective but
-the Lagrangian dual function evaluated at y (clipped to the right signs), which is a valid
-bound for *any* y:
+the Lagrangian dual function evaluated at y, which is a valid bound for *any* y
+(dual_bound.py):
 
     L(y) = b . y + sum_j u_j * min(0, c_j - (A^T y)_j)      (A z = b, 0 <= z <= u)
 
@@ -28,9 +28,9 @@ from scipy.optimize import linprog
 
 from autoshard.solver.core import FrozenCore
 from autoshard.solver.cut import DualCut
-from autoshard.solver.milp import linearise
+from autoshard.solver.dual_bound import lagrangian_bound
+from autoshard.solver.linearised import linearise
 from autoshard.solver.silence import silenced
-from autoshard.solver.trws import safe_bound
 
 MAX_COLUMNS = 200_000
 """Cores whose LP has more variables are not relaxed (HiGHS would need minutes)."""
@@ -69,15 +69,8 @@ def lp_bound(comp: FrozenCore, time_limit: float) -> Relaxation:
         return Relaxation(None, None, time.monotonic() - start, infeasible=True)
     if res.status != 0 or res.x is None:
         return Relaxation(None, None, time.monotonic() - start)
-    y_eq = np.asarray(res.eqlin.marginals, dtype=np.float64)
-    reduced = lin.c - lin.a_eq.T @ y_eq
-    magnitude = np.abs(lin.c) + abs(lin.a_eq).T @ np.abs(y_eq)
-    terms = [lin.b_eq * y_eq]
-    negative = (reduced < 0) & (lin.upper > 0)
-    terms.append(np.where(negative, lin.upper * reduced, 0.0))
-    flat = np.concatenate(terms)
-    value = float(np.sum(flat)) + comp.const
-    bound = safe_bound(value, float(np.abs(flat).sum()) + float(magnitude[negative].sum()))
+    bound, reduced = lagrangian_bound(lin.c, lin.a_eq, np.asarray(res.eqlin.marginals, dtype=np.float64),
+                                      lin.b_eq, lin.b_eq, np.zeros(lin.columns), lin.upper, comp.const)
     z = res.x[: lin.nx]
     plan = None
     blocks = [z[lin.offsets[i] : lin.offsets[i + 1]] for i in range(comp.n)]

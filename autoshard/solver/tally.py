@@ -19,10 +19,7 @@ than ``known`` lies in the open region, so
     lower bound on such plans = min over the open children of their certified LP bounds
 
 and the MILP then searches only that region (the rows it returns). The bounds are certified as
-in relax.py: the Lagrangian dual function at HiGHS's duals y, with each y_i's sign clipped to
-the row's finite bounds, is a valid bound for any y:
-
-    L(y) = sum_i (y_i rl_i if y_i > 0 else y_i ru_i) + sum_j min(d_j cl_j, d_j cu_j),   d = c - A^T y
+in relax.py: the Lagrangian dual function at HiGHS's duals, valid for any duals (dual_bound.py).
 
 ``flip_groups`` is the matching move for plans: every member of a group to its twin at once
 (one layer starts or stops recomputing), which no search over single nodes or neighbourhoods
@@ -40,8 +37,9 @@ import numpy as np
 from scipy.sparse import csc_array
 
 from autoshard.solver.core import FrozenCore
+from autoshard.solver.linearised import Linearised
 from autoshard.solver.silence import silenced
-from autoshard.solver.trws import safe_bound
+from autoshard.solver.dual_bound import lagrangian_bound
 
 INFEASIBLE = 2**62
 """The bound of a child whose LP has no solution."""
@@ -77,11 +75,11 @@ def tally_columns(comp: FrozenCore, offsets: np.ndarray) -> list[np.ndarray]:
             for tally in comp.tallies]
 
 
-def dive(model: highspy.HighsLp, comp: FrozenCore, offsets: np.ndarray, known: int | None,
+def dive(model: highspy.HighsLp, comp: FrozenCore, lin: Linearised, known: int | None,
          deadline: float | None) -> Region:
     """Branch on the most fractional tally while one child closes (module docstring). ``model``
-    is the core's ILP as HiGHS takes it (milp._highs_lp); its integrality is ignored here."""
-    counts = tally_columns(comp, offsets)
+    is the core's ILP ``lin`` as HiGHS takes it (milp._highs_lp); its integrality is ignored here."""
+    counts = tally_columns(comp, lin.offsets)
     region = Region()
     if not counts:
         return region
@@ -99,7 +97,7 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, offsets: np.ndarray, known: i
     region.bound = certified_bound(highs, comp.const)
     for _ in range(4 * len(counts) + 8):
         x = np.asarray(highs.getSolution().col_value)
-        known = _round(comp, offsets, x, known, region)
+        known = _round(comp, lin.choice(x), known, region)
         values = [float(x[cols].sum()) for cols in counts]
         distance = [min(v - math.floor(v), math.ceil(v) - v) for v in values]
         t = int(np.argmax(distance))
@@ -127,11 +125,11 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, offsets: np.ndarray, known: i
     return region
 
 
-def _round(comp: FrozenCore, offsets: np.ndarray, x: np.ndarray, known: int | None, region: Region) -> int | None:
-    """Each node's largest LP value as a plan; kept in ``region`` when it fits and beats ``known``
-    (once the counts are whole, one or two fractional nodes are typically all that is left, and
-    rounding them often lands within microseconds of the bound). Returns the cheapest cost known."""
-    choice = [int(np.argmax(x[offsets[i]:offsets[i + 1]])) for i in range(comp.n)]
+def _round(comp: FrozenCore, choice: list[int], known: int | None, region: Region) -> int | None:
+    """The LP optimum rounded (each node's largest value) as a plan, kept in ``region`` when it
+    fits and beats ``known`` (once the counts are whole, one or two fractional nodes are typically
+    all that is left, and rounding them often lands within microseconds of the bound). Returns
+    the cheapest cost known."""
     cost = comp.cost(choice)
     if (known is None or cost < known) and comp.is_feasible(choice):
         region.plan, region.cost = choice, cost
@@ -141,28 +139,16 @@ def _round(comp: FrozenCore, offsets: np.ndarray, x: np.ndarray, known: int | No
 
 def certified_bound(highs: highspy.Highs, const: int) -> int:
     """A valid integer lower bound of the LP ``highs`` has just run, plus ``const``, from its row
-    duals (module docstring): valid for any duals, so neither HiGHS's tolerances nor an LP cut
-    short can inflate it."""
+    duals (dual_bound.py: valid for any duals, so neither HiGHS's tolerances nor an LP cut short
+    can inflate it)."""
     lp = highs.getLp()
-    y = np.asarray(highs.getSolution().row_dual, dtype=np.float64)
-    row_lower, row_upper = np.asarray(lp.row_lower_), np.asarray(lp.row_upper_)
-    y = np.where(((y > 0) & ~np.isfinite(row_lower)) | ((y < 0) & ~np.isfinite(row_upper)), 0.0, y)
     a = csc_array((np.asarray(lp.a_matrix_.value_), np.asarray(lp.a_matrix_.index_),
                    np.asarray(lp.a_matrix_.start_)), shape=(lp.num_row_, lp.num_col_))
-    cost = np.asarray(lp.col_cost_, dtype=np.float64)
-    reduced = cost - a.T @ y
-    col_lower, col_upper = np.asarray(lp.col_lower_), np.asarray(lp.col_upper_)
-    if ((reduced > 0) & ~np.isfinite(col_lower)).any() or ((reduced < 0) & ~np.isfinite(col_upper)).any():
-        return -(2**62)
-    row_terms = np.where(y > 0, y * _finite(row_lower), y * _finite(row_upper))
-    col_terms = np.where(reduced > 0, reduced * _finite(col_lower), reduced * _finite(col_upper))
-    magnitude = float(np.abs(row_terms).sum() + (np.abs(cost) + abs(a).T @ np.abs(y)) @ np.abs(_finite(col_upper)))
-    return safe_bound(float(row_terms.sum() + col_terms.sum()), magnitude) + const
-
-
-def _finite(bounds: np.ndarray) -> np.ndarray:
-    """The bounds with the infinite ones as 0 (read only where the dual's sign makes them finite)."""
-    return np.where(np.isfinite(bounds), bounds, 0.0)
+    bound, _ = lagrangian_bound(np.asarray(lp.col_cost_, dtype=np.float64), a,
+                                np.asarray(highs.getSolution().row_dual, dtype=np.float64),
+                                np.asarray(lp.row_lower_), np.asarray(lp.row_upper_),
+                                np.asarray(lp.col_lower_), np.asarray(lp.col_upper_), const)
+    return bound
 
 
 def _add(highs: highspy.Highs, row: CountRow) -> None:

@@ -11,7 +11,8 @@ import pytest
 from autoshard.errors import AutoshardError
 from autoshard.solver.core import Core
 from autoshard.solver.memory import attach_memory
-from autoshard.solver.milp import _highs_lp, linearise, solve_core_milp
+from autoshard.solver.linearised import linearise
+from autoshard.solver.milp import _highs_lp, solve_core_milp
 from autoshard.solver.problem import ShardingProblem, Tally
 from autoshard.solver.relax import lp_bound
 from autoshard.solver.tally import dive, flip_groups
@@ -57,9 +58,9 @@ def test_the_count_of_recomputing_layers_lifts_the_bound_to_the_whole_number_opt
     assert solve_core_milp(comp, exact=True).cost == optimum
     assert lp_bound(comp, 30.0).bound < optimum  # the LP recomputes 4.5 layers
     lin = linearise(comp)
-    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin.offsets, optimum, None)
+    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin, optimum, None)
     assert region.closed and region.bound >= optimum  # <= 4 recompute: too big; >= 5: not cheaper
-    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin.offsets, None, None)  # no plan known
+    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin, None, None)  # no plan known
     assert not region.closed and [(row.lower, row.upper) for row in region.rows] == [(5, np.inf)]
     assert region.bound == optimum and region.cost == optimum  # the region's LP is whole: rounding it is the plan
     assert comp.is_feasible(region.plan) and comp.cost(region.plan) == optimum
