@@ -15,11 +15,13 @@ Where each part is implemented:
   the reduced core's nodes (segments of rows per node): memory.py;
 - bounds: the LP relaxation (relax.py), the Lagrangian relaxation of the memory rows solved by
   TRW-S or elimination (lagrange.py, trws.py, eliminate.py) or, where toulbar2 proves the
-  penalised core in a second, exactly (exact_lagrange.py), cuts for z3 from their duals (cut.py);
+  penalised core in a second, exactly (exact_lagrange.py), or by column generation with
+  branching on counts (hull.py), cuts for z3 from their duals (cut.py);
 - plans: minimum-memory start and local search (heuristics.py, penalised_start.py), Lagrangian
   plans (exact ones: exact_lagrange.py), toulbar2 on the penalised subproblem (subproblem.py,
-  toulbar.py), large-neighbourhood
-  search (lns.py) after flipping whole layers (tally.py), usage weights (usage_weights.py);
+  toulbar.py), what runs when the Lagrangian plans stall (stalled.py): whole-layer flips
+  (tally.py), the hull bound's priced plans and large-neighbourhood search (lns.py); usage
+  weights (usage_weights.py);
 - proofs: z3 CEGIS, "is there a plan cheaper than the best?" until UNSAT (cegis.py, run by
   z3_phases.py), exact elimination (eliminate.py), HiGHS's MILP of the linearised core
   (milp.py, linearised.py) after branching on whole-number counts (tally.py, bounds certified

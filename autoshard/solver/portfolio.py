@@ -17,7 +17,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
     by step for a while once toulbar2 has proved the core without rows within RELAXED_PROOF
     seconds (exact_lagrange.py),
     with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
-    large-neighbourhood search when it stalls (lns.py);
+    and, when its plans stall, whole-layer flips, the hull bound by column generation and
+    large-neighbourhood search (stalled.py);
 - z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
   and the z3 certificate of an optimum another method proved (``Z3Phases.certify``);
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
@@ -42,33 +43,18 @@ from autoshard.solver.events import Phase
 from autoshard.solver.exact_lagrange import SHARE as EXACT_SHARE, search as exact_search
 from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
-from autoshard.solver.lns import NeighbourhoodSearch
 from autoshard.solver.milp import solve_core_milp
 from autoshard.solver.penalised_start import weighted_start
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.subproblem import PenalisedProbe
-from autoshard.solver.tally import flip_groups
+from autoshard.solver.stalled import StalledSearch
 from autoshard.solver.toulbar import can_take
 from autoshard.solver.engine_pool import EnginePool
 from autoshard.solver.forks import call_forked
 from autoshard.solver.state import RunState
 from autoshard.solver.z3_phases import Z3Phases, z3_takes
 
-LNS_AFTER_STEPS = 30
-"""Lagrangian steps without a better plan before a slice of neighbourhood search."""
-LNS_STALL_SHARE = 0.1
-"""... or this share of the time limit and LNS_MIN_STEPS steps without one, whichever comes first:
-where Lagrangian steps are slow, thirty of them are a large part of the limit, and neighbourhood
-search would start too late to make its gains (measured: see benchmarks/README.md, "Measurements
-behind the design")."""
-LNS_MIN_STEPS = 10
-"""The fewest Lagrangian steps without a plan before the share of the limit counts."""
-LNS_SLICE = 5.0
-"""Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
-LNS_SHARE = 0.5
-"""Share of the time left a slice of neighbourhood search takes (on some cores it finds what the
-Lagrangian search, stalled within seconds, cannot)."""
 LP_FIRST_COLUMNS = 100_000
 """Cores whose LP has at most this many variables get the LP before toulbar2: it is fast alone and
 several times slower beside toulbar2's two processes (measured: see benchmarks/README.md,
@@ -106,7 +92,6 @@ class Portfolio:
         self.z3 = Z3Phases(state)
         self.pool = EnginePool(state)
         self.weighted_start_cost: int | None = None  # the memory-weighted start's cost (penalised_start.py), when that was the start
-        self.lns_paid = False  # the last slice of neighbourhood search improved the best plan
 
     def warm_search(self) -> None:
         """Exact elimination when the core is narrow and memory-free; else the greedy start, then
@@ -238,7 +223,7 @@ class Portfolio:
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = LagrangianSearch(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
-        lns, since = NeighbourhoodSearch(comp, state.rng), (time.monotonic(), 0)
+        stalled, since = StalledSearch(state, self.pool, lag), (time.monotonic(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
             if memory and lag.plan is None and state.options.toulbar and can_take(comp, rows=False) else None
@@ -280,8 +265,8 @@ class Portfolio:
             stale = stale + 1 if (state.best_cost, state.lower) == last else 0
             last = (state.best_cost, state.lower)
             since = (time.monotonic(), 0) if own else (since[0], since[1] + 1)
-            if self._lns_due(since, last_step):
-                self._lns(lns)
+            if stalled.due(since, last_step):
+                stalled.run()
                 since = (time.monotonic(), 0)
             if state.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
                 break
@@ -316,57 +301,6 @@ class Portfolio:
 
         search = probe.plan(penalty, steps, state.best_cost, state.soon(30.0), run)
         return search is not None and state.offer(search.x, "lagrange", None)
-
-    def _lns_due(self, since: tuple[float, int], last_step: float) -> bool:
-        """True when the last slice of neighbourhood search improved the best plan (it goes on
-        while it pays: it takes stalled Lagrangian plans much further), or when this process's
-        Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps and twenty steps'
-        time, or under a time limit for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit
-        (``since``: when and how many steps ago they last did), and there is a plan to improve.
-        Plans of the other engines do not put the slice off: each is a new start for it, not a
-        reason to wait (measured: see benchmarks/README.md, "Measurements behind the design")."""
-        state = self.state
-        when, steps = since
-        waited = time.monotonic() - when
-        if state.best_local is None:
-            return False
-        stalled = state.options.timeout is not None and steps >= LNS_MIN_STEPS \
-            and waited >= LNS_STALL_SHARE * state.options.timeout
-        return self.lns_paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
-
-    def _lns(self, lns: NeighbourhoodSearch) -> None:
-        """Flips of whole layers (tally.flip_groups: a layer is wider than a wide core's neighbourhoods), then a
-        slice of large-neighbourhood search from the best plan (lns.py). The engines are heard between
-        neighbourhoods; when one's plan beats the slice's, the slice goes on from that plan rather than ending
-        (the second engine's plans can come every few seconds; slices that ended at each did worse)."""
-        state = self.state
-        left = state.left()
-        if left is not None and left < 2.0:
-            return
-        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
-        if (flipped := flip_groups(lns.comp, state.best_local, state.soon(0.2 * budget))) is not None:
-            state.offer(flipped, "flips", None)
-        sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in lns.solvers)
-        state.emit(Phase("lns", f"neighbourhood search ({sizes})", state.elapsed()))
-        own = [state.best_cost]  # the best cost this slice knows of (its own plans, or the start)
-        self.lns_paid = False
-
-        def found(y: np.ndarray) -> None:
-            if state.offer(y, "lns", None):
-                own[0], self.lns_paid = state.best_cost, True
-
-        def heard() -> bool:
-            self.pool.poll()
-            return state.finished() or state.best_cost != own[0]
-
-        end = state.soon(budget)
-        with state.timed("lns"):
-            while True:
-                lns.run(state.best_local, end, found, heard)
-                if state.finished() or state.best_cost == own[0]:
-                    break  # out of the slice's time (or finished), not stopped by another's plan
-                own[0] = state.best_cost
-        state.emit(Phase("lagrange", "back to the Lagrangian search", state.elapsed()))
 
     def _heard(self) -> bool:
         """Take in the engines' reports while this process waits on a child; True once finished."""

@@ -82,55 +82,63 @@ def test_lns_hands_over_each_better_plan_and_stops_when_told(seed):
     assert asked == [True] and told.rounds == 0 and (same == start.x).all() and time.monotonic() - began < 5.0
 
 
-def portfolio_of(problem, options):
-    """The search phases of a run on ``problem`` (nothing reduced or started)."""
-    from autoshard.solver.portfolio import Portfolio
+def stalled_of(problem, options):
+    """What a run on ``problem`` hands over to when its Lagrangian plans stall (nothing reduced or started)."""
+    from autoshard.solver.core import Core
+    from autoshard.solver.engine_pool import EnginePool
+    from autoshard.solver.lagrange import LagrangianSearch
+    from autoshard.solver.memory import attach_memory
+    from autoshard.solver.stalled import StalledSearch
     from autoshard.solver.state import RunState
 
-    return Portfolio(RunState(problem, options, lambda event: None))
+    state = RunState(problem, options, lambda event: None)
+    core = Core(problem)
+    attach_memory(core, problem)
+    state.core, state.comp = core, core.freeze()
+    return StalledSearch(state, EnginePool(state), LagrangianSearch(state.comp, state.rng))
 
 
 def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best_plan():
-    """The portfolio's rule: a slice of neighbourhood search after LNS_AFTER_STEPS Lagrangian
+    """The rule for handing over: a slice of neighbourhood search after LNS_AFTER_STEPS Lagrangian
     steps and twenty steps' time without a plan of its own, at once while the last slice paid,
     never without a plan; a better plan from another engine does not put it off."""
-    from autoshard.solver.portfolio import LNS_AFTER_STEPS
+    from autoshard.solver.stalled import LNS_AFTER_STEPS
 
-    portfolio = portfolio_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
+    stalled = stalled_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
     now = time.monotonic()
     stale = (now - 100.0, LNS_AFTER_STEPS)
-    assert not portfolio._lns_due(stale, 0.1)  # no plan to improve yet
-    portfolio.state.best_local = np.zeros(6, dtype=np.int64)
-    portfolio.state.best_cost = 10
-    assert portfolio._lns_due(stale, 0.1)
-    portfolio.state.best_cost = 9  # another engine's better plan: still due
-    assert portfolio._lns_due(stale, 0.1)
-    assert not portfolio._lns_due((now - 100.0, LNS_AFTER_STEPS - 1), 0.1)
-    assert not portfolio._lns_due((now - 1.0, LNS_AFTER_STEPS), 0.01)  # at least 2 s
-    assert not portfolio._lns_due((now - 10.0, LNS_AFTER_STEPS), 1.0)  # twenty steps' time
-    portfolio.lns_paid = True
-    assert portfolio._lns_due((now, 0), 1.0)
+    assert not stalled.due(stale, 0.1)  # no plan to improve yet
+    stalled.state.best_local = np.zeros(6, dtype=np.int64)
+    stalled.state.best_cost = 10
+    assert stalled.due(stale, 0.1)
+    stalled.state.best_cost = 9  # another engine's better plan: still due
+    assert stalled.due(stale, 0.1)
+    assert not stalled.due((now - 100.0, LNS_AFTER_STEPS - 1), 0.1)
+    assert not stalled.due((now - 1.0, LNS_AFTER_STEPS), 0.01)  # at least 2 s
+    assert not stalled.due((now - 10.0, LNS_AFTER_STEPS), 1.0)  # twenty steps' time
+    stalled.paid = True
+    assert stalled.due((now, 0), 1.0)
 
 
 def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_plan():
     """Slow steps (IOPDDL R: 1.5 s each) must not hold neighbourhood search off for thirty of
     them: LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit without a plan suffice."""
-    from autoshard.solver.portfolio import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE
+    from autoshard.solver.stalled import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE
 
     problem = random_problem(np.random.default_rng(0), 6)
     limit = 100.0
-    portfolio = portfolio_of(problem, SolveOptions(timeout=limit))
-    portfolio.state.best_local, portfolio.state.best_cost = np.zeros(6, dtype=np.int64), 10
+    stalled = stalled_of(problem, SolveOptions(timeout=limit))
+    stalled.state.best_local, stalled.state.best_cost = np.zeros(6, dtype=np.int64), 10
     now = time.monotonic()
     waited = LNS_STALL_SHARE * limit + 1.0
     step = waited / LNS_MIN_STEPS  # twenty steps' time has not passed
     assert LNS_MIN_STEPS < LNS_AFTER_STEPS
-    assert portfolio._lns_due((now - waited, LNS_MIN_STEPS), step)
-    assert not portfolio._lns_due((now - waited, LNS_MIN_STEPS - 1), step)
-    assert not portfolio._lns_due((now - waited + 2.0, LNS_MIN_STEPS), step)
-    untimed = portfolio_of(problem, SolveOptions())
-    untimed.state.best_local, untimed.state.best_cost = portfolio.state.best_local, 10
-    assert not untimed._lns_due((now - waited, LNS_MIN_STEPS), step)
+    assert stalled.due((now - waited, LNS_MIN_STEPS), step)
+    assert not stalled.due((now - waited, LNS_MIN_STEPS - 1), step)
+    assert not stalled.due((now - waited + 2.0, LNS_MIN_STEPS), step)
+    untimed = stalled_of(problem, SolveOptions())
+    untimed.state.best_local, untimed.state.best_cost = stalled.state.best_local, 10
+    assert not untimed.due((now - waited, LNS_MIN_STEPS), step)
 
 
 def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
@@ -159,13 +167,12 @@ def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):
 def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_comes():
     """A better plan heard from another engine during a slice does not end it: neighbourhood
     search starts again from that plan, until it returns with no newer plan than its own."""
-    portfolio = portfolio_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
-    portfolio.state.best_local, portfolio.state.best_cost = np.zeros(6, dtype=np.int64), 10
+    stalled = stalled_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
+    stalled.state.best_local, stalled.state.best_cost = np.zeros(6, dtype=np.int64), 10
 
     class Heard:
         """Neighbourhood search where another engine's plan arrives during the first run."""
         solvers: list = []
-        comp = types.SimpleNamespace(toggles=[])  # no tally: no layer to flip first
 
         def __init__(self) -> None:
             self.starts: list[list[int]] = []
@@ -173,14 +180,15 @@ def test_a_slice_goes_on_from_another_engines_better_plan_and_ends_when_none_com
         def run(self, x, deadline, found, stop):
             self.starts.append(list(x))
             if len(self.starts) == 1:
-                portfolio.state.best_local, portfolio.state.best_cost = np.ones(6, dtype=np.int64), 7
+                stalled.state.best_local, stalled.state.best_cost = np.ones(6, dtype=np.int64), 7
                 assert stop()  # told to stop: the best plan is not the slice's
             else:
                 assert not stop()
             return x
 
     lns = Heard()
-    portfolio._lns(lns)
+    stalled.lns = lns
+    stalled._slice()
     assert lns.starts == [[0] * 6, [1] * 6]
 
 
