@@ -94,6 +94,7 @@ class StalledSearch:
         state = self.state
         state.emit(Phase("hull", "the Lagrangian dual of memory by column generation, branching on counts",
                          state.elapsed()))
+
         def heard() -> bool:
             self.pool.poll()
             return state.finished()
