@@ -26,7 +26,7 @@ Where each part is implemented:
   z3_phases.py), exact elimination (eliminate.py), HiGHS's MILP of the linearised core
   (milp.py, linearised.py) after branching on whole-number counts (tally.py, bounds certified
   by dual_bound.py), toulbar2's branch and bound with the memory rows as knapsack constraints
-  (toulbar.py);
+  (toulbar.py), alone or on the strategies TRW-S's bound leaves (pruning.py);
 - engines in child processes, started, polled and stopped alike and reporting typed events
   (workers.py, engine_events.py, engine_pool.py; forks.py for every fork): toulbar2,
   toulbar2-vns, toulbar2-no-rows, highs and second-search (second_search.py);

@@ -63,12 +63,14 @@ class EnginePool:
         self._retire()
         self._hand_over()
 
+    def exact_running(self) -> bool:
+        """True while some exact engine is searching."""
+        return any(not e.done for e in self.engines if e.exact)
+
     def wait_for_exact(self) -> None:
         """Poll until the run is finished or out of time, or every exact engine has ended."""
         state = self.state
-        while self.engines and not state.out_of_time() and not state.finished():
-            if all(e.done for e in self.engines if e.exact):
-                break
+        while self.exact_running() and not state.out_of_time() and not state.finished():
             left = state.left()
             self.poll(0.05 if left is None else max(0.0, min(0.05, left)))
         self.poll()

@@ -6,7 +6,8 @@ bounds come together (step 2-4 of the pipeline in api.py).
   in child processes, one per core (workers.py), chosen by what the core is:
   - memory rows small enough for toulbar2 (toulbar.can_take; no rows at all included): the LP
     relaxation first when small (often integral on small reduced cores), then toulbar2's branch
-    and bound (proves) beside its neighbourhood search (plans) — ``_toulbar_search``;
+    and bound (proves) beside its neighbourhood search (plans), and on memory-free cores TRW-S
+    pruning the core for a proof by toulbar2 on what is left (pruning.py) — ``_toulbar_search``;
   - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
     (bounds; its optimum, if it fits, is optimal; stopped sooner once a plan it reported costs
     less than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of
@@ -45,6 +46,7 @@ from autoshard.solver.heuristics import Search, min_memory_start
 from autoshard.solver.lagrange import LagrangianSearch
 from autoshard.solver.milp import solve_core_milp
 from autoshard.solver.penalised_start import weighted_start
+from autoshard.solver.pruning import PrunedProof
 from autoshard.solver.relax import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.relax import Relaxation, lp_bound, lp_columns
 from autoshard.solver.subproblem import PenalisedProbe
@@ -170,8 +172,10 @@ class Portfolio:
         """The LP relaxation first on small cores (often integral there: plan and proof in a
         second); then toulbar2 searches the core in two child processes (one per core) from the
         best plan's cost: hybrid best-first branch and bound, which proves, and variable-
-        neighbourhood search, which often finds the good plans sooner on wide cores. Then z3's
-        CEGIS certifies the optimum (``Z3Phases.certify``)."""
+        neighbourhood search, which often finds the good plans sooner on wide cores; on a
+        memory-free core, after a few seconds, TRW-S here prunes the strategies no plan as cheap
+        as the best can take and toulbar2 proves the optimum among the rest (pruning.py). Then
+        z3's CEGIS certifies the optimum (``Z3Phases.certify``)."""
         state = self.state
         if state.options.prove and lp_columns(state.comp) <= LP_FIRST_COLUMNS:
             state.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
@@ -179,7 +183,7 @@ class Portfolio:
             self.pool.start(["toulbar2", "toulbar2-vns"],
                             "toulbar2: branch and bound + neighbourhood search (child processes)")
         try:
-            self.pool.wait_for_exact()
+            PrunedProof(state, self.pool, self._heard).wait()
         finally:
             self.pool.stop()
         if state.options.prove and state.proof is None and state.best is not None and state.proved():

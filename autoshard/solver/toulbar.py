@@ -123,6 +123,27 @@ def prove_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     return np.asarray(found[0], dtype=np.int64), cfn.GetDDualBound() >= found[1]
 
 
+def prove_among(comp: FrozenCore, allowed: list[np.ndarray], upper: int, seconds: int,
+                seed: int) -> tuple[np.ndarray, bool] | None:
+    """toulbar2's branch and bound on the core (memory rows as knapsack constraints) with only
+    the ``allowed`` strategies of each node, for plans costing at most ``upper``, for up to
+    ``seconds`` (CPU): its best plan and whether it proved it the cheapest such plan, or None
+    when it found none."""
+    import pytoulbar2
+
+    unary = [np.where(np.isin(np.arange(len(c)), keep), c, INF) for c, keep in zip(comp.costs, allowed)]
+    with silenced():
+        cfn = pytoulbar2.CFN(float(upper + 1 - comp.const), verbose=-1, seed=seed)
+        _network(cfn, comp, unary, rows=True)
+        try:
+            found = cfn.Solve(timeLimit=max(1, int(seconds)))
+        except pytoulbar2.Contradiction:  # every plan forbidden
+            return None
+    if found is None:
+        return None
+    return np.asarray(found[0], dtype=np.int64), cfn.GetDDualBound() >= found[1]
+
+
 def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
     """A plan of ``comp`` that fits and costs less than x, by toulbar2's branch and bound with the
     memory rows as knapsack constraints and x's cost as the upper bound, within ``seconds`` (CPU);

@@ -97,6 +97,31 @@ class MessagePassing:
             self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
         return total + float(low.sum()), scale + float(np.abs(low).sum()) + self._top
 
+    def floors(self, penalty: np.ndarray | None = None) -> tuple[float, float, list[np.ndarray]]:
+        """The split bound (``bound``'s value and scale) and, per node and strategy, the least a
+        plan that takes the strategy pays above it: each part of the split (edges, isolated
+        nodes) is at least its minimum over the entries the strategy leaves it, so
+
+            cost + penalty of x  >=  bound + floor_i[x_i]          for every plan x and node i
+
+        (in float64: the caller leaves a margin, as ``safe_bound`` does)."""
+        f = self.flat
+        flat_hats = _all_hats(*f.node_args(penalty), *f.message_args())
+        hats = views(flat_hats, f.th_off)
+        parts = np.empty(len(f.mats))
+        lows = _edge_parts(flat_hats, f.th_off, f.degree, f.edge_u, f.edge_v, *f.message_args(), parts)
+        value, scale = self.bound(penalty)
+        floors = [np.zeros(len(c)) for c in self.comp.costs]
+        for i in f.isolated:
+            floors[i] += hats[i] - hats[i].min()
+        for e, (u, v, m) in enumerate(self.edges):
+            with np.errstate(invalid="ignore"):  # forbidden entries stay infinite
+                part = parts[f.m_off[e]:f.m_off[e + 1]].reshape(m.shape) - lows[e]
+            part[np.isnan(part)] = np.inf
+            floors[u] += part.min(axis=1)
+            floors[v] += part.min(axis=0)
+        return value, scale, floors
+
     def cut(self, penalty: np.ndarray | None, offset: float) -> DualCut:
         """The split bound as a z3 cut: each edge part's excess over its minimum, floored, on the
         pair's indicator (and isolated nodes' excess on their strategies). For every plan that fits,

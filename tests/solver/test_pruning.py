@@ -1,0 +1,94 @@
+"""Pruning by TRW-S's split bound (trws.MessagePassing.floors, pruning.py) and toulbar2's proof on
+the strategies left (toulbar.prove_among), checked against enumeration on small cores."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from autoshard.solver.core import INF, Core, FrozenCore
+from autoshard.solver.engine_pool import EnginePool
+from autoshard.solver.memory import attach_memory
+from autoshard.solver.problem import ShardingProblem
+from autoshard.solver.pruning import PrunedProof, allowed_strategies
+from autoshard.solver.solution import SolveOptions
+from autoshard.solver.state import RunState
+from autoshard.solver.toulbar import prove_among
+from autoshard.solver.trws import MessagePassing
+from tests.solver.helpers import random_problem
+
+
+def unreduced(seed: int, memory: bool) -> tuple[ShardingProblem, Core, FrozenCore]:
+    """A small random problem with cycles and its core, nothing reduced."""
+    problem = random_problem(np.random.default_rng(seed), 7, max_k=4, edge_prob=0.5, memory=memory)
+    core = Core(problem)
+    attach_memory(core, problem)
+    return problem, core, core.freeze()
+
+
+def plans(comp: FrozenCore) -> list[tuple[int, ...]]:
+    """Every plan without a forbidden strategy or pair."""
+    return [x for x in itertools.product(*[range(len(c)) for c in comp.costs]) if comp.cost(list(x)) < INF]
+
+
+def test_every_plan_pays_the_bound_plus_the_floor_of_each_of_its_strategies() -> None:
+    checked = 0
+    for seed in range(30):
+        _, _, comp = unreduced(seed, memory=False)
+        mp = MessagePassing(comp)
+        for sweeps in (0, 1, 4):
+            for _ in range(sweeps):
+                mp.sweep()
+            value, scale, floors = mp.floors()
+            margin = 1e-9 * (scale + abs(value)) + 1.0
+            for x in plans(comp):
+                cost = comp.cost(list(x))
+                assert all(cost >= value + floors[i][s] - margin for i, s in enumerate(x))
+                checked += 1
+    assert checked > 1000
+
+
+def test_the_strategies_left_hold_every_plan_as_cheap_as_the_bound_and_toulbar2_proves_the_optimum() -> None:
+    proved = 0
+    for seed in range(40):
+        _, _, comp = unreduced(seed, memory=True)
+        fitting = [x for x in plans(comp) if comp.is_feasible(list(x))]
+        if len(fitting) < 2:
+            continue
+        best = min(comp.cost(list(x)) for x in fitting)
+        worst = max(comp.cost(list(x)) for x in fitting)
+        mp = MessagePassing(comp)
+        for _ in range(3):
+            mp.sweep()
+        value, scale, floors = mp.floors()
+        for upper in (best, worst):
+            allowed = allowed_strategies(value, scale, floors, upper)
+            cheap = [x for x in plans(comp) if comp.cost(list(x)) <= upper]
+            assert all(s in allowed[i] for x in cheap for i, s in enumerate(x))
+            answer = prove_among(comp, allowed, upper, 5, seed)
+            assert answer is not None
+            x, done = answer
+            assert done and comp.is_feasible(x) and comp.cost(x) == best
+        assert prove_among(comp, allowed_strategies(value, scale, floors, best - 1), best - 1, 5, seed) is None
+        proved += 1
+    assert proved >= 15
+
+
+def test_an_attempt_takes_the_run_from_a_dearer_plan_to_the_proved_optimum() -> None:
+    attempted = 0
+    for seed in range(40):
+        problem, core, comp = unreduced(seed, memory=True)
+        fitting = [x for x in plans(comp) if comp.is_feasible(list(x))]
+        costs = [comp.cost(list(x)) for x in fitting]
+        if len(set(costs)) < 2:
+            continue
+        state = RunState(problem, SolveOptions(), lambda event: None)
+        state.core, state.comp = core, comp
+        assert state.offer(np.array(fitting[int(np.argmax(costs))]), "test", None)
+        proof = PrunedProof(state, EnginePool(state), lambda: False)
+        proof.mp = MessagePassing(comp)
+        proof._attempt()
+        assert state.best_cost == min(costs) and state.lower == min(costs)
+        attempted += 1
+    assert attempted >= 15
