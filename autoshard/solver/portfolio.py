@@ -17,9 +17,9 @@ bounds come together (step 2-4 of the pipeline in api.py).
     Lagrangian relaxation of memory by elimination or TRW-S (lagrange.py, trws.py), exactly step
     by step for a while once toulbar2 has proved the core without rows within RELAXED_PROOF
     seconds (exact_lagrange.py),
-    with toulbar2 on its penalised subproblem while that pays (subproblem.py) and
-    and, when its plans stall, whole-layer flips, the hull bound by column generation and
-    large-neighbourhood search (stalled.py);
+    with toulbar2 on its penalised subproblem while that pays (subproblem.py) and, when its
+    plans stall, whole-layer flips, the hull bound by column generation (models of repeated
+    layers) and large-neighbourhood search (stalled.py);
 - z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
   and the z3 certificate of an optimum another method proved (``Z3Phases.certify``);
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
