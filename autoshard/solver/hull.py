@@ -43,6 +43,7 @@ from scipy.optimize import linprog
 from autoshard.solver.core import INF, FrozenCore
 from autoshard.solver.heuristics import Search
 from autoshard.solver.lagrange import row_penalties
+from autoshard.solver.tally import most_fractional
 from autoshard.solver.trws import MessagePassing, safe_bound
 
 SMOOTHING = 0.5
@@ -55,8 +56,6 @@ SOLVED = 1e-5
 """Relative distance between the master's value and the bound at which the dual counts as solved."""
 STALL = 15
 """Pricing steps in a row without a better bound after which a branch's search stops."""
-FRACTIONAL = 1e-6
-"""A count within this of a whole number is taken as whole."""
 
 
 @dataclass(frozen=True)
@@ -182,9 +181,8 @@ class ColumnGeneration:
         bound = safe_bound(value + offset, magnitude + scale)
         polish = Search(self.comp, self.mp.primal(penalty), self.rng, penalty=penalty)
         polish.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
-        plain = Search(self.comp, polish.x, self.rng)
-        if plain.feasible:
-            self.offer(plain.x)
+        if self.comp.is_feasible(polish.x):
+            self.offer(polish.x)
         return bound, polish.x
 
 
@@ -208,10 +206,9 @@ def dive(generation: ColumnGeneration, known: Callable[[], int | None], deadline
         return result
     result.bound, counts = root.bound, root.counts
     while time.monotonic() < deadline and not generation.between():
-        distance = [min(c - math.floor(c), math.ceil(c) - c) for c in counts]
-        if not distance or max(distance) <= FRACTIONAL:
+        t = most_fractional(counts)
+        if t is None:
             break
-        t = int(np.argmax(distance))
         children = [result.branches + [Branch(t, 1, math.floor(counts[t]))],
                     result.branches + [Branch(t, -1, math.ceil(counts[t]))]]
         found = []

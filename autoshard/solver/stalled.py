@@ -75,10 +75,9 @@ class StalledSearch:
     def run(self) -> None:
         """Flips, the hull bound (the first time), then a slice of neighbourhood search."""
         state = self.state
-        left = state.left()
-        if left is not None and left < 2.0:
+        budget = self._budget()
+        if budget is None:
             return
-        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
         if (flipped := flip_groups(state.comp, state.best_local, state.soon(0.2 * budget))) is not None:
             state.offer(flipped, "flips", None)
         if self.hull_due:
@@ -115,10 +114,9 @@ class StalledSearch:
         rather than ending (the second engine's plans can come every few seconds; slices that
         ended at each did worse)."""
         state = self.state
-        left = state.left()
-        if left is not None and left < 2.0:
+        budget = self._budget()
+        if budget is None:
             return
-        budget = LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
         sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in self.lns.solvers)
         state.emit(Phase("lns", f"neighbourhood search ({sizes})", state.elapsed()))
         own = [state.best_cost]  # the best cost this slice knows of (its own plans, or the start)
@@ -140,3 +138,11 @@ class StalledSearch:
                     break  # out of the slice's time (or finished), not stopped by another's plan
                 own[0] = state.best_cost
         state.emit(Phase("lagrange", "back to the Lagrangian search", state.elapsed()))
+
+    def _budget(self) -> float | None:
+        """Seconds for a slice of neighbourhood search as the time left stands (LNS_SLICE, or
+        LNS_SHARE of what is left if more); None with less than 2 s left."""
+        left = self.state.left()
+        if left is not None and left < 2.0:
+            return None
+        return LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))

@@ -99,9 +99,8 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, lin: Linearised, known: int |
         x = np.asarray(highs.getSolution().col_value)
         known = _round(comp, lin.choice(x), known, region)
         values = [float(x[cols].sum()) for cols in counts]
-        distance = [min(v - math.floor(v), math.ceil(v) - v) for v in values]
-        t = int(np.argmax(distance))
-        if distance[t] <= FRACTIONAL:
+        t = most_fractional(values)
+        if t is None:
             break
         children = [CountRow(counts[t], -np.inf, float(math.floor(values[t]))),
                     CountRow(counts[t], float(math.ceil(values[t])), np.inf)]
@@ -123,6 +122,15 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, lin: Linearised, known: int |
         if not _solve(highs, deadline):
             break
     return region
+
+
+def most_fractional(values: list[float]) -> int | None:
+    """The index of the value farthest from a whole number, or None when every one is within
+    FRACTIONAL of one (the count to branch on)."""
+    distance = [min(v - math.floor(v), math.ceil(v) - v) for v in values]
+    if not distance or max(distance) <= FRACTIONAL:
+        return None
+    return int(np.argmax(distance))
 
 
 def _round(comp: FrozenCore, choice: list[int], known: int | None, region: Region) -> int | None:

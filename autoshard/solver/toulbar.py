@@ -105,22 +105,11 @@ def prove_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     """toulbar2's branch and bound (HBFS) on the core's costs plus ``penalty`` (integers, flat as
     in ``FrozenCore.arrays``), memory rows left out, for up to ``seconds`` (CPU): its best plan
     and whether it proved it minimal, or None when it found none."""
-    import pytoulbar2
-
     a = comp.arrays
     flat = np.where(a.costs < INF, a.costs.astype(np.float64) + penalty, INF)
     if np.where(flat < INF, flat, 0).max(initial=0) >= MAX_EXACT_COST:
         return None  # doubles no longer hold the costs exactly
-    with silenced():
-        cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed)
-        _network(cfn, comp, views(flat, a.c_off))
-        try:
-            found = cfn.Solve(timeLimit=max(1, int(seconds)))
-        except pytoulbar2.Contradiction:  # every plan forbidden
-            return None
-    if found is None:
-        return None
-    return np.asarray(found[0], dtype=np.int64), cfn.GetDDualBound() >= found[1]
+    return _proved_minimum(comp, views(flat, a.c_off), None, False, seconds, seed)
 
 
 def prove_among(comp: FrozenCore, allowed: list[np.ndarray], upper: int, seconds: int,
@@ -129,12 +118,21 @@ def prove_among(comp: FrozenCore, allowed: list[np.ndarray], upper: int, seconds
     the ``allowed`` strategies of each node, for plans costing at most ``upper``, for up to
     ``seconds`` (CPU): its best plan and whether it proved it the cheapest such plan, or None
     when it found none."""
+    unary = [np.where(np.isin(np.arange(len(c)), keep), c, INF) for c, keep in zip(comp.costs, allowed)]
+    return _proved_minimum(comp, unary, float(upper + 1 - comp.const), True, seconds, seed)
+
+
+def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None, rows: bool, seconds: int,
+                    seed: int) -> tuple[np.ndarray, bool] | None:
+    """toulbar2's branch and bound (HBFS) on ``comp`` with node costs ``unary``, plans below
+    ``ub`` (the network's own units, constant left out; None: any), ``rows`` its memory rows as
+    knapsack constraints, for up to ``seconds`` (CPU): its best plan and whether its dual bound
+    reached it (proved minimal), or None when it found none."""
     import pytoulbar2
 
-    unary = [np.where(np.isin(np.arange(len(c)), keep), c, INF) for c, keep in zip(comp.costs, allowed)]
     with silenced():
-        cfn = pytoulbar2.CFN(float(upper + 1 - comp.const), verbose=-1, seed=seed)
-        _network(cfn, comp, unary, rows=True)
+        cfn = pytoulbar2.CFN(ub, verbose=-1, seed=seed)
+        _network(cfn, comp, unary, rows=rows)
         try:
             found = cfn.Solve(timeLimit=max(1, int(seconds)))
         except pytoulbar2.Contradiction:  # every plan forbidden

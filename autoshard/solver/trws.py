@@ -84,18 +84,8 @@ class MessagePassing:
         Any split of the reparametrised costs among nodes and edges bounds the minimum by the
         sum of the parts' minima; each node's reparametrised cost is split evenly over its edges.
         """
-        f = self.flat
-        nodes, messages = f.node_args(penalty), f.message_args()
-        hats = _all_hats(*nodes, *messages)
-        total, scale = 0.0, 0.0
-        for i in f.isolated:
-            low = float(hats[f.th_off[i]:f.th_off[i + 1]].min())
-            total += low
-            scale += abs(low)
-        low = _edge_parts(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages, np.zeros(0))
-        if self._top is None:  # the sum of the edges' largest finite magnitudes
-            self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
-        return total + float(low.sum()), scale + float(np.abs(low).sum()) + self._top
+        value, scale, _, _ = self._split(penalty, np.zeros(0))
+        return value, scale
 
     def floors(self, penalty: np.ndarray | None = None) -> tuple[float, float, list[np.ndarray]]:
         """The split bound (``bound``'s value and scale) and, per node and strategy, the least a
@@ -106,11 +96,9 @@ class MessagePassing:
 
         (in float64: the caller leaves a margin, as ``safe_bound`` does)."""
         f = self.flat
-        flat_hats = _all_hats(*f.node_args(penalty), *f.message_args())
-        hats = views(flat_hats, f.th_off)
         parts = np.empty(len(f.mats))
-        lows = _edge_parts(flat_hats, f.th_off, f.degree, f.edge_u, f.edge_v, *f.message_args(), parts)
-        value, scale = self.bound(penalty)
+        value, scale, flat_hats, lows = self._split(penalty, parts)
+        hats = views(flat_hats, f.th_off)
         floors = [np.zeros(len(c)) for c in self.comp.costs]
         for i in f.isolated:
             floors[i] += hats[i] - hats[i].min()
@@ -121,6 +109,22 @@ class MessagePassing:
             floors[u] += part.min(axis=1)
             floors[v] += part.min(axis=0)
         return value, scale, floors
+
+    def _split(self, penalty: np.ndarray | None, parts: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray]:
+        """The split bound's value and scale, the reparametrised node costs (flat) and each edge
+        part's minimum; ``parts`` (unless empty) is filled with the edge parts themselves."""
+        f = self.flat
+        nodes, messages = f.node_args(penalty), f.message_args()
+        hats = _all_hats(*nodes, *messages)
+        total, scale = 0.0, 0.0
+        for i in f.isolated:
+            low = float(hats[f.th_off[i]:f.th_off[i + 1]].min())
+            total += low
+            scale += abs(low)
+        lows = _edge_parts(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages, parts)
+        if self._top is None:  # the sum of the edges' largest finite magnitudes
+            self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
+        return total + float(lows.sum()), scale + float(np.abs(lows).sum()) + self._top, hats, lows
 
     def cut(self, penalty: np.ndarray | None, offset: float) -> DualCut:
         """The split bound as a z3 cut: each edge part's excess over its minimum, floored, on the
