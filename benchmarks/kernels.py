@@ -8,6 +8,10 @@ optimistic). The preset's scalar fractions, matmul curve, AdamW traffic and allo
 were read off the same file (devices.toml cites it), so those rows check the arithmetic; the
 layer, head and training-step rows combine many kernels the model prices one by one (norms,
 rotary, SwiGLU, the fp32 loss, recomputation), and are the test of the model.
+
+A second table (``gpu_recompute.py``'s file, where present) prices one-device plans that
+recompute the first K layers against their measured peaks and steps. At a budget of each
+measured peak, the solver's own choice of layers is checked against the measured peaks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from titan_llama import Transformer  # noqa: E402
 
-from autoshard.api import build_model_problem  # noqa: E402
+from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
 from autoshard.cost.compute import op_times  # noqa: E402
 from autoshard.cost.devices import Device, get_device  # noqa: E402
 from autoshard.frontend.graph import NodeKind, OpWork  # noqa: E402
@@ -33,6 +37,7 @@ from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.problem.build import ModelProblem  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "h100_sxm_measured.json"
+RECOMPUTE_DATA = Path(__file__).resolve().parent / "data" / "h100_recompute_measured.json"
 LLAMA_8B = dict(dim=4096, heads=32, kv_heads=8, hidden=14336, vocab=128256)
 
 
@@ -55,14 +60,14 @@ def attention_seconds(batch: int, heads: int, seq: int, dim: int, device: Device
     return times.forward, times.backward
 
 
-def two_layer_problem(device: Device, recompute: str) -> ModelProblem:
-    """torchtitan's LLaMA-3-8B with 2 layers at 2 x 8192 tokens, bf16, training on one device."""
+def llama_problem(device: Device, recompute: str, layers: int = 2, budget: int | None = None) -> ModelProblem:
+    """torchtitan's LLaMA-3-8B with ``layers`` layers at 2 x 8192 tokens, bf16, training on one device."""
     with torch.device("meta"):
-        model = Transformer(2, **LLAMA_8B, seq=8192).to(torch.bfloat16)
+        model = Transformer(layers, **LLAMA_8B, seq=8192).to(torch.bfloat16)
     model.cos, model.sin = model.cos.float(), model.sin.float()
     tokens = torch.zeros(2, 8192, dtype=torch.long, device="meta")
     return build_model_problem(trace(model, (tokens, tokens.clone())), "1", mode="training", device=device,
-                               recompute=recompute)
+                               recompute=recompute, memory_budget=budget)
 
 
 def seconds_of(mp: ModelProblem, inside: str | None, recomputed: bool = False, forward: bool = False,
@@ -104,7 +109,7 @@ def rows(measured: dict, device: Device) -> list[tuple[str, float, float, str]]:
     out.append((f"AdamW (foreach) {foreach['parameters'] / 1e9:.2f}e9 fp32 parameters",
                 device.optimizer_seconds(4 * foreach["parameters"]), foreach["seconds"], "s"))
     layer = measured["layer"]
-    plain, selective, full = (two_layer_problem(device, r) for r in ("none", "selective", "full"))
+    plain, selective, full = (llama_problem(device, r) for r in ("none", "selective", "full"))
     out += [("LLaMA-3-8B layer forward, 2 x 8192", seconds_of(plain, "layers.0", forward=True),
              layer["layer_forward_s"], "s"),
             ("LLaMA-3-8B layer forward+backward", seconds_of(plain, "layers.0"), layer["layer_forward_backward_s"], "s"),
@@ -124,9 +129,41 @@ def rows(measured: dict, device: Device) -> list[tuple[str, float, float, str]]:
     return out
 
 
+def recomputing_first(mp: ModelProblem, recomputed: int) -> list[int]:
+    """The one-device plan that recomputes the first ``recomputed`` layers in full."""
+    layer = [next((j for j in range(recomputed) if (c.node.module or "").startswith(f"layers.{j}.")), None)
+             for c in (mp.candidates[name] for name in mp.names)]
+    choice = [0 if c.recompute is None else c.recompute.index(j is not None)
+              for c, j in zip((mp.candidates[name] for name in mp.names), layer)]
+    return mp.with_storage_of_users(choice)
+
+
+def recompute_table(measured: dict, device: Device) -> None:
+    """Per K, the plan recomputing K layers: predicted against measured peak and step; and at a
+    budget of each measured peak, how many layers the solver recomputes and whether that fits."""
+    runs = {r["recomputed"]: r for r in measured["recompute"]}
+    mp = llama_problem(device, "full", measured["layers"])
+    print(f"\n{measured['layers']} layers of LLaMA-3-8B, 2 x 8192 tokens, AdamW, one GPU, the first K layers "
+          "recomputed (torch.utils.checkpoint):\n\n| K | predicted peak | measured peak | ratio | predicted step | "
+          "measured step | ratio | solver's K at this measured peak | its measured peak |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for k, run in sorted(runs.items()):
+        choice = recomputing_first(mp, k)
+        peak, step = mp.problem.peak_usage(choice), mp.problem.cost(choice) / mp.cost_model.ticks_per_unit
+        bound = llama_problem(device, "full", measured["layers"], device.device_bytes(run["peak_allocated"]))
+        picked = len(solve_model_problem(bound, default_solve_options(bound, 60)).plan.recompute)
+        fits = runs[picked]["peak_allocated"] <= run["peak_allocated"] if picked in runs else None
+        print(f"| {k} | {peak / 2**30:.2f} GiB | {run['peak_allocated'] / 2**30:.2f} GiB | "
+              f"{peak / run['peak_allocated']:.3f} | {step * 1e3:.1f} ms | {run['step_s'] * 1e3:.1f} ms | "
+              f"{step / run['step_s']:.3f} | {picked} | "
+              f"{'-' if fits is None else ('fits' if fits else 'over')} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measured", type=Path, default=DATA)
+    parser.add_argument("--recompute-measured", type=Path, default=RECOMPUTE_DATA,
+                        help="gpu_recompute.py's output (skipped if absent)")
     parser.add_argument("--device", default="h100", help="the preset to predict with")
     args = parser.parse_args()
     measured = json.loads(args.measured.read_text())
@@ -137,6 +174,8 @@ def main() -> None:
     for what, predicted, actual, unit in rows(measured, get_device(args.device)):
         scale, fmt = (1e3, "{:.3f} ms") if unit == "s" else (1 / 2**30, "{:.1f} GiB")
         print(f"| {what} | {fmt.format(predicted * scale)} | {fmt.format(actual * scale)} | {predicted / actual:.2f} |")
+    if args.recompute_measured.exists():
+        recompute_table(json.loads(args.recompute_measured.read_text()), get_device(args.device))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ A small torchtitan LLaMA-3 (``titan_llama.py``, bf16) is costed by autoshard on 
 ``recompute="selective"`` (torchtitan's op policy), under ``"full"``, and with every layer kept.
 The same model then runs two training steps (forward, ``loss.backward()``, AdamW with
 ``foreach``) on fake CPU tensors under PyTorch's ``MemTracker``, as ``autoshard/runtime/measure.py``
-does, each block under non-reentrant ``torch.utils.checkpoint``: with torchtitan's selective
+does, its RMSNorms as CUDA's fused kernel (``autoshard/frontend/fused.py``: the CPU path
+decomposes them and keeps two fp32 copies of the input that no GPU keeps; an H100's peaks by
+``gpu_recompute.py`` agree with the fused kernel's), each block under non-reentrant ``torch.utils.checkpoint``: with torchtitan's selective
 policy (``MUST_SAVE`` fused attention and the 1st, 3rd, ... ``aten.mm`` of each block, the rest
 ``PREFER_RECOMPUTE``), with full checkpointing, or not at all; the second step's peak is the
 measurement. Printed: both peaks; what one block holds for backward (predicted: its ops' outputs
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from titan_llama import Transformer  # noqa: E402
 
 from autoshard.api import build_model_problem  # noqa: E402
+from autoshard.frontend.fused import fused_rms_norm  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
 from autoshard.problem.build import ModelProblem  # noqa: E402
@@ -131,6 +134,13 @@ def selective_context(saved: Counter[str]) -> tuple[Any, Any]:
     return create_selective_checkpoint_contexts(policy)
 
 
+def fuse_norms(model: Transformer) -> None:
+    """Run every RMSNorm as CUDA's fused kernel keeps and allocates tensors (no values)."""
+    for norm in model.modules():
+        if isinstance(norm, torch.nn.RMSNorm):
+            norm.forward = partial(lambda n, x: fused_rms_norm(x, n.normalized_shape, n.weight, n.eps), norm)
+
+
 def wrap_blocks(model: Transformer, context_fn: Callable[[], tuple[Any, Any]] | None) -> None:
     """Run every block's forward under non-reentrant checkpointing (with ``context_fn`` if given)."""
     extra = {} if context_fn is None else {"context_fn": context_fn}
@@ -143,6 +153,7 @@ def measure(policy: str, saved: Counter[str]) -> Result:
     activations from one block's forward to the next's)."""
     with FakeTensorMode():
         model, inputs = build("cpu")
+        fuse_norms(model)
         if policy != "none":
             wrap_blocks(model, partial(selective_context, saved) if policy == "selective" else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)

@@ -9,7 +9,8 @@ Each op node's recorded call is replayed once at its global shapes, on tensors t
   which operands and whether the output autograd saves for backward, and the bytes of the other
   tensors it saves (a norm's statistics, attention's log-sum-exp, cross-entropy's log-softmax).
   Fake CPU tensors take the fused attention path that saves only the log-sum-exp, as a GPU does;
-  the meta device would materialise the score matrices;
+  the meta device would materialise the score matrices. Ops a GPU runs fused where the CPU
+  decomposes them (``rms_norm``) are measured as the GPU's kernel (``frontend/fused.py``);
 - the same fake run, without autograd, also gives the output's aliasing (a view shares an
   operand's storage) and the largest amount of memory the op allocates and frees before it
   returns (its temporaries).
@@ -31,7 +32,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall
 from autoshard.frontend.experts import register_grouped_mm_flops
+from autoshard.frontend.fused import as_on_gpu
 from autoshard.frontend.graph import NodeKind, OpGraph, OpNode, OpWork, TensorMeta
+
+Strides = tuple[int, ...] | None
+"""A tensor's strides in the profile's replay; None for a contiguous one."""
 
 UNMEASURED = OpWork(measured=False)
 ELEMENT = OpWork(alias_of=0)
@@ -42,7 +47,8 @@ def profile_graph(graph: OpGraph) -> None:
     """Fill ``work`` of every op node of ``graph`` (identical nodes are measured once)."""
     register_grouped_mm_flops()
     calls: dict[str, NodeCall] = graph.module.meta[NODE_CALLS_KEY]
-    cache: dict[Any, OpWork] = {}
+    cache: dict[Any, tuple[OpWork, Strides]] = {}
+    strides: dict[str, Strides] = {}
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     for node in graph:
         if node.kind != NodeKind.OP:
@@ -56,12 +62,13 @@ def profile_graph(graph: OpGraph) -> None:
             continue
         grads = tuple(graph[src].requires_grad and m.is_float and k not in node.no_grad_operands
                       for k, (src, m) in enumerate(zip(node.inputs, operands)))
+        layouts = tuple(strides.get(src) for src in node.inputs)
         call = calls[node.name]
-        key = (repr(call.target), repr(call.args), repr(sorted(call.kwargs.items())), tuple(operands), grads,
-               call.grad_enabled)
+        key = (repr(call.target), repr(call.args), repr(sorted(call.kwargs.items())), tuple(operands), layouts,
+               grads, call.grad_enabled)
         if key not in cache:
-            cache[key] = measure_call(call, operands, grads, fake)
-        node.work = cache[key]
+            cache[key] = measure_call(call, operands, grads, fake, layouts)
+        node.work, strides[node.name] = cache[key]
 
 
 class LocalFlops:
@@ -95,27 +102,38 @@ class LocalFlops:
 
 
 def measure_call(call: NodeCall, operands: Sequence[TensorMeta], grads: Sequence[bool],
-                 fake: FakeTensorMode) -> OpWork:
-    """The OpWork of one call on operands of the given metas (``grads[k]``: operand k requires grad)."""
+                 fake: FakeTensorMode, layouts: Sequence[Strides]) -> tuple[OpWork, Strides]:
+    """The OpWork of one call on operands of the given metas and strides (``grads[k]``: operand k
+    requires grad), and the strides of its output."""
     try:
         flops, backward_flops = _count_flops(call, operands, grads)
-        saved, saves_output, other, backward_temporary = _saved_tensors(call, operands, grads, fake)
-        alias_of, temporary = _allocations(call, operands, fake)
+        on_gpu = as_on_gpu(call)
+        saved, saves_output, other, backward_temporary = _saved_tensors(on_gpu, operands, grads, fake, layouts)
+        alias_of, temporary, out_strides = _allocations(on_gpu, operands, fake, layouts)
     except Exception:  # noqa: BLE001 - any op torch cannot replay without data is simply unmeasured
-        return UNMEASURED
-    return OpWork(flops, backward_flops, saved, saves_output, other, alias_of, temporary, backward_temporary)
+        return UNMEASURED, None
+    return OpWork(flops, backward_flops, saved, saves_output, other, alias_of, temporary, backward_temporary), \
+        out_strides
 
 
 def _dtype(meta: TensorMeta) -> torch.dtype:
     return getattr(torch, meta.dtype)
 
 
-def _empty(meta: TensorMeta, requires_grad: bool, device: str | None = None) -> torch.Tensor:
-    """An uninitialised tensor of ``meta`` (zeros for integer and bool tensors: valid indices)."""
+def _empty(meta: TensorMeta, requires_grad: bool, device: str | None = None, strides: Strides = None) -> torch.Tensor:
+    """An uninitialised tensor of ``meta`` laid out by ``strides`` (zeros for integer and bool
+    tensors: valid indices)."""
     dtype = _dtype(meta)
     if dtype.is_floating_point or dtype.is_complex:
+        if strides is not None:
+            return torch.empty_strided(meta.shape, strides, dtype=dtype, device=device).requires_grad_(requires_grad)
         return torch.empty(meta.shape, dtype=dtype, device=device).requires_grad_(requires_grad)
     return torch.zeros(meta.shape, dtype=dtype, device=device)
+
+
+def _strides(value: Any) -> Strides:
+    """The strides of a single tensor result that is not contiguous (else None)."""
+    return tuple(value.stride()) if isinstance(value, torch.Tensor) and not value.is_contiguous() else None
 
 
 def _float_outputs(result: Any) -> list[torch.Tensor]:
@@ -143,7 +161,7 @@ def _storage(t: torch.Tensor) -> StorageWeakRef:
 
 
 def _saved_tensors(call: NodeCall, operands: Sequence[TensorMeta], grads: Sequence[bool],
-                   fake: FakeTensorMode) -> tuple[tuple[int, ...], bool, int, int]:
+                   fake: FakeTensorMode, layouts: Sequence[Strides]) -> tuple[tuple[int, ...], bool, int, int]:
     """(operands saved for backward, whether the output is saved, bytes of the other saved tensors,
     peak bytes the backward allocates beyond the operand gradients it returns)."""
     if not any(grads):
@@ -155,7 +173,7 @@ def _saved_tensors(call: NodeCall, operands: Sequence[TensorMeta], grads: Sequen
         return t
 
     with fake:
-        inputs = [_empty(m, g) for m, g in zip(operands, grads)]
+        inputs = [_empty(m, g, strides=layout) for m, g, layout in zip(operands, grads, layouts)]
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             result = call(inputs, {})
         outputs = {_storage(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)}
@@ -201,10 +219,12 @@ class _LiveBytes(TorchDispatchMode):
         return result
 
 
-def _allocations(call: NodeCall, operands: Sequence[TensorMeta], fake: FakeTensorMode) -> tuple[int | None, int]:
-    """(operand whose storage the output shares, peak bytes allocated beyond what the op returns)."""
+def _allocations(call: NodeCall, operands: Sequence[TensorMeta], fake: FakeTensorMode,
+                 layouts: Sequence[Strides]) -> tuple[int | None, int, Strides]:
+    """(operand whose storage the output shares, peak bytes allocated beyond what the op returns,
+    the output's strides)."""
     with fake:
-        inputs = [_empty(m, False) for m in operands]
+        inputs = [_empty(m, False, strides=layout) for m, layout in zip(operands, layouts)]
         by_input = {_storage(t): k for k, t in enumerate(inputs)}
         tracker = _LiveBytes(set(by_input))
         with torch.no_grad(), tracker:
@@ -213,4 +233,4 @@ def _allocations(call: NodeCall, operands: Sequence[TensorMeta], fake: FakeTenso
         alias_of = by_input.get(_storage(leaves[0])) if len(leaves) == 1 else None
         returned = {_storage(t): t.untyped_storage().nbytes() for t in leaves}
         kept = sum(n for s, n in returned.items() if s not in by_input)
-    return alias_of, max(0, tracker.peak - kept)
+    return alias_of, max(0, tracker.peak - kept), _strides(result)

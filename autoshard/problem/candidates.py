@@ -171,7 +171,9 @@ class CandidateBuilder:
     def _checkpointed_inputs(self, node: OpNode, options: list[OpStrategy]) -> list[MemoryItem]:
         """What a recomputed block keeps of its inputs from outside (the residual stream), charged
         on their first reader in the block, in its layout, from the end of their forward reads to
-        the block's recomputation (their producers' own windows cover the forward)."""
+        the block's recomputation (their producers' own windows cover the forward). An input that
+        an op of the block saves (a fused norm saves its input) is held to that op's backward by
+        its producer's window already, so it is not charged twice."""
         if self.first_readers is None:
             self.first_readers = checkpoint_readers(self.graph, self.blocks)
         items = []
@@ -179,7 +181,7 @@ class CandidateBuilder:
         for k in self.first_readers.get(node.name, ()):
             src = node.inputs[k]
             start = self.life.read[src][1]
-            if start < again:
+            if start < again and not any(self.blocks.same(s, node.name) for s in self.life.savers.get(src, ())):
                 meta = operand_meta(self.graph, node, src)
                 items.append(MemoryItem(node.name, "checkpointed input", (start, again),
                                         tuple(local_bytes(s.in_specs[k], meta, self.mesh) for s in options)))
