@@ -60,7 +60,7 @@ def attention_seconds(batch: int, heads: int, seq: int, dim: int, device: Device
     return times.forward, times.backward
 
 
-def llama_problem(device: Device, recompute: str, layers: int = 2, budget: int | None = None) -> ModelProblem:
+def llama_problem(device: Device | str, recompute: str, layers: int = 2, budget: int | None = None) -> ModelProblem:
     """torchtitan's LLaMA-3-8B with ``layers`` layers at 2 x 8192 tokens, bf16, training on one device."""
     with torch.device("meta"):
         model = Transformer(layers, **LLAMA_8B, seq=8192).to(torch.bfloat16)
