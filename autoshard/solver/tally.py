@@ -178,13 +178,19 @@ def _child_bound(highs: highspy.Highs, child: CountRow, const: int, deadline: fl
 
 
 def _solve(highs: highspy.Highs, deadline: float | None) -> bool:
-    """Run HiGHS's LP within the deadline; True when it reached an optimum."""
-    if deadline is not None:
-        left = deadline - time.monotonic()
-        if left <= 0.1:
-            return False
-        highs.setOptionValue("time_limit", left)
-    highs.run()
+    """Run HiGHS's LP within the deadline; True when it reached an optimum. A warm start from a
+    run that ended without an optimum (status Unknown) can end with no status at all and no
+    duals; such a run is repeated once from scratch."""
+    for _ in range(2):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0.1:
+                return False
+            highs.setOptionValue("time_limit", left)
+        highs.run()
+        if highs.getModelStatus() != highspy.HighsModelStatus.kNotset:
+            break
+        highs.clearSolver()
     return highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import highspy
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ from autoshard.solver.core import Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.linearised import linearise
 from autoshard.solver.milp import _highs_lp, solve_core_milp
+from autoshard.solver import tally
 from autoshard.solver.problem import ShardingProblem, Tally
 from autoshard.solver.relax import lp_bound
 from autoshard.solver.tally import dive, flip_groups
@@ -99,3 +101,30 @@ def test_flipping_whole_layers_makes_the_moves_no_single_node_can() -> None:
     assert flipped is not None and comp.is_feasible(flipped) and comp.cost(flipped) == 2 * 7 + 4
     assert sorted(flipped[0::2].tolist()) == [0, 0, 2, 2] and (flipped[1::2] % 2 == 0).all()
     assert flip_groups(comp, flipped) is None  # a third layer would not fit
+
+
+class _StatusAfterUnfinishedRun:
+    """HiGHS as it behaves after an LP that ended Unknown: the next warm run leaves no status
+    (and no duals) until the solver is cleared."""
+
+    def __init__(self) -> None:
+        self.status, self.runs, self.cleared = highspy.HighsModelStatus.kNotset, 0, False
+
+    def setOptionValue(self, name: str, value: float) -> None:
+        pass
+
+    def run(self) -> None:
+        self.runs += 1
+        if self.cleared:
+            self.status = highspy.HighsModelStatus.kOptimal
+
+    def clearSolver(self) -> None:
+        self.cleared = True
+
+    def getModelStatus(self) -> highspy.HighsModelStatus:
+        return self.status
+
+
+def test_a_run_that_leaves_no_status_is_repeated_from_scratch() -> None:
+    highs = _StatusAfterUnfinishedRun()
+    assert tally._solve(highs, None) and highs.runs == 2 and highs.cleared
