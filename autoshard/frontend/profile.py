@@ -15,6 +15,10 @@ Each op node's recorded call is replayed once at its global shapes, on tensors t
   operand's storage) and the largest amount of memory the op allocates and frees before it
   returns (its temporaries).
 
+Every operand is replayed with the strides its producer's replay gave it, so a reshape of an
+expanded tensor is a copy and one of fused attention's transposed output a view, as on a GPU
+(the trace's meta tensors lay attention's output out otherwise).
+
 Identical nodes (the layers of a transformer) are measured once. An op that cannot be replayed
 without real data (data-dependent shapes) gets ``OpWork(measured=False)``.
 """
