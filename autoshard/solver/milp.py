@@ -120,8 +120,9 @@ def solve_core_milp(
                 progress("plan", known, list(start))
         if progress is not None and region.bound is not None and (known is None or region.bound < known):
             progress("bound", region.bound, None)
-        if region.closed and start is not None:
-            return MilpResult(list(start), known, None, True, time.monotonic() - begun, certified=region.bound)
+        if region.closed and start is not None:  # a proof, unless children were set aside
+            return MilpResult(list(start), known, None, region.aside is None, time.monotonic() - begun,
+                              certified=region.bound)
     if time_limit is not None:
         highs.setOptionValue("time_limit", max(1.0, float(time_limit) - (time.monotonic() - begun)))
     highs.passModel(model)
@@ -131,7 +132,7 @@ def solve_core_milp(
         picked = lin.offsets[:-1] + np.asarray(start, dtype=np.int64)
         highs.setSolution(len(picked), picked.astype(np.int32), np.ones(len(picked)))
     if progress is not None:
-        _listen(highs, compact, lin, progress, known, region.bound)
+        _listen(highs, compact, lin, progress, known, region.bound, region.aside)
     with silenced():
         highs.run()
     elapsed = time.monotonic() - begun
@@ -140,12 +141,14 @@ def solve_core_milp(
     # an infeasible verdict (no proof with memory rows: tolerances) sets the dual bound to the cutoff
     trusted = np.isfinite(info.mip_dual_bound) and status != highspy.HighsModelStatus.kInfeasible
     bound = float(info.mip_dual_bound) + compact.const if trusted else None
+    if bound is not None and region.aside is not None:
+        bound = min(bound, float(region.aside))
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return MilpResult(None, None, bound, False, elapsed, infeasible=status == highspy.HighsModelStatus.kInfeasible
                           and not region.rows, certified=region.bound)
     choice = lin.choice(np.asarray(highs.getSolution().col_value))
     cost = compact.cost(choice)
-    optimal = status == highspy.HighsModelStatus.kOptimal
+    optimal = status == highspy.HighsModelStatus.kOptimal and (region.aside is None or cost <= region.aside)
     if region.rows and known is not None and cost >= known:  # the region holds nothing cheaper than the start
         choice, cost = list(start), known
     return MilpResult(choice, cost, bound, optimal, elapsed, certified=region.bound)
@@ -180,11 +183,12 @@ def _highs_lp(lin: Linearised, rows_mem: int) -> highspy.HighsLp:
 
 
 def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: Progress, known: int | None,
-            reported: int | None = None) -> None:
+            reported: int | None = None, cap: int | None = None) -> None:
     """Pass HiGHS's better plans (checked exactly on the core) and rising bounds to ``progress``.
     Bounds are passed only below the cheapest plan known (``known``: the start's cost): one that
     reaches it says the search has ended, and only HiGHS's final status tells a proof from a
-    tolerance-made verdict of infeasibility. ``reported``: the bound already passed on."""
+    tolerance-made verdict of infeasibility. ``reported``: the bound already passed on; ``cap``:
+    the bound of the region HiGHS does not search (tally.py's children set aside)."""
     best: list[int | None] = [known, reported]  # cheapest plan known, highest bound reported
 
     def improved(event: highspy.HighsCallbackEvent) -> None:
@@ -197,7 +201,7 @@ def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: P
     def polled(event: highspy.HighsCallbackEvent) -> None:
         dual = float(event.data_out.mip_dual_bound)
         if np.isfinite(dual):
-            lower = highs_lower_bound(comp, dual)
+            lower = highs_lower_bound(comp, dual) if cap is None else min(highs_lower_bound(comp, dual), cap)
             if (best[1] is None or lower > best[1]) and (best[0] is None or lower < best[0]):
                 best[1] = lower
                 progress("bound", lower, None)

@@ -10,16 +10,21 @@ every plan:
 ``dive`` solves the LP and picks the tally whose count is the most fractional (value v). It
 then solves both children, K_t <= floor(v) and K_t >= ceil(v). A child holds no plan cheaper
 than the cheapest known one (``known``) when its certified bound reaches that cost, and none
-at all when its LP is infeasible: it is closed. While exactly one child stays open the dive
-goes on inside it. It stops when both children stay open, when no count is fractional, or at
-its deadline. Each LP optimum on the way, every node rounded to its largest value, is kept as a
-plan when it fits and costs less than ``known`` (which it then becomes). Every plan cheaper
-than ``known`` lies in the open region, so
+at all when its LP is infeasible: it is closed. A child whose bound is within ASIDE of that
+cost, but below it, is *set aside*: the region keeps its bound but is not searched further
+(its LP is tight at the known plan, up to the duals' tolerance). While exactly one child stays
+open and not set aside the dive goes on inside it. It stops when both children stay open, when
+no count is fractional, or at its deadline. Each LP optimum on the way, the children's
+included, every node rounded to its largest value, is kept as a plan when it fits and costs
+less than ``known`` (which it then becomes) before the children are judged against it. Every
+plan cheaper than ``known`` lies in the open region, so
 
     lower bound on such plans = min over the open children of their certified LP bounds
 
-and the MILP then searches only that region (the rows it returns). The bounds are certified as
-in relax.py: the Lagrangian dual function at HiGHS's duals, valid for any duals (dual_bound.py).
+and the MILP then searches only the region the dive went on in (the rows it returns); every
+bound it gives is capped at the least bound of the children set aside (``Region.aside``).
+The bounds are certified as in relax.py: the Lagrangian dual function at HiGHS's duals, valid
+for any duals (dual_bound.py).
 
 ``flip_groups`` is the matching move for plans: every member of a group to its twin at once
 (one layer starts or stops recomputing), which no search over single nodes or neighbourhoods
@@ -45,6 +50,8 @@ INFEASIBLE = 2**62
 """The bound of a child whose LP has no solution."""
 FRACTIONAL = 1e-6
 """A count within this of a whole number is taken as whole (HiGHS's primal tolerance is 1e-7)."""
+ASIDE = 1e-6
+"""A child whose bound is below the known cost by at most this share of it is set aside."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,15 @@ class CountRow:
 
 @dataclass
 class Region:
-    """Where every plan cheaper than the known one lies (``rows``), a certified lower bound on
-    those plans (None before the first LP finished), ``closed`` when there are none, and the
-    cheapest plan that rounding the LPs' optima gave when it beat the known one (``plan``)."""
+    """Where every plan cheaper than the known one lies: the region searched on (``rows``) and
+    the children set aside, whose least bound is ``aside``; a certified lower bound on those
+    plans (None before the first LP finished); ``closed`` when the region searched on holds
+    none; the cheapest plan that rounding the LPs' optima gave when it beat the known one
+    (``plan``)."""
 
     rows: list[CountRow] = field(default_factory=list)
     bound: int | None = None
+    aside: int | None = None
     closed: bool = False
     plan: list[int] | None = None
     cost: int | None = None
@@ -106,22 +116,35 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, lin: Linearised, known: int |
                     CountRow(counts[t], float(math.ceil(values[t])), np.inf)]
         bounds = []
         for child in children:
-            bound = _child_bound(highs, child, comp.const, deadline)
+            bound, x = _child_bound(highs, child, comp.const, deadline)
             if bound is None:
                 return region  # out of time: the region so far stands
+            if x is not None:
+                known = _round(comp, lin.choice(x), known, region)
             bounds.append(bound)
-        open_children = [c for c, b in zip(children, bounds) if b < (INFEASIBLE if known is None else known)]
+        ceiling = INFEASIBLE if known is None else known
+        open_children = [c for c, b in zip(children, bounds) if b < ceiling]
+        searched = [c for c, b in zip(children, bounds) if b < ceiling - ASIDE * ceiling]
+        if len(open_children) == 2 and len(searched) == 1:
+            aside = max(bounds)
+            region.aside = aside if region.aside is None else min(region.aside, aside)
+            open_children = searched
         if len(open_children) != 1:
-            region.bound = max(region.bound, min(bounds))
+            region.bound = _capped(max(region.bound, min(bounds)), region.aside)
             region.closed = not open_children
             break
         kept = open_children[0]
         region.rows.append(kept)
         _add(highs, kept)
-        region.bound = max(region.bound, bounds[children.index(kept)])
+        region.bound = _capped(max(region.bound, bounds[children.index(kept)]), region.aside)
         if not _solve(highs, deadline):
             break
     return region
+
+
+def _capped(bound: int, aside: int | None) -> int:
+    """``bound`` on the region searched on, as a bound on it and the children set aside."""
+    return bound if aside is None else min(bound, aside)
 
 
 def most_fractional(values: list[float]) -> int | None:
@@ -163,16 +186,19 @@ def _add(highs: highspy.Highs, row: CountRow) -> None:
     highs.addRow(row.lower, row.upper, len(row.columns), row.columns, np.ones(len(row.columns)))
 
 
-def _child_bound(highs: highspy.Highs, child: CountRow, const: int, deadline: float | None) -> int | None:
+def _child_bound(highs: highspy.Highs, child: CountRow, const: int,
+                 deadline: float | None) -> tuple[int | None, np.ndarray | None]:
     """The certified bound of the LP with ``child``'s row added (INFEASIBLE when that LP is
-    infeasible), the row taken off again; None when no duals came back (the deadline)."""
+    infeasible; None when no duals came back: the deadline) and its optimum (None if it has
+    none), the row taken off again."""
     _add(highs, child)
     last = highs.getNumRow() - 1
     try:
         optimal = _solve(highs, deadline)
         if not optimal and highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
-            return INFEASIBLE
-        return certified_bound(highs, const) if highs.getSolution().dual_valid else None
+            return INFEASIBLE, None
+        bound = certified_bound(highs, const) if highs.getSolution().dual_valid else None
+        return bound, np.asarray(highs.getSolution().col_value) if optimal else None
     finally:
         highs.deleteRows(1, np.array([last], dtype=np.int32))
 

@@ -128,3 +128,34 @@ class _StatusAfterUnfinishedRun:
 def test_a_run_that_leaves_no_status_is_repeated_from_scratch() -> None:
     highs = _StatusAfterUnfinishedRun()
     assert tally._solve(highs, None) and highs.runs == 2 and highs.cleared
+
+
+def test_a_child_set_aside_caps_every_bound_and_takes_the_proof_with_it(monkeypatch) -> None:
+    """8 identical layers, live at once, under 35 bytes: each keeps its activations (10 bytes,
+    free), compresses them (6 bytes, 4 ticks) or recomputes them (no bytes, 7 ticks). The optimum
+    recomputes 5 layers (35). From a plan recomputing 6 (42), the LP recomputes 4.5; K <= 4 is
+    bounded by 33 (its plans cost 36 at best) and K >= 5 by 35. With ASIDE at 0.19, K >= 5
+    (within 19% of 42) is set aside and the MILP searches K <= 4 alone: it finds 36 there, so it
+    must claim neither a proof nor a bound above the 35 set aside."""
+    layers = 8
+    costs = [np.array([0, 4, 7], dtype=np.int64) for _ in range(layers)]
+    usages = [np.array([10, 6, 0], dtype=np.int64) for _ in range(layers)]
+    edges = [(i, i + 1) for i in range(layers - 1)]
+    marked = tuple(((i, (2,), ()),) for i in range(layers))
+    problem = ShardingProblem(costs, usages, [(0, 1)] * layers, edges, [np.zeros((3, 3), dtype=np.int64)] * len(edges),
+                              usage_limit=35, tallies=[Tally("recomputing layers", marked)])
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    six = [2] * 6 + [0] * 2
+    assert comp.is_feasible(six) and comp.cost(six) == 42
+    monkeypatch.setattr(tally, "ASIDE", 0.19)
+    monkeypatch.setattr(tally, "_round", lambda comp, choice, known, region: known)  # it would find the 35
+    lin = linearise(comp)
+    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin, 42, None)
+    assert region.aside == 35 and [(row.lower, row.upper) for row in region.rows] == [(-np.inf, 4)]
+    heard: list[tuple[str, int, list[int] | None]] = []
+    result = solve_core_milp(comp, exact=True, start=six, progress=lambda *event: heard.append(event))
+    assert result.cost == 36 and not result.optimal
+    assert result.bound is not None and result.bound <= 35 and result.certified <= 35
+    assert all(value <= 35 for kind, value, _ in heard if kind == "bound")
