@@ -32,7 +32,7 @@ from titan_llama import Transformer  # noqa: E402
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
 from autoshard.cost.compute import op_times  # noqa: E402
 from autoshard.cost.devices import Device, get_device  # noqa: E402
-from autoshard.frontend.graph import NodeKind, OpWork  # noqa: E402
+from autoshard.frontend.graph import NodeKind, OpGraph, OpWork  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.problem.build import ModelProblem  # noqa: E402
 
@@ -60,14 +60,18 @@ def attention_seconds(batch: int, heads: int, seq: int, dim: int, device: Device
     return times.forward, times.backward
 
 
-def llama_problem(device: Device | str, recompute: str, layers: int = 2, budget: int | None = None) -> ModelProblem:
-    """torchtitan's LLaMA-3-8B with ``layers`` layers at 2 x 8192 tokens, bf16, training on one device."""
+def llama_graph(layers: int = 2) -> OpGraph:
+    """torchtitan's LLaMA-3-8B with ``layers`` layers at 2 x 8192 tokens, bf16, traced on meta."""
     with torch.device("meta"):
         model = Transformer(layers, **LLAMA_8B, seq=8192).to(torch.bfloat16)
     model.cos, model.sin = model.cos.float(), model.sin.float()
     tokens = torch.zeros(2, 8192, dtype=torch.long, device="meta")
-    return build_model_problem(trace(model, (tokens, tokens.clone())), "1", mode="training", device=device,
-                               recompute=recompute, memory_budget=budget)
+    return trace(model, (tokens, tokens.clone()))
+
+
+def llama_problem(graph: OpGraph, device: Device | str, recompute: str, budget: int | None = None) -> ModelProblem:
+    """``graph`` (llama_graph) in training on one device of ``device``, under ``budget`` if given."""
+    return build_model_problem(graph, "1", mode="training", device=device, recompute=recompute, memory_budget=budget)
 
 
 def seconds_of(mp: ModelProblem, inside: str | None, recomputed: bool = False, forward: bool = False,
@@ -109,7 +113,8 @@ def rows(measured: dict, device: Device) -> list[tuple[str, float, float, str]]:
     out.append((f"AdamW (foreach) {foreach['parameters'] / 1e9:.2f}e9 fp32 parameters",
                 device.optimizer_seconds(4 * foreach["parameters"]), foreach["seconds"], "s"))
     layer = measured["layer"]
-    plain, selective, full = (llama_problem(device, r) for r in ("none", "selective", "full"))
+    graph = llama_graph()
+    plain, selective, full = (llama_problem(graph, device, r) for r in ("none", "selective", "full"))
     out += [("LLaMA-3-8B layer forward, 2 x 8192", seconds_of(plain, "layers.0", forward=True),
              layer["layer_forward_s"], "s"),
             ("LLaMA-3-8B layer forward+backward", seconds_of(plain, "layers.0"), layer["layer_forward_backward_s"], "s"),
@@ -131,10 +136,10 @@ def rows(measured: dict, device: Device) -> list[tuple[str, float, float, str]]:
 
 def recomputing_first(mp: ModelProblem, recomputed: int) -> list[int]:
     """The one-device plan that recomputes the first ``recomputed`` layers in full."""
-    layer = [next((j for j in range(recomputed) if (c.node.module or "").startswith(f"layers.{j}.")), None)
-             for c in (mp.candidates[name] for name in mp.names)]
-    choice = [0 if c.recompute is None else c.recompute.index(j is not None)
-              for c, j in zip((mp.candidates[name] for name in mp.names), layer)]
+    first = tuple(f"layers.{j}." for j in range(recomputed))
+    candidates = [mp.candidates[name] for name in mp.names]
+    choice = [0 if c.recompute is None else c.recompute.index((c.node.module or "").startswith(first))
+              for c in candidates]
     return mp.with_storage_of_users(choice)
 
 
@@ -142,7 +147,8 @@ def recompute_table(measured: dict, device: Device) -> None:
     """Per K, the plan recomputing K layers: predicted against measured peak and step; and at a
     budget of each measured peak, how many layers the solver recomputes and whether that fits."""
     runs = {r["recomputed"]: r for r in measured["recompute"]}
-    mp = llama_problem(device, "full", measured["layers"])
+    graph = llama_graph(measured["layers"])
+    mp = llama_problem(graph, device, "full")
     print(f"\n{measured['layers']} layers of LLaMA-3-8B, 2 x 8192 tokens, AdamW, one GPU, the first K layers "
           "recomputed (torch.utils.checkpoint):\n\n| K | predicted peak | measured peak | ratio | predicted step | "
           "measured step | ratio | solver's K at this measured peak | its measured peak |\n"
@@ -150,7 +156,7 @@ def recompute_table(measured: dict, device: Device) -> None:
     for k, run in sorted(runs.items()):
         choice = recomputing_first(mp, k)
         peak, step = mp.problem.peak_usage(choice), mp.problem.cost(choice) / mp.cost_model.ticks_per_unit
-        bound = llama_problem(device, "full", measured["layers"], device.device_bytes(run["peak_allocated"]))
+        bound = llama_problem(graph, device, "full", device.device_bytes(run["peak_allocated"]))
         picked = len(solve_model_problem(bound, default_solve_options(bound, 60)).plan.recompute)
         fits = runs[picked]["peak_allocated"] <= run["peak_allocated"] if picked in runs else None
         print(f"| {k} | {peak / 2**30:.2f} GiB | {run['peak_allocated'] / 2**30:.2f} GiB | "

@@ -9,10 +9,10 @@ The same model then runs two training steps (forward, ``loss.backward()``, AdamW
 ``foreach``) on fake CPU tensors under PyTorch's ``MemTracker``, as ``autoshard/runtime/measure.py``
 does, its RMSNorms as CUDA's fused kernel (``autoshard/frontend/fused.py``: the CPU path
 decomposes them and keeps two fp32 copies of the input that no GPU keeps; an H100's peaks by
-``gpu_recompute.py`` agree with the fused kernel's), each block under non-reentrant ``torch.utils.checkpoint``: with torchtitan's selective
-policy (``MUST_SAVE`` fused attention and the 1st, 3rd, ... ``aten.mm`` of each block, the rest
-``PREFER_RECOMPUTE``), with full checkpointing, or not at all; the second step's peak is the
-measurement. Printed: both peaks; what one block holds for backward (predicted: its ops' outputs
+``gpu_recompute.py`` agree with the fused kernel's), each block under non-reentrant
+``torch.utils.checkpoint``: with torchtitan's selective policy (``MUST_SAVE`` fused attention
+and the 1st, 3rd, ... ``aten.mm`` of each block, the rest ``PREFER_RECOMPUTE``), with full
+checkpointing, or not at all; the second step's peak is the measurement. Printed: both peaks; what one block holds for backward (predicted: its ops' outputs
 and saved tensors at the first backward slot; measured: the growth of the activations from one
 block's forward to the next's); each peak broken down (autoshard's ``memory_at`` its peak slot,
 MemTracker's categories); and the ops the selective policy saved.

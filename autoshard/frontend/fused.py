@@ -53,5 +53,5 @@ GPU_KERNELS: dict[Callable[..., Any], Callable[..., Any]] = {F.rms_norm: fused_r
 
 def as_on_gpu(call: NodeCall) -> NodeCall:
     """``call`` with its target replaced by the stand-in of the kernel a GPU runs, where there is one."""
-    standin = GPU_KERNELS.get(call.target) if callable(call.target) else None
-    return call if standin is None or call.method else dataclasses.replace(call, target=standin)
+    standin = None if call.method else GPU_KERNELS.get(call.target)
+    return call if standin is None else dataclasses.replace(call, target=standin)

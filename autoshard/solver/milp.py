@@ -20,7 +20,7 @@ from autoshard.solver.core import FrozenCore, Core
 from autoshard.solver.memory import attach_memory
 from autoshard.solver.linearised import Linearised, linearise
 from autoshard.solver.silence import silenced
-from autoshard.solver.tally import Region, dive
+from autoshard.solver.tally import Region, capped, dive
 
 
 LEVEL_BITS = 16
@@ -140,9 +140,7 @@ def solve_core_milp(
     info = highs.getInfo()
     # an infeasible verdict (no proof with memory rows: tolerances) sets the dual bound to the cutoff
     trusted = np.isfinite(info.mip_dual_bound) and status != highspy.HighsModelStatus.kInfeasible
-    bound = float(info.mip_dual_bound) + compact.const if trusted else None
-    if bound is not None and region.aside is not None:
-        bound = min(bound, float(region.aside))
+    bound = capped(float(info.mip_dual_bound) + compact.const, region.aside) if trusted else None
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return MilpResult(None, None, bound, False, elapsed, infeasible=status == highspy.HighsModelStatus.kInfeasible
                           and not region.rows, certified=region.bound)
@@ -201,7 +199,7 @@ def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: P
     def polled(event: highspy.HighsCallbackEvent) -> None:
         dual = float(event.data_out.mip_dual_bound)
         if np.isfinite(dual):
-            lower = highs_lower_bound(comp, dual) if cap is None else min(highs_lower_bound(comp, dual), cap)
+            lower = int(capped(highs_lower_bound(comp, dual), cap))
             if (best[1] is None or lower > best[1]) and (best[0] is None or lower < best[0]):
                 best[1] = lower
                 progress("bound", lower, None)

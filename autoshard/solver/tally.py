@@ -130,19 +130,19 @@ def dive(model: highspy.HighsLp, comp: FrozenCore, lin: Linearised, known: int |
             region.aside = aside if region.aside is None else min(region.aside, aside)
             open_children = searched
         if len(open_children) != 1:
-            region.bound = _capped(max(region.bound, min(bounds)), region.aside)
+            region.bound = capped(max(region.bound, min(bounds)), region.aside)
             region.closed = not open_children
             break
         kept = open_children[0]
         region.rows.append(kept)
         _add(highs, kept)
-        region.bound = _capped(max(region.bound, bounds[children.index(kept)]), region.aside)
+        region.bound = capped(max(region.bound, bounds[children.index(kept)]), region.aside)
         if not _solve(highs, deadline):
             break
     return region
 
 
-def _capped(bound: int, aside: int | None) -> int:
+def capped(bound: float, aside: int | None) -> float:
     """``bound`` on the region searched on, as a bound on it and the children set aside."""
     return bound if aside is None else min(bound, aside)
 

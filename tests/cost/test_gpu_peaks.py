@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.kernels import llama_problem, recomputing_first
+from benchmarks.kernels import llama_graph, llama_problem, recomputing_first
 
 MEASURED = json.loads((Path(__file__).parents[2] / "benchmarks" / "data" / "h100_recompute_measured.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def problem():
-    return llama_problem("h100", "full", MEASURED["layers"])
+    return llama_problem(llama_graph(MEASURED["layers"]), "h100", "full")
 
 
 def test_every_recompute_count_is_predicted_within_one_percent_of_the_h100(problem) -> None:
