@@ -10,6 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from autoshard.cli.problem_file import solve_options
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
@@ -59,12 +60,14 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     counts = None if args.microbatches is None else [int(x) for x in str(args.microbatches).split(",")]
     schedules = SCHEDULES if args.schedule == "auto" else (args.schedule,)
 
+    say = (lambda line: None) if args.quiet else lambda line: console.print(line, highlight=False, markup=False)
+
     def graph_for(m: int) -> OpGraph:
-        console.print(f"tracing a microbatch of {batch // m} ({m} microbatches)", highlight=False)
+        say(f"tracing a microbatch of {batch // m} ({m} microbatches)")
         return trace_inputs(microbatch_inputs(loaded.example_inputs, m))
 
-    engine = PipelineSearch(graph_for, mesh, args.pipeline, build, timeout,
-                            lambda line: console.print(line, highlight=False, markup=False))
+    engine = PipelineSearch(graph_for, mesh, args.pipeline, build, timeout, say,
+                            solver=lambda options: solve_options(args, options))
     counts = microbatch_counts(mesh.shape[args.pipeline], batch, counts)
     layers = find_repeated_layers(engine.graph(counts[0]))
     if layers is None:
@@ -76,7 +79,7 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     seeds = [o for o in torchtitan_options(layers.count, mesh.shape[args.pipeline], engine.inner.shape[0], batch)
              if o.microbatches in counts and o.schedule in schedules]
     result = search(engine, options, seeds)
-    print_result(result, console)
+    print_result(result, console, every=args.params == "all")
     if args.baseline == "torchtitan":
         print_torchtitan(engine, result, layers.count, batch, console)
     if args.out:
@@ -85,8 +88,9 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     return 0
 
 
-def print_result(result: PipelineResult, console: Console) -> None:
-    """The options table, the claim, and per device group its layers, step share and peak."""
+def print_result(result: PipelineResult, console: Console, every: bool = False) -> None:
+    """The options table, the claim, and per device group its layers, step share and peak (``every``:
+    each parameter's layout on its own row)."""
     from autoshard.cli.report import layout_summary, memory_line
 
     table = Table(title="Pipeline options", title_justify="left")
@@ -130,7 +134,7 @@ def print_result(result: PipelineResult, console: Console) -> None:
         if len(devices) > 1:
             console.print("(the layouts are shown on the layers the plan was solved for; each of these devices "
                           "lays out its own layers alike)", highlight=False)
-        console.print(layout_summary(mp, choice))
+        console.print(layout_summary(mp, choice, every=every))
         console.print(memory_line(mp, choice), highlight=False)
 
 

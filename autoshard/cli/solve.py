@@ -24,17 +24,18 @@ from rich.live import Live
 from autoshard.cli import problem_file
 from autoshard.cli.baseline import BASELINES, cost_text, print_baseline
 from autoshard.cli.pipeline import add_arguments as add_pipeline_arguments, run_pipeline
+from autoshard.cli.options import build_options, refuse_unused
 from autoshard.cli.model_progress import SMALL_PLAN_ROWS, ModelProgress
 from autoshard.cli.progress import HEARTBEAT, Heartbeat, LogLines
 from autoshard.cost.communication import COST_MODELS
-from autoshard.cost.devices import GENERIC, PRESETS, get_device
+from autoshard.cost.devices import GENERIC, PRESETS
 from autoshard.cost.memory import PRECISIONS
 from autoshard.cost.recompute import RECOMPUTE_POLICIES
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
-from autoshard.cost.units import format_bytes, parse_bytes
+from autoshard.cost.units import format_bytes
 
 GRAPH_TABLE_MAX_NODES = 40
 """Graphs of at most this many nodes print their table unasked; larger ones with --graph."""
@@ -125,16 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _pins(items: Sequence[str]) -> dict[str, str]:
-    pins = {}
-    for item in items:
-        name, sep, spec = item.partition("=")
-        if not sep or not name or not spec:
-            raise AutoshardError(f"--pin {item!r} is not NAME=SPEC, e.g. --pin fc1.weight=SR")
-        pins[name.strip()] = spec.strip()
-    return pins
-
-
 def run_model(args: argparse.Namespace, console: Console) -> int:
     """Solve a model file end to end and print everything a user needs."""
     from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
@@ -147,10 +138,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.cli.report import (device_line, expert_parallel_line, fit_line, iteration_table, layout_summary,
                                   memory_line)
 
-    device = get_device(args.device)
+    build = build_options(args)
+    device = build["device"]
     mesh = parse_mesh(args.mesh, args.bandwidth, args.latency, args.gpus_per_node, device.intra, device.inter)
-    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    pins = _pins(args.pin)
     clock = problem_file.Clock(args.timeout, problem_file.launch_time())
     with _working(console, f"loading and tracing {args.path}", args.quiet):
         loaded = load_model(args.path)
@@ -158,9 +148,6 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         if with_loss:  # a training plan shards the model's loss too (model file convention)
             loaded = loaded.for_training()
         if args.pipeline is not None:
-            build = dict(cost_model=args.cost_model, mode=args.mode, memory_budget=budget, pins=pins, device=device,
-                         peak_flops=args.peak_flops, memory_bandwidth=args.memory_bandwidth, precision=args.precision,
-                         recompute=args.recompute, overlap=False if args.no_overlap else None)
             return run_pipeline(args, console, loaded, mesh, build, lambda x: trace(loaded.model, x, args.frontend),
                                 clock.solver_budget())
         graph = trace(loaded.model, loaded.example_inputs, args.frontend)
@@ -170,11 +157,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     if args.graph or not args.quiet and len(graph) <= GRAPH_TABLE_MAX_NODES:
         console.print(graph_table(graph))
     with _working(console, f"building the problem: strategies and costs on mesh {mesh.label}", args.quiet):
-        mp = build_model_problem(graph, mesh, cost_model=args.cost_model, mode=args.mode, memory_budget=budget,
-                                 pins=pins, device=device, peak_flops=args.peak_flops,
-                                 memory_bandwidth=args.memory_bandwidth, precision=args.precision,
-                                 capacity_factor=args.capacity_factor, expert_parallel=args.expert_parallel,
-                                 recompute=args.recompute, overlap=False if args.no_overlap else None)
+        mp = build_model_problem(graph, mesh, **build)
     links = mesh if args.bandwidth is not None or args.latency is not None else None
     console.print(device_line(mp.cost_model.device, args.device is None, args.peak_flops, args.memory_bandwidth,
                               links), highlight=False)
@@ -309,9 +292,11 @@ def _working(console: Console, what: str, quiet: bool, every: float = HEARTBEAT)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; user errors print one line and exit 2."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     console = make_console()
     try:
+        refuse_unused(args, parser)
         if args.path.endswith((".json", ".json.gz")):
             return problem_file.run(args.path, args.timeout, console, quiet=args.quiet, options=problem_file.solve_options(args),
                                    log=args.log, write_to=args.write_problem)

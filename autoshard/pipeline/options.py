@@ -7,7 +7,7 @@ over exactly these options.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.schedules import SCHEDULES
@@ -82,3 +82,20 @@ def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:
     """``layers 8+7 + head``: a device's layers per stage and the ends it holds."""
     counts, first, last = signature
     return f"layers {'+'.join(map(str, counts))}" + (" + embedding" if first else "") + (" + head" if last else "")
+
+
+def on_stage_mesh(build: Mapping[str, Any], axis: int) -> dict[str, Any]:
+    """Build options given on the whole mesh, restated on a stage's mesh (the axes other than the
+    pipeline's ``axis``): ``expert_parallel`` and the mesh-axis digits of pinned specs renumbered."""
+    def renumber(a: int, what: str) -> int:
+        if a == axis:
+            raise AutoshardError(f"{what} uses mesh axis {axis}, which carries the pipeline: name another axis "
+                                 f"or pipeline over another one")
+        return a - (a > axis)
+
+    stage = dict(build)
+    if build.get("expert_parallel") is not None:
+        stage["expert_parallel"] = renumber(build["expert_parallel"], f"--expert-parallel {build['expert_parallel']}")
+    stage["pins"] = {name: "".join(str(renumber(int(c), f"--pin {name}={text}")) if c.isdigit() else c for c in text)
+                     for name, text in dict(build.get("pins") or {}).items()}
+    return stage

@@ -42,9 +42,9 @@ from autoshard.problem.build import ModelProblem
 from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
-from autoshard.solver import Solution
+from autoshard.solver import Solution, SolveOptions
 from autoshard.frontend.graph import OpGraph, TensorMeta
-from autoshard.pipeline.options import PipelineOption, stage_label
+from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_label
 from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
 from autoshard.pipeline.stages import Stage, cut, shared_parameters, stage_layouts, stage_outputs
 from autoshard.sharding.layers import find_repeated_layers
@@ -99,11 +99,15 @@ Recipe = Callable[[ModelProblem], list[int]]
 
 
 class PipelineSearch:
-    """Solves the options of one model on one mesh (stage problems cached by what makes them alike)."""
+    """Solves the options of one model on one mesh (stage problems cached by what makes them alike).
+
+    ``build``: the options of ``build_model_problem`` as given on the whole mesh (restated on the
+    stages' mesh by ``on_stage_mesh``); ``solver`` adjusts each stage's default solve options."""
 
     def __init__(self, graph_for: Callable[[int], OpGraph], mesh: Mesh, axis: int, build: Mapping[str, Any],
                  timeout: float | None, progress: Callable[[str], None] = lambda line: None,
-                 incumbent: Recipe | None = torchtitan_choice) -> None:
+                 incumbent: Recipe | None = torchtitan_choice,
+                 solver: Callable[[SolveOptions], SolveOptions] = lambda options: options) -> None:
         if build.get("mode", "inference") != "training":
             raise AutoshardError("--pipeline plans training steps (forwards and backwards of microbatches): "
                                  "add --mode training")
@@ -113,7 +117,8 @@ class PipelineSearch:
         self.graph_for, self.mesh, self.axis = graph_for, mesh, axis
         self.inner = mesh.without_axis(axis)
         self.link = (mesh.bandwidth[axis], mesh.latency[axis])
-        self.build, self.timeout, self.progress, self.incumbent = dict(build), timeout, progress, incumbent
+        self.build, self.timeout, self.progress, self.incumbent = on_stage_mesh(build, axis), timeout, progress, incumbent
+        self.solver = solver
         self.start = time.monotonic()
         self.cache: dict[tuple, ModelSolution] = {}
         self.cuts: dict[tuple, list[Stage]] = {}
@@ -128,7 +133,13 @@ class PipelineSearch:
     def graph(self, microbatches: int) -> OpGraph:
         """The model traced at the microbatch size of ``microbatches`` per step."""
         if microbatches not in self.graphs:
-            self.graphs[microbatches] = self.graph_for(microbatches)
+            graph = self.graph_for(microbatches)
+            names = set(graph.nodes) | {n.qualname for n in graph if n.qualname}
+            unknown = [name for name in self.build.get("pins") or {} if name not in names]
+            if unknown:
+                raise AutoshardError(f"--pin {unknown[0]}=...: no tensor or node of the model is named {unknown[0]!r}; "
+                                     f"name a parameter (e.g. model.layers.0.mlp.up_proj.weight) or a graph node")
+            self.graphs[microbatches] = graph
         return self.graphs[microbatches]
 
     def stages(self, option: PipelineOption) -> list[Stage]:
@@ -167,7 +178,8 @@ class PipelineSearch:
         key = self._key(option, stage, in_flight, bounded, boundary or {})
         if key not in self.problems:
             build = dict(self.build)
-            build["pins"] = {k: v for k, v in dict(build.get("pins") or {}).items() if k in stage.graph.nodes}
+            names = set(stage.graph.nodes) | {n.qualname for n in stage.graph if n.qualname}
+            build["pins"] = {k: v for k, v in dict(build.get("pins") or {}).items() if k in names}
             if not bounded:
                 build["memory_budget"] = 1 << 62
             stage_options = StageOptions(option.microbatches, Fraction(in_flight, option.virtual), self.link,
@@ -198,7 +210,7 @@ class PipelineSearch:
                       f"{what}{fixed}: {mp.problem.num_nodes} nodes")
         left = self.remaining()
         try:
-            solved = solve_model_problem(mp, default_solve_options(mp, None if left is None else left / share),
+            solved = solve_model_problem(mp, self.solver(default_solve_options(mp, None if left is None else left / share)),
                                          model_name=stage.graph.name)
         except AutoshardError:
             if known is None:
