@@ -106,7 +106,7 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int,
     model = loaded.model.to(device).eval()
     inputs = tuple(t.to(device) for t in loaded.example_inputs)
     graph = trace(model, inputs, plan.frontend or "auto")
-    check_model(plan, graph)
+    plan = check_model(plan, graph)
     check_layouts(plan, graph)
     return Prepared(plan, model, inputs, graph, device)
 

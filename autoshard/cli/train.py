@@ -110,7 +110,7 @@ def prepare(args: argparse.Namespace, world_size: int, local_rank: int) -> Train
     loaded = defined.for_training()
     loaded.model.to(device)
     graph = trace(loaded.model, tuple(t.to(device) for t in loaded.example_inputs))
-    check_model(plan, graph)
+    plan = check_model(plan, graph)
     check_layouts(plan, graph)
     check_loss_output(graph, loaded.name, from_loss_function=defined.loss is not None)
     return Training(plan, loaded, graph, device)

@@ -75,9 +75,8 @@ def prepare_pipeline(args: argparse.Namespace, world_size: int) -> PipelineTrain
     if repeated is None:
         raise AutoshardError(f"{args.model} has no repeated layers to cut: {args.plan} is for another model")
     stages = cut(graph, repeated, pipeline.counts, pipeline.mesh.shape[pipeline.axis])
-    plans = pipeline.device_plans(stages)
+    plans = [check_model(plan, stage.graph) for stage, plan in zip(stages, pipeline.device_plans(stages))]
     for stage, plan in zip(stages, plans):
-        check_model(plan, stage.graph)
         check_layouts(plan, stage.graph)
         check_backend(plan, args.backend)
     inputs = [n.name for n in graph if n.kind == NodeKind.INPUT]

@@ -10,13 +10,14 @@ runs.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from autoshard.errors import AutoshardError
-from autoshard.frontend.graph import OpGraph, fingerprint, graph_signature
+from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.stages import Stage
+from autoshard.problem.identity import renamed
 from autoshard.problem.plan import Plan
 from autoshard.sharding.mesh import Mesh
 
@@ -94,13 +95,4 @@ def relabel(plan: Plan, source: OpGraph, target: OpGraph) -> Plan:
         raise AutoshardError("pipeline devices that share a plan differ in their graphs: re-plan the pipeline")
     name = {a.name: b.name for a, b in zip(src, dst)}
     qualname = {a.qualname: b.qualname for a, b in zip(src, dst) if a.qualname}
-    return replace(
-        plan,
-        fingerprint=fingerprint(target),
-        signature=graph_signature(target),
-        nodes={name[n]: replace(p, name=name[n], module=target[name[n]].module) for n, p in plan.nodes.items()},
-        edges=[replace(e, src=name[e.src], dst=name[e.dst]) for e in plan.edges],
-        param_specs={qualname.get(q, q): spec for q, spec in plan.param_specs.items()},
-        recompute=[[name[n] for n in segment] for segment in plan.recompute],
-        recompute_kept=[name[n] for n in plan.recompute_kept],
-    )
+    return renamed(plan, name, target, qualname)

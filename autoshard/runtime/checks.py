@@ -18,6 +18,7 @@ from autoshard.problem.candidates import operand_meta
 from autoshard.cost.memory import out_metas
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind, OpGraph, TensorMeta
+from autoshard.problem.identity import align
 from autoshard.problem.plan import EdgeReshard, Plan
 from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE
 from autoshard.runtime.experts import exchange_label
@@ -130,12 +131,15 @@ def check_world(plan: Plan, world_size: int) -> None:
                              f"{world_size} ranks: launch torchrun --nproc_per_node={plan.mesh.size}")
 
 
-def check_model(plan: Plan, graph: OpGraph) -> None:
-    """Refuse a plan made for another model (its fingerprint is not the traced graph's), saying what differs."""
+def check_model(plan: Plan, graph: OpGraph) -> Plan:
+    """The plan with its nodes under this trace's names (``problem/identity.py``: a model may trace its
+    ops in another order in another process); a plan made for another model is refused, saying what differs."""
+    plan = align(plan, graph)
     if plan.fingerprint != fingerprint(graph):
         which = f" ({plan.model})" if plan.model else ""
         raise AutoshardError(f"plan was made for another model{which}: {graph_difference(plan, graph)}; "
                              "re-plan this model with autoshard.solve")
+    return plan
 
 
 def check_layouts(plan: Plan, graph: OpGraph) -> None:

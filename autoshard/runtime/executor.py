@@ -363,7 +363,7 @@ def parallelize(
         graph = trace(model, tuple(example_inputs), plan.frontend or "auto")
     distributed = dist.is_available() and dist.is_initialized()
     world = mesh_groups.mesh.size if mesh_groups is not None else dist.get_world_size() if distributed else 1
-    check_model(plan, graph)
+    plan = check_model(plan, graph)
     if validate:
         check_layouts(plan, graph)
     check_world(plan, world)
@@ -376,4 +376,3 @@ def parallelize(
         mesh_groups = MeshGroups.create(plan.mesh) if distributed else MeshGroups.single()
     state = broadcast_state(model_state(model, graph), mesh_groups)
     return ParallelModule(graph, plan, mesh_groups, state, transient_buffers(model, graph))
-
