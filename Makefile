@@ -12,7 +12,7 @@ SHARED ?= $(abspath ../shared)
 
 .PHONY: install demo test fuzz bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

@@ -1,7 +1,8 @@
 """Device presets: roofline, what kernels and collectives achieve of it, and allocator overheads.
 
-The presets are data (``devices.toml``, shipped in the package), every figure with its source.
-How they are used:
+The presets are data (specs/devices.toml, shipped in the package as ``autoshard.specs``), every
+figure with its source; ``--device my_gpu.toml`` reads a preset of the same format from a file.
+Both are checked against specs/device.schema.json. How the figures are used:
 
 - compute (``cost/compute.py``): a kernel of class ``c`` runs at ``peak(dtype) * achieved[c]``
   flop/s and streams bytes at ``memory_bandwidth * achieved["memory"]``; where the preset has a
@@ -28,11 +29,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
+from autoshard import specs
 from autoshard.errors import AutoshardError
 from autoshard.sharding.mesh import NETWORK_BANDWIDTH, NETWORK_LATENCY, NVLINK_BANDWIDTH, NVLINK_LATENCY, Link
 
 GiB = 2**30
-PRESETS_PATH = Path(__file__).with_name("devices.toml")
 
 DTYPE_CLASSES = ("fp32", "tf32", "bf16", "fp8")
 """Peak flop/s are given per class: fp32 (also fp64 and integers), tf32, bf16 (and fp16), fp8."""
@@ -140,50 +141,90 @@ GENERIC = Device("generic", {c: 100e12 for c in DTYPE_CLASSES}, 2e12, None,
 
 
 def _preset(name: str, data: dict) -> Device:
-    """One ``devices.toml`` table as a Device (checked: every kernel class given)."""
+    """One preset table (already checked against specs/device.schema.json) as a Device."""
     achieved = dict(data["achieved"])
-    missing = [k for k in KERNEL_CLASSES if k not in achieved]
-    if missing:
-        raise ValueError(f"devices.toml [{name}] lacks {', '.join(missing)}")
-    curves = {kernel: tuple((float(f), float(a)) for f, a in points)
-              for kernel, points in data.get("by_flops", {}).items()}
-    for kernel, points in curves.items():
-        if kernel not in KERNEL_CLASSES or [f for f, _ in points] != sorted({f for f, _ in points}):
-            raise ValueError(f"devices.toml [{name}.by_flops]: {kernel} must be a kernel class with ascending flops")
+    curves = {kernel: tuple((float(f), float(a)) for f, a in points) for kernel, points in data.get("by_flops", {}).items()}
     peaks = data["peak_flops"]
     summary = (f"{data['description']}: " + ", ".join(f"{c} {peaks[c] / 1e12:.4g}" for c in DTYPE_CLASSES)
                + f" Tflop/s (matmuls at {achieved['matmul']:.0%}), HBM {data['memory_bandwidth'] / 1e12:.3g} TB/s, "
                f"NCCL {data['intra']['bandwidth'] / 1e9:.0f} GB/s in a node, {data['inter']['bandwidth'] / 1e9:.0f} "
                f"GB/s across")
-    return Device(name, dict(peaks), data["memory_bandwidth"], int(data["memory"] * GiB),
-                  data["intra"]["bandwidth"], data["intra"]["latency"], data["inter"]["bandwidth"],
-                  data["inter"]["latency"], summary, achieved, data["allocator"]["headroom"],
-                  int(data["allocator"]["runtime_gib"] * GiB), data["overlap"], dict(data["sources"]),
-                  curves,
-                  float(data.get("adamw", {}).get("bytes_per_parameter", 0.0)))
+    return Device(name, {c: float(peaks[c]) for c in DTYPE_CLASSES}, data["memory_bandwidth"],
+                  int(data["memory"] * GiB), data["intra"]["bandwidth"], data["intra"]["latency"],
+                  data["inter"]["bandwidth"], data["inter"]["latency"], summary, achieved,
+                  data["allocator"]["headroom"], int(data["allocator"]["runtime_gib"] * GiB), data["overlap"],
+                  dict(data.get("sources", {})), curves, float(data.get("adamw", {}).get("bytes_per_parameter", 0.0)))
 
 
-def load_presets(path: Path = PRESETS_PATH) -> dict[str, Device]:
-    """Every preset in ``path`` by name."""
-    with path.open("rb") as f:
-        tables = tomllib.load(f)
-    for name, table in tables.items():  # ``by_flops = "h100"``: that preset's curves
-        if isinstance(table.get("by_flops"), str):
-            if "by_flops" not in tables.get(table["by_flops"], {}):
-                raise ValueError(f"devices.toml [{name}]: by_flops names {table['by_flops']!r}, which has no curves")
-            table["by_flops"] = tables[table["by_flops"]]["by_flops"]
+def _read_presets(path: Path, source: str, named_curves: Mapping[str, Device]) -> dict[str, Device]:
+    """Every preset of the TOML file ``path`` by name. The file is checked against
+    specs/device.schema.json, each ``by_flops`` curve for ascending flops, and a ``by_flops`` that
+    names a preset (of this file, else of ``named_curves``) for that preset having curves; anything
+    wrong is an AutoshardError naming ``source`` and the field."""
+    try:
+        with path.open("rb") as f:
+            tables = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise AutoshardError(f"{source} is not TOML ({exc}): fix it (specs/README.md shows a preset)") from None
+    except OSError as exc:
+        raise AutoshardError(f"{source} cannot be read ({exc.strerror})") from None
+    if wrong := specs.problem(tables, specs.DEVICE_SCHEMA):
+        raise AutoshardError(f"{source} is malformed ({wrong}): specs/README.md shows a preset")
+    for name, table in tables.items():
+        curves = table.get("by_flops", {})
+        if isinstance(curves, str):  # ``by_flops = "h100"``: that preset's curves
+            if isinstance(tables.get(curves, {}).get("by_flops"), dict):
+                table["by_flops"] = tables[curves]["by_flops"]
+            elif curves in named_curves and named_curves[curves].by_flops:
+                table["by_flops"] = {kernel: [list(p) for p in points]
+                                     for kernel, points in named_curves[curves].by_flops.items()}
+            else:
+                raise AutoshardError(f"{source} is malformed ({name}.by_flops names {curves!r}, a preset without "
+                                     f"curves): name one of {', '.join(_with_curves(tables, named_curves))}")
+            continue
+        for kernel, points in curves.items():
+            if [f for f, _ in points] != sorted({f for f, _ in points}):
+                raise AutoshardError(f"{source} is malformed ({name}.by_flops.{kernel}: the flops must ascend)")
     return {name: _preset(name, table) for name, table in tables.items()}
+
+
+def _with_curves(tables: Mapping[str, dict], named_curves: Mapping[str, Device]) -> list[str]:
+    """The presets, of a file's tables and of ``named_curves``, that have by_flops curves of their own."""
+    own = {name for name, table in tables.items() if isinstance(table.get("by_flops"), dict)}
+    return sorted(own | {name for name, device in named_curves.items() if device.by_flops})
+
+
+def load_presets(path: Path = specs.DEVICES) -> dict[str, Device]:
+    """Every preset in ``path`` by name (the shipped specs/devices.toml by default)."""
+    return _read_presets(path, f"device presets {str(path)!r}", {})
+
+
+def load_device_file(path: str | Path) -> Device:
+    """The one preset of a user's TOML file (``--device my_gpu.toml``), in the format of
+    specs/devices.toml; its ``by_flops`` may name a shipped preset, whose curves it then shares."""
+    source = f"--device file {str(path)!r}"
+    if not Path(path).is_file():
+        raise AutoshardError(f"{source} does not exist: give a TOML file of one preset (specs/README.md), "
+                             f"or one of the presets {', '.join(sorted(PRESETS))}")
+    found = _read_presets(Path(path), source, PRESETS)
+    if len(found) != 1:
+        raise AutoshardError(f"{source} holds {len(found)} presets ({', '.join(found)}): give a file of one")
+    return next(iter(found.values()))
 
 
 PRESETS: dict[str, Device] = load_presets()
 
 
 def get_device(name: str | None) -> Device:
-    """The preset called ``name`` (None: the generic defaults)."""
+    """The preset called ``name``, or the one of the file ``name`` when it ends in ``.toml``
+    (None: the generic defaults)."""
     if name is None:
         return GENERIC
+    if name.endswith(".toml"):
+        return load_device_file(name)
     device = PRESETS.get(name.lower())
     if device is None:
         raise AutoshardError(f"--device {name!r} is not a preset: use one of {', '.join(sorted(PRESETS))}, "
-                             "or give --peak-flops/--memory-bandwidth/--bandwidth/--latency yourself")
+                             "a preset file (my_gpu.toml, see specs/README.md), or give "
+                             "--peak-flops/--memory-bandwidth/--bandwidth/--latency yourself")
     return device

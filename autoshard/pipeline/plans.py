@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from autoshard import specs
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.stages import Stage
@@ -48,21 +49,26 @@ class PipelinePlan:
 
     @staticmethod
     def from_json(data: dict, source: str = "plan file") -> "PipelinePlan":
-        """Inverse of :meth:`to_json`; a malformed file raises :class:`AutoshardError`."""
-        try:
-            head = data["pipeline"]
-            groups = [(list(g["devices"]), Plan.from_json(g["plan"], source)) for g in data["devices"]]
-            return PipelinePlan(Mesh.from_json(head["mesh"]), int(head["axis"]), head["schedule"],
-                                int(head["microbatches"]), int(head["virtual_stages"]),
-                                tuple(head["layers_per_stage"]), float(head["step_seconds"]),
-                                float(head["lower_bound_seconds"]), bool(head["proved"]), groups)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AutoshardError(f"{source} is not a pipelined plan ({exc!r}): re-create it with "
-                                 f"autoshard.solve --pipeline --out") from None
+        """Inverse of :meth:`to_json`; a malformed file (one that breaks specs/plan.schema.json, or whose
+        stage plans are malformed) raises :class:`AutoshardError` naming the field."""
+        if not isinstance(data, dict) or "pipeline" not in data:
+            raise AutoshardError(f"{source} is not a pipelined plan (it has no 'pipeline' field): re-create it "
+                                 f"with autoshard.solve --pipeline --out")
+        if wrong := specs.problem(data, specs.PLAN_SCHEMA):
+            raise AutoshardError(f"{source} is malformed ({wrong}): re-create it with autoshard.solve --pipeline --out")
+        head = data["pipeline"]
+        groups = [(list(g["devices"]), Plan.from_json(g["plan"], source)) for g in data["devices"]]
+        return PipelinePlan(Mesh.from_json(head["mesh"]), head["axis"], head["schedule"], head["microbatches"],
+                            head["virtual_stages"], tuple(head["layers_per_stage"]), float(head["step_seconds"]),
+                            float(head["lower_bound_seconds"]), head["proved"], groups)
 
     def save(self, path: str | Path) -> None:
-        """Write the plan as JSON."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        """Write the plan as JSON, checked against specs/plan.schema.json first (as :meth:`Plan.save`)."""
+        data = self.to_json()
+        if wrong := specs.problem(data, specs.PLAN_SCHEMA):
+            raise ValueError(f"the pipelined plan breaks specs/plan.schema.json ({wrong}): the writer and the "
+                             f"schema disagree")
+        Path(path).write_text(json.dumps(data, indent=1))
 
     @staticmethod
     def load(path: str | Path) -> "PipelinePlan":

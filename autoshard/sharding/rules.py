@@ -1,4 +1,4 @@
-"""Sharding rules: from an op's declared rule (``autoshard/sharding/ops.toml``) and its shapes to strategies.
+"""Sharding rules: from an op's declared rule (specs/ops.toml) and its shapes to strategies.
 
 Every rule is first *instantiated* against the node's concrete shapes into an
 :class:`OpInstance`: one index label per dim of every operand and of the output (``None`` for a
@@ -37,6 +37,7 @@ import tomllib
 from pathlib import Path
 from typing import Callable, Sequence
 
+from autoshard import specs
 from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, broadcast_labels, dims_of,
                                   elementwise_instance)
@@ -45,12 +46,9 @@ from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.sharding.spec import TensorSpec
 from autoshard.sharding.strategy import OpStrategy, divides, make_strategy
 
-SPECS_PATH = Path(__file__).with_name("ops.toml")
-"""The rules, shipped inside the package (package data)."""
-
 
 @functools.lru_cache(maxsize=None)
-def load_rules(path: Path = SPECS_PATH) -> dict[str, Rule]:
+def load_rules(path: Path = specs.OPS) -> dict[str, Rule]:
     """Read the rule table; group tables (with an ``ops`` list) expand to one rule per op."""
     with open(path, "rb") as f:
         data = tomllib.load(f)

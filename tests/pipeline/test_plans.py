@@ -56,6 +56,9 @@ def test_the_file_round_trips_and_malformed_files_are_one_line_errors(middle, tm
     data = json.loads(path.read_text())
     del data["pipeline"]["axis"]
     path.write_text(json.dumps(data))
+    with pytest.raises(AutoshardError, match=r"is malformed \(pipeline\.axis is missing\): re-create it"):
+        PipelinePlan.load(path)
+    path.write_text(json.dumps({"devices": []}))
     with pytest.raises(AutoshardError, match="is not a pipelined plan"):
         PipelinePlan.load(path)
     path.write_text("{")

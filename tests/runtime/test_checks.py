@@ -195,12 +195,13 @@ def test_a_layout_that_does_not_divide_its_tensor_is_refused() -> None:
 def test_malformed_plan_files_name_what_is_wrong(tmp_path: Path) -> None:
     plan = plans(traced("tiny_mlp"), "2x2", "training", 0)["megatron"]
     cases: dict[str, Callable[[dict], object]] = {
-        "missing key 'in_specs'": lambda d: d["nodes"][1].pop("in_specs"),
+        r"nodes\[1\]\.in_specs is missing": lambda d: d["nodes"][1].pop("in_specs"),
         "edge \\S+ names mesh axis 2, but mesh 2x2 has only axes 0-1":
             lambda d: _first(d["edges"], "steps")["steps"][0].update(axis=2),
-        "edge \\S+ has a step of unknown kind 'all_scatter'":
+        r"edges\[\d+\]\.steps\[0\]\.kind must be one of \[[^]]+\]":
             lambda d: _first(d["edges"], "steps")["steps"][0].update(kind="all_scatter"),
-        "mode 'train' is not one of inference, training": lambda d: d.update(mode="train"),
+        r"mode must be one of \['inference', 'training'\]": lambda d: d.update(mode="train"),
+        r"nodes\[1\]\.scale\[1\] must be bigger than or equal to 1": lambda d: d["nodes"][1].update(scale=[1, 0]),
     }
     path = tmp_path / "plan.json"
     for message, edit in cases.items():
