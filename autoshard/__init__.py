@@ -35,7 +35,7 @@ _EXPORTS = {
     "Mesh": "autoshard.sharding.mesh",
     "parse_mesh": "autoshard.sharding.mesh",
     "TensorSpec": "autoshard.sharding.spec",
-    "ShardingProblem": "autoshard.solver.problem",
+    "ShardingProblem": "autoshard.solver.model.problem",
     "AutoshardError": "autoshard.errors",
     "parallelize": "autoshard.runtime.executor",
     "ParallelModule": "autoshard.runtime.executor",

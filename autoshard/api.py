@@ -21,7 +21,7 @@ from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.errors import AutoshardError
 from autoshard.solver import InfeasibleError, Solution, SolveOptions, solve
-from autoshard.solver.memory import smallest_peak
+from autoshard.solver.core.rows import smallest_peak
 from autoshard.cost.units import format_bytes
 
 # Problems this small (total strategies over all nodes) go straight to the z3 loop, so its log

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from autoshard.errors import AutoshardError
-from autoshard.solver.iopddl import load_problem, parse_solution
-from autoshard.solver.milp import solve_problem_milp
+from autoshard.solver.model.iopddl import load_problem, parse_solution
+from autoshard.solver.engines.milp import solve_problem_milp
 
 SHARED = Path(os.environ.get("AUTOSHARD_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 """shared/ beside the repository (as CI has it), or AUTOSHARD_SHARED."""

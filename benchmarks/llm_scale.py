@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoshard.api import build_model_problem  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.solver.problem import ShardingProblem  # noqa: E402
+from autoshard.solver.model.problem import ShardingProblem  # noqa: E402
 from autoshard.solver import Improved, SolveOptions, solve  # noqa: E402
-from autoshard.solver.core import Core  # noqa: E402
-from autoshard.solver.memory import attach_memory  # noqa: E402
-from autoshard.solver.workers import EngineWorker  # noqa: E402
+from autoshard.solver.core.reduced import Core  # noqa: E402
+from autoshard.solver.core.rows import attach_memory  # noqa: E402
+from autoshard.solver.run.workers import EngineWorker  # noqa: E402
 from autoshard.cost.units import parse_bytes  # noqa: E402
 from benchmarks.models import BUILDERS  # noqa: E402
 

@@ -60,8 +60,8 @@ def test_no_module_imports_itself_through_others():
 
 def test_the_import_graph_sees_imports_at_every_level():
     graph = import_graph()
-    assert graph.has_edge("autoshard.solver.workers", "autoshard.solver.second_search")  # inside a function
-    assert graph.has_edge("autoshard.solver.api", "autoshard.solver.portfolio")  # at module level
+    assert graph.has_edge("autoshard.solver.run.workers", "autoshard.solver.search.turns")  # inside a function
+    assert graph.has_edge("autoshard.solver.api", "autoshard.solver.run.portfolio")  # at module level
 
 
 def test_no_module_is_over_the_line_limit():
@@ -73,3 +73,40 @@ def test_no_module_is_over_the_line_limit():
 def test_the_top_level_holds_packages_and_entry_points_only():
     modules = {f.stem for f in PACKAGE.glob("*.py")}
     assert modules == {"__init__", "api", "errors", "solve", "run", "train"}
+
+
+SOLVER = "autoshard.solver"
+SOLVER_LAYERS = {"model": set(), "procs": set(), "core": {"model", "procs"},
+                 "engines": {"model", "procs", "core"}, "bounds": {"model", "procs", "core", "engines"},
+                 "search": {"model", "procs", "core", "engines", "bounds"},
+                 "run": {"model", "procs", "core", "engines", "bounds", "search"}}
+"""Which of the solver's subpackages each may import: only those above it (solver/__init__.py)."""
+SOLVER_TOP = {"__init__", "api", "precompile"}
+
+
+def test_the_solver_is_subpackages_by_role_and_entry_points():
+    solver = PACKAGE / "solver"
+    assert {f.stem for f in solver.glob("*.py")} == SOLVER_TOP
+    assert {d.name for d in solver.iterdir() if (d / "__init__.py").exists()} == set(SOLVER_LAYERS)
+
+
+def test_each_solver_subpackage_imports_only_those_above_it():
+    graph = import_graph()
+    wrong = []
+    for source, target in graph.edges:
+        parts, into = source.split("."), target.split(".")
+        if source.startswith(SOLVER + ".") and len(parts) > 2 and parts[2] in SOLVER_LAYERS:
+            layer = parts[2]
+            if target.startswith(SOLVER + ".") and len(into) > 2 and into[2] != layer \
+                    and into[2] not in SOLVER_LAYERS[layer]:
+                wrong.append(f"{source} -> {target}")
+            elif not target.startswith(SOLVER + ".") and target.startswith("autoshard.") \
+                    and target != "autoshard.errors":
+                wrong.append(f"{source} -> {target}")
+    assert not wrong, f"solver imports against its layering: {sorted(wrong)}"
+
+
+def test_only_procs_forks():
+    forking = {str(f.relative_to(PACKAGE.parent)) for f in (PACKAGE / "solver").rglob("*.py")
+               if "os.fork(" in f.read_text() and f.parent.name != "procs"}
+    assert not forking, f"forks outside solver/procs: {forking}"

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from autoshard.cli.baseline import cost_text
 from autoshard.cli.progress import HEARTBEAT, EventView, failure_line
-from autoshard.solver.events import EngineFailed, Improved, Reduced, Event
+from autoshard.solver.model.events import EngineFailed, Improved, Reduced, Event
 
 SMALL_PLAN_ROWS = 40
 """``--tables auto`` prints every improving plan's table up to this many rows; above, one line each and the

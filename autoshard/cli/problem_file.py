@@ -26,11 +26,11 @@ from rich.live import Live
 from rich.text import Text
 
 from autoshard.errors import AutoshardError
-from autoshard.solver.iopddl import format_solution, load_problem, write_problem
+from autoshard.solver.model.iopddl import format_solution, load_problem, write_problem
 from autoshard.cli.process import is_cli_process
 from autoshard.cli.progress import HEARTBEAT, EventView, LogLines, failure_line, gap
 from autoshard.solver import Solution, SolveOptions, solve
-from autoshard.solver.events import Checked, EngineFailed, Event, Improved, Reduced, Started
+from autoshard.solver.model.events import Checked, EngineFailed, Event, Improved, Reduced, Started
 
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:

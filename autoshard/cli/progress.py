@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from autoshard.solver.events import (Checked, EngineFailed, Event, EventCallback, Finished, Improved, LowerBound,
+from autoshard.solver.model.events import (Checked, EngineFailed, Event, EventCallback, Finished, Improved, LowerBound,
                                      Phase, Reduced, Started)
 
 HEARTBEAT = 10.0

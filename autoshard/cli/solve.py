@@ -168,7 +168,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         budget_text = format_bytes(budget) if budget else ""
     p = mp.problem
     if args.write_problem:
-        from autoshard.solver.iopddl import write_problem
+        from autoshard.solver.model.iopddl import write_problem
         write_problem(p, args.write_problem)
     layers = find_repeated_layers(graph)
     if layers is not None:

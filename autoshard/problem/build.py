@@ -37,7 +37,7 @@ from autoshard.cost.memory import PRECISIONS, MemoryItem, microbatched_items, ou
 from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
-from autoshard.solver.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.strategy import OpStrategy

@@ -45,7 +45,7 @@ from autoshard.problem.candidates import Candidate
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import reshard_steps
 from autoshard.sharding.spec import TensorSpec
-from autoshard.solver.problem import FORBIDDEN
+from autoshard.solver.model.problem import FORBIDDEN
 
 
 class EdgePrices:

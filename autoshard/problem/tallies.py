@@ -15,7 +15,7 @@ from dataclasses import replace
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.recompute import Blocks
 from autoshard.problem.candidates import Candidate
-from autoshard.solver.problem import Tally
+from autoshard.solver.model.problem import Tally
 
 
 def recompute_tally(names: list[str], candidates: dict[str, Candidate], blocks: Blocks, life: Lifetimes,

@@ -9,15 +9,15 @@ Pipeline and where each part lives:
 
 1. ``reduce.reduce_core``: exact reductions (dominated/forbidden strategies, folding, functional
    merging with memory carried, degree-0/1/2 elimination of memory-free nodes, parallel edges);
-   ``memory.py`` puts the memory constraint on compressed rows. (Here, in ``_Run.run``.)
+   ``core/rows.py`` puts the memory constraint on compressed rows. (Here, in ``_Run.run``.)
 2. warm start on the core (``warm_start=True``, portfolio.py): without memory, exact variable
-   elimination when the core is narrow enough (eliminate.py) — done, proved. Otherwise a
-   minimum-memory plan polished by local search (heuristics.py), then exact engines in child
+   elimination when the core is narrow enough (elimination.py) — done, proved. Otherwise a
+   minimum-memory plan polished by local search (local_search.py), then exact engines in child
    processes, one per core (workers.py: toulbar2, HiGHS's MILP, a second Lagrangian search),
    chosen by what the core is, beside the LP bound and the Lagrangian relaxation of memory here.
 3. z3 CEGIS (cegis.py) on the core: "is there any plan with cost < best?"; each SAT is a better
    plan, UNSAT proves the best optimal. It gets the LP's (or TRW-S's) dual as a redundant cut
-   (cut.py), without which z3 rarely proves anything. When another method has proved the
+   (dual_cut.py), without which z3 rarely proves anything. When another method has proved the
    optimum, z3 is asked once more (``Z3Phases.certify``, cores of at most Z3_CERTIFY_MAX_TERMS
    literals) and its UNSAT is the proof shown; ``Solution.proof_times`` has both times.
 4. without a time limit, a core still unproved is solved as an ILP by HiGHS to a zero gap
@@ -42,16 +42,16 @@ import time
 import numpy as np
 
 from autoshard.errors import AutoshardError
-from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import Core
-from autoshard.solver.events import EventCallback, Reduced, Started
-from autoshard.solver.memory import attach_memory, smallest_peak
-from autoshard.solver.cegis import objective_size
-from autoshard.solver.portfolio import Portfolio
-from autoshard.solver.state import RunState
-from autoshard.solver.z3_phases import Z3Phases
-from autoshard.solver.reduce import NoAssignment, Size, reduce_core
-from autoshard.solver.solution import InfeasibleError, Solution, SolveOptions
+from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.model.events import EventCallback, Reduced, Started
+from autoshard.solver.core.rows import attach_memory, smallest_peak
+from autoshard.solver.engines.cegis import objective_size
+from autoshard.solver.run.portfolio import Portfolio
+from autoshard.solver.run.state import RunState
+from autoshard.solver.run.z3_phases import Z3Phases
+from autoshard.solver.core.reduce import NoAssignment, Size, reduce_core
+from autoshard.solver.model.solution import InfeasibleError, Solution, SolveOptions
 
 __all__ = ["InfeasibleError", "Solution", "SolveOptions", "solve"]
 

@@ -12,15 +12,15 @@ import time
 
 import numpy as np
 
-from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import FrozenCore, Core
-from autoshard.solver.evaluation import Expansion, FlatProblem
-from autoshard.solver.heuristics import Search
-from autoshard.solver.lagrange import LagrangianSearch
-from autoshard.solver.lns import NeighbourhoodSearch, node_costs, restrict
-from autoshard.solver.memory import attach_memory, drop_dominated_rows
-from autoshard.solver.reduce import reduce_core
-from autoshard.solver.trws import MessagePassing
+from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.core.reduced import FrozenCore, Core
+from autoshard.solver.core.evaluation import Expansion, FlatProblem
+from autoshard.solver.core.local_search import Search
+from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.search.lns import NeighbourhoodSearch, node_costs, restrict
+from autoshard.solver.core.rows import attach_memory, drop_dominated_rows
+from autoshard.solver.core.reduce import reduce_core
+from autoshard.solver.bounds.trws import MessagePassing
 
 
 def tiny_core() -> FrozenCore:

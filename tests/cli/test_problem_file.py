@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autoshard.solver.iopddl import load_problem, parse_solution, write_problem
+from autoshard.solver.model.iopddl import load_problem, parse_solution, write_problem
 from autoshard.cli.problem_file import Clock, ProblemDisplay, add_solver_arguments, launch_time, run, solve_options
 from autoshard.cli.progress import Heartbeat, LogLines
 from autoshard.cli.solve import main

@@ -220,7 +220,7 @@ def test_plans_whose_total_prints_the_same_share_one_line():
     from rich.console import Console
 
     from autoshard.cli.model_progress import ModelProgress
-    from autoshard.solver.events import Improved
+    from autoshard.solver.model.events import Improved
 
     out = io.StringIO()
     mp = SimpleNamespace(cost_model=SimpleNamespace(format=lambda t: f"{t // 1000} ms", unit="s"))

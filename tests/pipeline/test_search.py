@@ -11,7 +11,7 @@ from autoshard.pipeline.search import PipelineSearch, boundary_mismatches, searc
 from autoshard.pipeline.stages import cut
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
-from autoshard.solver.milp import solve_problem_milp
+from autoshard.solver.engines.milp import solve_problem_milp
 from autoshard.errors import AutoshardError
 from tests.pipeline.models import tiny_llama, traced
 

@@ -9,7 +9,7 @@ import pytest
 from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
 from autoshard.errors import AutoshardError
-from autoshard.solver.problem import FORBIDDEN
+from autoshard.solver.model.problem import FORBIDDEN
 from autoshard.frontend.graph import NodeKind
 from autoshard.lower.slapo import schedule_lines
 from autoshard.sharding.mesh import parse_mesh

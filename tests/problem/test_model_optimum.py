@@ -15,7 +15,7 @@ from scipy.sparse import lil_array
 from autoshard.api import build_model_problem, default_solve_options
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.solver.problem import ShardingProblem
+from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver import solve
 
 EXAMPLES = {}

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoshard.solver.problem import FORBIDDEN, ShardingProblem
-from autoshard.solver.core import FrozenCore, Core
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.reduce import NoAssignment, reduce_core
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.core.reduced import FrozenCore, Core
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.core.reduce import NoAssignment, reduce_core
 
 SHARED = Path(os.environ.get("AUTOSHARD_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
 """The shared/ folder beside the repository (CI clones the repository with shared/ beside it);

@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core import FrozenCore
-from autoshard.solver.cut import DualCut
-from autoshard.solver.lagrange import LagrangianSearch, deflected
-from autoshard.solver.relax import lp_bound
-from autoshard.solver.trws import safe_bound
+from autoshard.solver.core.reduced import FrozenCore
+from autoshard.solver.core.dual_cut import DualCut
+from autoshard.solver.bounds.lagrangian import LagrangianSearch, deflected
+from autoshard.solver.bounds.lp import lp_bound
+from autoshard.solver.core.certify import safe_bound
 
 from tests.solver.helpers import core_of
 

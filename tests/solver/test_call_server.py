@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from autoshard.solver.call_server import CallServer
-from autoshard.solver.core import Core
+from autoshard.solver.procs.call_server import CallServer
+from autoshard.solver.core.reduced import Core
 
 from tests.solver.helpers import random_problem
 

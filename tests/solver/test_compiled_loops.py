@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core import INF, FrozenCore, Core, views
-from autoshard.solver.heuristics import Search
-from autoshard.solver.lagrange import LagrangianSearch
-from autoshard.solver.lns import node_costs
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.trws import _CAP, MessagePassing
+from autoshard.solver.core.reduced import INF, FrozenCore, Core, views
+from autoshard.solver.core.local_search import Search
+from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.search.lns import node_costs
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.bounds.trws import _CAP, MessagePassing
 
 from tests.solver.helpers import random_problem
 

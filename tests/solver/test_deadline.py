@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autoshard.solver.iopddl import load_problem, problem_from_json
+from autoshard.solver.model.iopddl import load_problem, problem_from_json
 from autoshard.solver import SolveOptions, solve
 
 from tests.solver.helpers import EXAMPLE, large_problem, needs_shared

@@ -8,10 +8,10 @@ import itertools
 
 import numpy as np
 
-from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import INF, Core
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.reduce import _SAFE, prune_dominated
+from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.core.reduced import INF, Core
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.core.reduce import _SAFE, prune_dominated
 
 from tests.solver.helpers import random_problem
 

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from autoshard.solver.core import FrozenCore, Core
-from autoshard.solver.engine_events import EngineEvent, ToulbarText, receive, send
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.toulbar import can_take, knapsack_rows, solve_penalised
-from autoshard.solver.forks import call_forked
-from autoshard.solver.workers import EngineWorker
+from autoshard.solver.core.reduced import FrozenCore, Core
+from autoshard.solver.procs.engine_events import EngineEvent, ToulbarText, receive, send
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.engines.toulbar import can_take, knapsack_rows, solve_penalised
+from autoshard.solver.procs.forks import call_forked
+from autoshard.solver.run.workers import EngineWorker
 
 from tests.solver.helpers import core_of, infeasible_beyond_the_smallest_peak_bound, optimum, random_problem
 
@@ -181,9 +181,9 @@ def test_a_forked_call_returns_its_value_and_is_abandoned_at_its_deadline():
 def test_a_relaxation_is_stopped_once_its_plans_cost_less_than_the_lower_bound():
     """toulbar2 without memory rows reports plans that need not fit; once one costs less than the
     proven lower bound, none it could still report fits, and the portfolio stops it."""
-    from autoshard.solver.engine_pool import EnginePool
-    from autoshard.solver.solution import SolveOptions
-    from autoshard.solver.state import RunState
+    from autoshard.solver.run.engine_pool import EnginePool
+    from autoshard.solver.model.solution import SolveOptions
+    from autoshard.solver.run.state import RunState
 
     checked = 0
     for seed in range(40):
@@ -240,7 +240,7 @@ def test_events_cross_the_pipe_typed_and_a_cut_frame_ends_the_stream():
 
 
 def test_a_core_whose_tables_would_not_fit_is_not_given_to_toulbar2(monkeypatch):
-    from autoshard.solver import toulbar
+    from autoshard.solver.engines import toulbar
 
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and can_take(c))
     entries = toulbar.table_entries(comp)
@@ -250,7 +250,7 @@ def test_a_core_whose_tables_would_not_fit_is_not_given_to_toulbar2(monkeypatch)
 
 
 def test_frozen_arrays_store_each_distinct_matrix_once_and_cost_the_same(monkeypatch):
-    from autoshard.solver import core
+    from autoshard.solver.core import reduced as core
 
     monkeypatch.setattr(core, "POOLED_ENTRIES", 1)  # these cores' matrices are small: pool them all
     comp = next(c for c in map(core_of, range(40)) if c is not None and len(c.edges) >= 2)

@@ -10,13 +10,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from autoshard.errors import AutoshardError
-from autoshard.solver.problem import FORBIDDEN, ShardingProblem
-from autoshard.solver.core import Core
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.core.reduced import Core
 from autoshard.solver.api import solve
-from autoshard.solver.evaluation import Expansion, FlatProblem
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.reduce import NoAssignment, reduce_core
-from autoshard.solver.solution import SolveOptions
+from autoshard.solver.core.evaluation import Expansion, FlatProblem
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.core.reduce import NoAssignment, reduce_core
+from autoshard.solver.model.solution import SolveOptions
 
 from tests.solver.helpers import large_problem, random_problem
 

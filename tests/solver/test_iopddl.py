@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.errors import AutoshardError
-from autoshard.solver.iopddl import format_solution, load_problem, parse_solution, problem_from_json, write_problem
-from autoshard.solver.problem import FORBIDDEN
+from autoshard.solver.model.iopddl import format_solution, load_problem, parse_solution, problem_from_json, write_problem
+from autoshard.solver.model.problem import FORBIDDEN
 
 from tests.solver.helpers import EXAMPLE, needs_shared, random_problem
 

@@ -9,15 +9,15 @@ import types
 import numpy as np
 import pytest
 
-from autoshard.solver.core import Core
-from autoshard.solver.heuristics import Search, min_memory_start
-import autoshard.solver.lns as lns_module
-import autoshard.solver.shares as shares_module
-from autoshard.solver.lns import NeighbourhoodSearch, restrict
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.milp import solve_core_milp
-from autoshard.solver.solution import SolveOptions
-from autoshard.solver.toulbar import improve
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.core.local_search import Search, min_memory_start
+import autoshard.solver.search.lns as lns_module
+import autoshard.solver.search.time_shares as shares_module
+from autoshard.solver.search.lns import NeighbourhoodSearch, restrict
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.engines.milp import solve_core_milp
+from autoshard.solver.model.solution import SolveOptions
+from autoshard.solver.engines.toulbar import improve
 
 from tests.solver.helpers import random_problem
 
@@ -84,12 +84,12 @@ def test_lns_hands_over_each_better_plan_and_stops_when_told(seed):
 
 def stalled_of(problem, options):
     """What a run on ``problem`` hands over to when its Lagrangian plans stall (nothing reduced or started)."""
-    from autoshard.solver.core import Core
-    from autoshard.solver.engine_pool import EnginePool
-    from autoshard.solver.lagrange import LagrangianSearch
-    from autoshard.solver.memory import attach_memory
-    from autoshard.solver.stalled import StalledSearch
-    from autoshard.solver.state import RunState
+    from autoshard.solver.core.reduced import Core
+    from autoshard.solver.run.engine_pool import EnginePool
+    from autoshard.solver.bounds.lagrangian import LagrangianSearch
+    from autoshard.solver.core.rows import attach_memory
+    from autoshard.solver.run.handover import StalledSearch
+    from autoshard.solver.run.state import RunState
 
     state = RunState(problem, options, lambda event: None)
     core = Core(problem)
@@ -102,7 +102,7 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
     """The rule for handing over: a slice of neighbourhood search after LNS_AFTER_STEPS Lagrangian
     steps and twenty steps' time without a plan of its own, at once while the last slice paid,
     never without a plan; a better plan from another engine does not put it off."""
-    from autoshard.solver.stalled import LNS_AFTER_STEPS
+    from autoshard.solver.run.handover import LNS_AFTER_STEPS
 
     stalled = stalled_of(random_problem(np.random.default_rng(0), 6), SolveOptions())
     now = time.monotonic()
@@ -123,7 +123,7 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
 def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_plan():
     """Slow steps (IOPDDL R: 1.5 s each) must not hold neighbourhood search off for thirty of
     them: LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit without a plan suffice."""
-    from autoshard.solver.stalled import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE
+    from autoshard.solver.run.handover import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE
 
     problem = random_problem(np.random.default_rng(0), 6)
     limit = 100.0

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoshard.solver.core import INF, FrozenCore
-from autoshard.solver.milp import solve_core_milp
+from autoshard.solver.core.reduced import INF, FrozenCore
+from autoshard.solver.engines.milp import solve_core_milp
 from tests.solver.helpers import core_of, optimum
 
 

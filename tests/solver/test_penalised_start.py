@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from autoshard.solver.problem import FORBIDDEN, ShardingProblem
-from autoshard.solver.core import Core
-from autoshard.solver.heuristics import Search, min_memory_start
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.penalised_start import weighted_start
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.core.local_search import Search, min_memory_start
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.search.penalised_start import weighted_start
 
 from tests.solver.helpers import brute_force, random_problem
 

@@ -7,15 +7,15 @@ import itertools
 
 import numpy as np
 
-from autoshard.solver.core import INF, Core, FrozenCore
-from autoshard.solver.engine_pool import EnginePool
-from autoshard.solver.memory import attach_memory
-from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.pruning import PrunedProof, allowed_strategies
-from autoshard.solver.solution import SolveOptions
-from autoshard.solver.state import RunState
-from autoshard.solver.toulbar import prove_among
-from autoshard.solver.trws import MessagePassing
+from autoshard.solver.core.reduced import INF, Core, FrozenCore
+from autoshard.solver.run.engine_pool import EnginePool
+from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.run.pruning import PrunedProof, allowed_strategies
+from autoshard.solver.model.solution import SolveOptions
+from autoshard.solver.run.state import RunState
+from autoshard.solver.engines.toulbar import prove_among
+from autoshard.solver.bounds.trws import MessagePassing
 from tests.solver.helpers import random_problem
 
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import Core
-from autoshard.solver.memory import attach_memory, compress_rows, smallest_peak
-from autoshard.solver.reduce import NoAssignment, reduce_core
+from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.core.rows import attach_memory, compress_rows, smallest_peak
+from autoshard.solver.core.reduce import NoAssignment, reduce_core
 
 from tests.solver.helpers import brute_force, random_problem
 
@@ -159,7 +159,7 @@ def test_repeated_blocks_reuse_reductions_and_stay_exact(monkeypatch):
     """The memo (reduce.Memo) answers the copies' dominance tests from an earlier copy's (over
     these seeds: fewer computed than asked); reduce + brute-force core + expand still equals
     brute force on the whole."""
-    import autoshard.solver.reduce as reduce
+    import autoshard.solver.core.reduce as reduce
 
     computed, asked = [], []
     undominated, prune = reduce._undominated, reduce.prune_dominated

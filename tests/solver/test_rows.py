@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.problem import ShardingProblem
-from autoshard.solver.core import Core
-from autoshard.solver.memory import attach_memory, compress_rows, drop_dominated_rows, merge_rows
+from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.core.rows import attach_memory, compress_rows, drop_dominated_rows, merge_rows
 
 from tests.solver.helpers import random_problem
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.iopddl import load_problem
-from autoshard.solver.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.model.iopddl import load_problem
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver import Checked, EngineFailed, Finished, Improved, InfeasibleError, LowerBound, SolveOptions, solve
-from autoshard.solver.engine_pool import EnginePool
-from autoshard.solver.milp import solve_problem_milp
+from autoshard.solver.run.engine_pool import EnginePool
+from autoshard.solver.engines.milp import solve_problem_milp
 
 from tests.solver.helpers import EXAMPLE, brute_force, infeasible_beyond_the_smallest_peak_bound, needs_shared, random_problem
 
@@ -175,7 +175,7 @@ def test_huge_costs_and_usages_stay_exact():
 
 @pytest.mark.parametrize("seed", [204, 226])
 def test_untimed_solve_proves_by_exact_ilp_when_z3_cannot_take_the_core(seed, monkeypatch):
-    import autoshard.solver.z3_phases as z3_phases
+    import autoshard.solver.run.z3_phases as z3_phases
 
     monkeypatch.setattr(z3_phases, "Z3_MAX_TERMS", -1)  # z3 refuses the core, as it does cores too large to encode
     problem = larger_problem(seed)
@@ -186,12 +186,12 @@ def test_untimed_solve_proves_by_exact_ilp_when_z3_cannot_take_the_core(seed, mo
 
 
 def test_a_failing_engine_is_reported_and_the_search_goes_on_without_it(monkeypatch):
-    import autoshard.solver.second_search as second_search
+    import autoshard.solver.search.turns as turns
 
     def broken(*args: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(second_search, "run", broken)  # the forked child runs this
+    monkeypatch.setattr(turns, "run", broken)  # the forked child runs this
     problem = larger_problem(204)  # memory rows: the second Lagrangian search takes a processor
     events: list[object] = []
     solution = solve(problem, SolveOptions(timeout=3.0, prove=False, toulbar=False), on_event=events.append)
@@ -223,8 +223,8 @@ def test_memory_rows_too_large_for_toulbar2_leave_it_the_core_without_them(seed,
     """With rows too large for toulbar2 and an ILP too large for HiGHS, toulbar2 still searches
     the core without its rows first (LLaMA-3-8B on 2x8 at 80 GiB: its optimum fits, so it proves),
     the second Lagrangian search after it."""
-    import autoshard.solver.portfolio as portfolio
-    import autoshard.solver.toulbar as toulbar
+    import autoshard.solver.run.portfolio as portfolio
+    import autoshard.solver.engines.toulbar as toulbar
 
     monkeypatch.setattr(toulbar, "MAX_ROW_TERMS", 0)
     monkeypatch.setattr(portfolio, "MILP_MAX_COLUMNS", 0)

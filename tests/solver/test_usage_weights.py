@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.heuristics import segment_index
-from autoshard.solver.usage_weights import NEAR, STEP, UsageWeights, bisect, broken_nodes, can_overflow, node_peaks
+from autoshard.solver.core.local_search import segment_index
+from autoshard.solver.search.usage_weights import NEAR, STEP, UsageWeights, bisect, broken_nodes, can_overflow, node_peaks
 from tests.solver.helpers import core_of
 
 

@@ -1,0 +1,237 @@
+"""The Lagrangian dual of the memory rows by column generation (Dantzig-Wolfe), and branching
+on tallies under it.
+
+The master LP mixes a pool of plans x_1..x_m (any plans, fitting or not):
+
+    min  sum_j w_j cost(x_j)
+    s.t. sum_j w_j usage_r(x_j) <= capacity_r          every memory row r        (duals lam_r >= 0)
+         sum_j w_j K_t(x_j) <= k  or  >= k            the count rows of a branch (duals mu >= 0)
+         sum_j w_j = 1,  w >= 0
+
+with one artificial plan (no usage, counts inside the branch, twice the dearest cost) that keeps
+it feasible. Its duals price a new plan: TRW-S on the core with every strategy's cost raised by
+lam . usage (and by +-mu on a branch's marked strategies, problem.Tally), whose dual value gives
+
+    L(lam, mu) = min_x cost(x) + lam . (usage(x) - capacity) + sum_b mu_b (K_b(x) - k_b) s_b
+
+a lower bound on every fitting plan of the branch for any lam, mu >= 0 (weak duality; s_b = +1
+for K <= k, -1 for K >= k). TRW-S's primal, polished by local search under the same penalties,
+joins the pool. The duals are smoothed towards the multipliers of the best bound so far
+(Wentges): lam <- a lam_best + (1 - a) lam_master. The search ends when the bound meets the
+master's value (the dual is solved over the pool), when it stalls, or at its deadline.
+
+Why: lagrangian.py's subgradient steps crawl once hundreds of rows carry weight (measured: see
+benchmarks/README.md, "Column generation for the memory rows"); the master LP finds the
+multipliers of every row at once, in a few dozen pricing steps.
+
+``dive`` then branches as branching.dive does, on the most fractional count of the master's mix:
+each child's bound comes from its own column generation (the pool is shared: a plan is a
+column in every branch); a child whose bound reaches the cheapest known plan is closed, and the
+dive goes on while exactly one child stays open.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from scipy.optimize import linprog
+
+from autoshard.solver.core.reduced import INF, FrozenCore
+from autoshard.solver.core.local_search import Search
+from autoshard.solver.bounds.lagrangian import row_penalties
+from autoshard.solver.core.branching import most_fractional
+from autoshard.solver.bounds.trws import MessagePassing
+from autoshard.solver.core.certify import safe_bound
+
+SMOOTHING = 0.5
+"""Wentges' weight a of the best multipliers so far in each pricing step's multipliers."""
+SWEEPS = 3
+"""TRW-S sweeps per pricing step (the messages carry over between steps)."""
+POLISH_SECONDS = 0.3
+"""Longest local search on a priced plan under the penalties."""
+SOLVED = 1e-5
+"""Relative distance between the master's value and the bound at which the dual counts as solved."""
+STALL = 15
+"""Pricing steps in a row without a better bound after which a branch's search stops."""
+
+
+@dataclass(frozen=True)
+class Branch:
+    """``K_t <= k`` (``sense`` +1) or ``K_t >= k`` (``sense`` -1) for tally ``t``."""
+
+    tally: int
+    sense: int
+    k: int
+
+
+@dataclass
+class HullResult:
+    """A certified lower bound on the fitting plans of the branches searched (None before the
+    first pricing step), the master's value, and its mix's count per tally."""
+
+    bound: int | None
+    master: float | None
+    counts: list[float] = field(default_factory=list)
+
+
+class ColumnGeneration:
+    """The master LP over a shared pool of plans and TRW-S pricing (module docstring)."""
+
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, offer: Callable[[np.ndarray], object],
+                 messages: MessagePassing | None = None, centre: np.ndarray | None = None,
+                 between: Callable[[], bool] = lambda: False) -> None:
+        """``offer`` hears every priced plan that fits; ``messages``: TRW-S's (warm) state to go on
+        from; ``centre``: multipliers to smooth towards before any bound is known; ``between``
+        runs after each pricing step and stops the search when it returns True."""
+        assert comp.capacity is not None
+        self.comp, self.rng, self.offer, self.between = comp, rng, offer, between
+        self.mp = messages if messages is not None else MessagePassing(comp)
+        self.capacity = comp.capacity.astype(np.float64)
+        self.centre = np.zeros(len(self.capacity)) if centre is None else np.asarray(centre, dtype=np.float64)
+        self.marked = [np.asarray([comp.arrays.c_off[node] + s for node, m in tally for s in m], dtype=np.int64)
+                       for tally in comp.tallies]
+        self.costs: list[float] = []
+        self.usages: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+
+    def add(self, x: np.ndarray) -> None:
+        """Put plan ``x`` into the pool (unless it uses a forbidden strategy or pair)."""
+        x = np.asarray(x, dtype=np.int64)
+        cost = self.comp.cost(x)
+        if cost >= INF:
+            return
+        self.costs.append(float(cost))
+        self.usages.append(self.comp.profile(x).astype(np.float64))
+        flat = self.comp.arrays.c_off[:-1] + x
+        self.counts.append(np.array([np.isin(m, flat).sum() for m in self.marked], dtype=np.float64))
+
+    def search(self, branches: list[Branch], deadline: float) -> HullResult:
+        """Price plans for ``branches`` until the dual is solved, stalls, or ``deadline``."""
+        best = HullResult(None, None)
+        lam_best, mu_best = self.centre, np.zeros(len(branches))
+        stale = 0
+        while time.monotonic() < deadline and stale < STALL:
+            master = self._master(branches)
+            if master is None:
+                break
+            value, lam_m, mu_m, counts = master
+            a = SMOOTHING if best.bound is not None else 0.5 * SMOOTHING  # an untried centre counts less
+            lam, mu = a * lam_best + (1 - a) * lam_m, a * mu_best + (1 - a) * mu_m
+            priced = self._price(branches, lam, mu, deadline)
+            if priced is None:
+                break
+            bound, x = priced
+            self.add(x)
+            if best.bound is None or bound > best.bound:
+                best.bound, stale = bound, 0
+                lam_best, mu_best = lam, mu
+                if not branches:
+                    self.centre = lam
+            else:
+                stale += 1
+            best.master, best.counts = value, counts
+            if value - best.bound <= SOLVED * abs(value) or self.between():
+                break
+        return best
+
+    def _master(self, branches: list[Branch]) -> tuple[float, np.ndarray, np.ndarray, list[float]] | None:
+        """Solve the master LP: its value, the memory rows' and branch rows' duals (>= 0, in cost
+        per unit) and the mix's counts; None when HiGHS gives no optimum."""
+        if not self.costs:
+            return None
+        scale_cost = max(abs(c) for c in self.costs) or 1.0
+        scale_use = float(self.capacity.max()) or 1.0
+        artificial = np.array([2.0 * scale_cost])
+        cost = np.concatenate([np.array(self.costs), artificial]) / scale_cost
+        use = np.column_stack(self.usages + [np.zeros(len(self.capacity))]) / scale_use
+        rows, rhs = [use], [self.capacity / scale_use]
+        tallies = np.column_stack(self.counts) if self.counts[0].size else np.zeros((0, len(self.costs)))
+        for b in branches:  # sense * K <= sense * k
+            counts = np.append(tallies[b.tally], b.k)
+            rows.append(b.sense * counts[None, :])
+            rhs.append(np.array([b.sense * b.k], dtype=np.float64))
+        res = linprog(cost, A_ub=np.vstack(rows), b_ub=np.concatenate(rhs), A_eq=np.ones((1, len(cost))),
+                      b_eq=[1.0], bounds=(0, None), method="highs")
+        if res.status != 0:
+            return None
+        duals = -np.asarray(res.ineqlin.marginals) * scale_cost
+        lam = np.maximum(duals[: len(self.capacity)] / scale_use, 0.0)
+        mu = np.maximum(duals[len(self.capacity):], 0.0)
+        w = res.x[:-1]
+        counts = [float(w @ tallies[t]) for t in range(len(self.marked))]
+        return float(res.fun) * scale_cost, lam, mu, counts
+
+    def _price(self, branches: list[Branch], lam: np.ndarray, mu: np.ndarray,
+               deadline: float) -> tuple[int, np.ndarray] | None:
+        """TRW-S on the penalised core: the certified L(lam, mu) and its polished primal; None
+        when cut short at ``deadline``."""
+        penalty = row_penalties(self.comp, lam)
+        offset, scale = -float(lam @ self.capacity), float(np.abs(lam * self.capacity).sum())
+        for b, m in zip(branches, mu):
+            penalty[self.marked[b.tally]] += b.sense * m
+            offset -= b.sense * m * b.k
+            scale += abs(m * b.k)
+        for _ in range(SWEEPS):
+            if not self.mp.sweep(penalty, deadline):
+                return None
+        value, magnitude = self.mp.bound(penalty)
+        bound = safe_bound(value + offset, magnitude + scale)
+        polish = Search(self.comp, self.mp.primal(penalty), self.rng, penalty=penalty)
+        polish.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
+        if self.comp.is_feasible(polish.x):
+            self.offer(polish.x)
+        return bound, polish.x
+
+
+@dataclass
+class Dive:
+    """Where the dive ended: the branches every plan cheaper than the known one lies in, a
+    certified bound on those plans, and ``closed`` when there are none."""
+
+    branches: list[Branch] = field(default_factory=list)
+    bound: int | None = None
+    closed: bool = False
+
+
+def dive(generation: ColumnGeneration, known: Callable[[], int | None], deadline: float) -> Dive:
+    """Column generation at the root, then branching on the most fractional count while exactly
+    one child stays open (module docstring); ``known``: the cheapest plan's cost as it stands.
+    Each branch gets an equal share of the time left, the root twice that."""
+    result = Dive()
+    root = generation.search([], _share(deadline, 3))
+    if root.bound is None:
+        return result
+    result.bound, counts = root.bound, root.counts
+    while time.monotonic() < deadline and not generation.between():
+        t = most_fractional(counts)
+        if t is None:
+            break
+        children = [result.branches + [Branch(t, 1, math.floor(counts[t]))],
+                    result.branches + [Branch(t, -1, math.ceil(counts[t]))]]
+        found = []
+        for i, branches in enumerate(children):
+            child = generation.search(branches, _share(deadline, 2 - i))
+            if child.bound is None:
+                return result  # out of time: the dive so far stands
+            found.append(child)
+        cheapest = known()
+        open_children = [i for i, c in enumerate(found) if cheapest is None or c.bound < cheapest]
+        if len(open_children) != 1:
+            result.bound = max(result.bound, min(c.bound for c in found))
+            result.closed = not open_children
+            break
+        kept = open_children[0]
+        result.branches = children[kept]
+        result.bound = max(result.bound, found[kept].bound)
+        counts = found[kept].counts
+    return result
+
+
+def _share(deadline: float, parts: int) -> float:
+    """The moment 1/``parts`` of the time left to ``deadline`` has passed."""
+    now = time.monotonic()
+    return now + max(0.0, deadline - now) / max(1, parts)

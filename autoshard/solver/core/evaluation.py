@@ -1,0 +1,176 @@
+"""Compiled exact evaluation of core plans on the original problem: what every ``offer`` pays.
+
+A plan found on the reduced core is reported only after it has been expanded to every original
+node (the reductions' records, replayed backwards) and evaluated on the original problem (cost,
+forbidden terms, peak memory). In Python both walk every original node and edge for each better
+plan, which on large problems costs more than neighbourhood search takes to find one (measured:
+see benchmarks/README.md, "Solver throughput"). Here both are loops over flat arrays built once:
+
+- ``Expansion``: the records as flat arrays; a removed node's strategy is its table entry at the
+  positions of its scope's strategies in the snapshots taken when it was removed.
+- ``FlatProblem``: node costs, edge matrices and memory intervals flat; the cost is exact in
+  int64 while no term is forbidden and the sum stays below 2**62, else ``ShardingProblem.evaluate``
+  decides (Python ints); the peak is the largest prefix sum of usage changes on the sorted times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from autoshard.solver.model.problem import FORBIDDEN, Evaluation, ShardingProblem
+from autoshard.solver.core.reduced import Core, flat, offsets
+
+
+def _flat(arrays: list[np.ndarray]) -> np.ndarray:
+    """The arrays raveled and joined as int64 (``core.flat`` of their raveled views)."""
+    return flat([np.ravel(a) for a in arrays])
+
+
+@dataclass
+class Expansion:
+    """``Core.expand`` over flat arrays: the alive nodes' original strategies, then the records
+    (last first), each with its scope, the scope's snapshots and its table (row-major)."""
+
+    num_original: int
+    nodes: np.ndarray  # the alive nodes, in the order of the plans' entries
+    strat_off: np.ndarray  # alive node a's original strategies: strats[strat_off[a]:strat_off[a+1]]
+    strats: np.ndarray
+    rec_node: np.ndarray
+    scope_off: np.ndarray  # record r's scope: scope[scope_off[r]:scope_off[r+1]], each with a snapshot
+    scope: np.ndarray
+    snap_off: np.ndarray  # scope entry q's snapshot: snaps[snap_off[q]:snap_off[q+1]]
+    snaps: np.ndarray
+    table_off: np.ndarray
+    tables: np.ndarray
+
+    @classmethod
+    def of(cls, core: Core, nodes: list[int]) -> Expansion:
+        """The expansion of ``core``'s records, for plans over the alive ``nodes`` (in this order)."""
+        records = core.records
+        scopes = [rec.scope for rec in records]
+        snapshots = [snap for rec in records for snap in rec.snapshots]
+        return cls(
+            num_original=core.num_original,
+            nodes=np.array(nodes, dtype=np.int64),
+            strat_off=offsets([len(core.strategies[v]) for v in nodes]),
+            strats=_flat([core.strategies[v] for v in nodes]),
+            rec_node=np.array([rec.node for rec in records], dtype=np.int64),
+            scope_off=offsets([len(s) for s in scopes]),
+            scope=np.array([u for s in scopes for u in s], dtype=np.int64),
+            snap_off=offsets([len(s) for s in snapshots]),
+            snaps=_flat(snapshots),
+            table_off=offsets([rec.table.size for rec in records]),
+            tables=_flat([rec.table for rec in records]),
+        )
+
+    def expand(self, local: np.ndarray) -> np.ndarray:
+        """Original strategy of every original node, from the alive nodes' local strategies."""
+        return _expand(self.nodes, np.asarray(local, dtype=np.int64), self.num_original,
+                       self.strat_off, self.strats, self.rec_node, self.scope_off, self.scope, self.snap_off,
+                       self.snaps, self.table_off, self.tables)
+
+
+@njit(cache=True)
+def _expand(nodes, local, n, strat_off, strats, rec_node, scope_off, scope, snap_off, snaps,
+            table_off, tables):  # pragma: no cover
+    """``Expansion.expand``: records replayed last first, each table read at its scope's positions
+    (the strides are the later snapshots' lengths, row-major)."""
+    choice = np.full(n, -1, dtype=np.int64)
+    for a in range(len(nodes)):
+        choice[nodes[a]] = strats[strat_off[a] + local[a]]
+    for r in range(len(rec_node) - 1, -1, -1):
+        flat = 0
+        for q in range(scope_off[r], scope_off[r + 1]):
+            snap = snaps[snap_off[q]:snap_off[q + 1]]
+            flat = flat * len(snap) + np.searchsorted(snap, choice[scope[q]])
+        choice[rec_node[r]] = tables[table_off[r] + flat]
+    return choice
+
+
+@dataclass
+class FlatProblem:
+    """A ShardingProblem's costs, edges and memory intervals as flat arrays, for ``evaluate``."""
+
+    problem: ShardingProblem
+    k: np.ndarray  # strategies per node
+    c_off: np.ndarray
+    costs: np.ndarray
+    eu: np.ndarray
+    ev: np.ndarray
+    m_off: np.ndarray
+    mats: np.ndarray
+    usages: np.ndarray  # node i's at c_off[i], like its costs
+    t_start: np.ndarray  # each node's interval as positions in the sorted distinct times
+    t_end: np.ndarray
+    times: int
+    compiled: bool  # every array signed integer, no usage sum past int64; else Python evaluates
+
+    @classmethod
+    def of(cls, problem: ShardingProblem) -> FlatProblem:
+        """Flatten ``problem`` (once per solve, at the first offer)."""
+        k = np.array([len(c) for c in problem.node_costs], dtype=np.int64)
+        bounds = np.array(problem.intervals, dtype=np.int64).reshape(-1, 2)
+        live = bounds[:, 0] < bounds[:, 1]  # an empty interval holds no memory
+        times = np.unique(bounds[live])
+        t_start = np.where(live, np.searchsorted(times, bounds[:, 0]), 0).astype(np.int64)
+        t_end = np.where(live, np.searchsorted(times, bounds[:, 1]), 0).astype(np.int64)
+        edges = np.array(problem.edges, dtype=np.int64).reshape(-1, 2)
+        arrays = [*problem.node_costs, *problem.node_usages, *problem.edge_costs]
+        compiled = all(np.asarray(a).dtype.kind == "i" for a in arrays)
+        if compiled:  # no usage sum past int64 (at most each node's largest usage at once)
+            compiled = sum(int(np.max(u, initial=0)) for u in problem.node_usages) < 2**62
+        pick = _flat if compiled else (lambda arrays: np.zeros(0, dtype=np.int64))
+        return cls(
+            problem=problem, k=k, c_off=offsets(k), costs=pick(problem.node_costs),
+            eu=edges[:, 0].copy(), ev=edges[:, 1].copy(), m_off=offsets([m.size for m in problem.edge_costs]),
+            mats=pick(problem.edge_costs), usages=pick(problem.node_usages),
+            t_start=t_start, t_end=t_end, times=len(times), compiled=compiled,
+        )
+
+    def evaluate(self, choice: np.ndarray) -> Evaluation:
+        """``ShardingProblem.evaluate(choice)``, the same answer, compiled where int64 is exact."""
+        choice = np.asarray(choice, dtype=np.int64)
+        valid = len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all())
+        if not (self.compiled and valid):
+            return self.problem.evaluate(choice.tolist())  # for an invalid choice: its one-line error
+        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.eu, self.ev, self.k, self.m_off,
+                                       self.mats, self.usages, self.t_start, self.t_end, self.times)
+        if not exact:
+            return self.problem.evaluate(choice.tolist())
+        limit = self.problem.usage_limit
+        return Evaluation(cost=int(total), peak=int(peak), uses_forbidden=False,
+                          within_limit=limit is None or peak <= limit)
+
+
+@njit(cache=True)
+def _evaluate(choice, c_off, costs, eu, ev, k, m_off, mats, usages, t_start, t_end, times):  # pragma: no cover
+    """Cost, whether it is exact (no forbidden term, the sum below 2**62: every term is below
+    FORBIDDEN < 2**60, so no addition overflows before the check), and peak memory."""
+    total = 0
+    for i in range(len(choice)):
+        term = costs[c_off[i] + choice[i]]
+        if term >= FORBIDDEN or total >= 2**62:
+            return 0, False, 0
+        total += term
+    for e in range(len(eu)):
+        term = mats[m_off[e] + choice[eu[e]] * k[ev[e]] + choice[ev[e]]]
+        if term >= FORBIDDEN or total >= 2**62:
+            return 0, False, 0
+        total += term
+    if total >= 2**62:
+        return 0, False, 0
+    change = np.zeros(times + 1, dtype=np.int64)
+    for i in range(len(choice)):
+        if t_start[i] < t_end[i]:
+            use = usages[c_off[i] + choice[i]]
+            change[t_start[i]] += use
+            change[t_end[i]] -= use
+    peak = level = 0
+    for t in range(times):
+        level += change[t]
+        if level > peak:
+            peak = level
+    return total, True, peak

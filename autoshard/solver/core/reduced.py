@@ -1,0 +1,385 @@
+"""The working copy of a problem that reductions shrink, and the frozen core the solvers read.
+
+``Core`` holds, for the nodes still undecided: the cost vector over the strategies still allowed,
+which original strategy each local index stands for, the pairwise cost matrices, and the memory
+*segments* (row range, usage vector) the node is responsible for on the compressed time axis (a
+node that absorbed another one carries that node's memory too). Every reduction appends a
+``Record`` saying how the removed node's strategy follows from the strategies of its scope, so
+``Core.expand`` turns a choice for the survivors back into a choice for every original node.
+
+Costs are int64 saturated at ``INF`` (= FORBIDDEN, 10**18): sums of two saturated values never
+overflow, and anything at ``INF`` is forbidden. ``FrozenCore`` is the frozen, 0..n-1 indexed view of
+what is left, with exact (Python int) cost and memory evaluation; ``FrozenCore.arrays`` is the same
+core as flat arrays with offsets, which is what the compiled (numba) loops of the solvers take.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
+
+INF = FORBIDDEN
+
+
+def sat(a: np.ndarray) -> np.ndarray:
+    """Clip at INF (after adding two values that were each at most INF)."""
+    return np.minimum(a, INF)
+
+
+def digest(array: np.ndarray) -> bytes:
+    """A 16-byte digest of an array's dtype, shape and contents."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(np.ascontiguousarray(array).data)
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class Record:
+    """Node ``node`` was removed; its original strategy is ``table[i_1, ..., i_k]`` where i_j is the
+    position of scope node j's original strategy in ``snapshots[j]`` (its strategies back then)."""
+
+    node: int
+    scope: tuple[int, ...]
+    snapshots: tuple[np.ndarray, ...]
+    table: np.ndarray
+
+
+@dataclass
+class Segment:
+    """Usage ``usage[s]`` (per local strategy) on compressed time rows [start, stop)."""
+
+    start: int
+    stop: int
+    usage: np.ndarray
+
+
+class Core:
+    """Mutable reduction state over the original node ids (removed nodes have ``costs[v] is None``)."""
+
+    def __init__(self, problem: ShardingProblem) -> None:
+        n = problem.num_nodes
+        self.num_original = n
+        self.costs: list[np.ndarray | None] = [sat(np.asarray(c, dtype=np.int64)) for c in problem.node_costs]
+        self.strategies: list[np.ndarray] = [np.arange(len(c)) for c in problem.node_costs]
+        self.adj: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
+        shared: dict[int, np.ndarray] = {}  # identical edges (repeated layers) share one matrix object
+        for (u, v), m in zip(problem.edges, problem.edge_costs):
+            if id(m) not in shared:
+                shared[id(m)] = sat(np.asarray(m, dtype=np.int64))
+                shared[id(m)].flags.writeable = False  # shared: reductions build new matrices, never edit
+            self.add_edge(u, v, shared[id(m)])
+        self.alive: set[int] = set(range(n))
+        self.const = 0
+        self.records: list[Record] = []
+        self.segments: list[list[Segment]] = [[] for _ in range(n)]
+        self.capacity: np.ndarray | None = None
+        self.row_times: np.ndarray | None = None
+        self.tallies = problem.tallies
+
+    @property
+    def has_memory(self) -> bool:
+        """True while a memory constraint is still in play."""
+        return self.capacity is not None and any(self.segments[v] for v in self.alive)
+
+    def k(self, v: int) -> int:
+        """Number of strategies node v still has."""
+        return len(self.costs[v])
+
+    def add_edge(self, u: int, v: int, m: np.ndarray) -> None:
+        """Add cost matrix m (rows: u's strategies) to edge (u, v), merging with a parallel edge."""
+        old = self.adj[u].get(v)
+        if old is not None:
+            m = sat(old + m)
+        self.adj[u][v] = m
+        self.adj[v][u] = m.T
+
+    def remove(self, v: int) -> None:
+        """Drop node v and its edges (after its record has been written)."""
+        for w in self.adj[v]:
+            del self.adj[w][v]
+        self.adj[v] = {}
+        self.alive.discard(v)
+        self.costs[v] = None
+        self.segments[v] = []
+
+    def restrict(self, v: int, keep: np.ndarray) -> None:
+        """Keep only the strategies of v where ``keep`` is True."""
+        self.costs[v] = self.costs[v][keep]
+        self.strategies[v] = self.strategies[v][keep]
+        for w, m in self.adj[v].items():
+            m = m[keep]
+            self.adj[v][w] = m
+            self.adj[w][v] = m.T
+        for seg in self.segments[v]:
+            seg.usage = seg.usage[keep]
+
+    def record(self, v: int, scope: tuple[int, ...], table: np.ndarray) -> None:
+        """Remember that v's local strategy is ``table`` indexed by the scope's local strategies."""
+        snaps = tuple(self.strategies[u] for u in scope)
+        self.records.append(Record(v, scope, snaps, self.strategies[v][table]))
+
+    def expand(self, local: dict[int, int]) -> list[int]:
+        """Original strategy for every original node, from local strategies of the alive nodes."""
+        choice = [-1] * self.num_original
+        for v, s in local.items():
+            choice[v] = int(self.strategies[v][s])
+        for rec in reversed(self.records):
+            idx = tuple(int(np.searchsorted(snap, choice[u])) for u, snap in zip(rec.scope, rec.snapshots))
+            choice[rec.node] = int(rec.table[idx])
+        return choice
+
+    def freeze(self) -> FrozenCore:
+        """The alive part as a FrozenCore (nodes renumbered 0..n-1 in increasing original id)."""
+        nodes = sorted(self.alive)
+        index = {v: i for i, v in enumerate(nodes)}
+        edges = [(index[u], index[v], m) for u in nodes for v, m in self.adj[u].items() if u < v]
+        segments = [[(s.start, s.stop, s.usage) for s in self.segments[v]] for v in nodes]
+        return FrozenCore(
+            nodes=nodes,
+            costs=[self.costs[v] for v in nodes],
+            edges=edges,
+            capacity=None if self.capacity is None else self.capacity.copy(),
+            segments=segments,
+            const=self.const,
+            tallies=self._core_tallies(index),
+            toggles=[[self._twins(group, index) for group in tally.groups] for tally in self.tallies],
+        )
+
+    def _twins(self, group: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...],
+               index: dict[int, int]) -> list[tuple[int, np.ndarray]]:
+        """The group's alive members, each with its local strategies' twins (``Tally``; -1 where
+        the twin is gone or there is none)."""
+        members = []
+        for node, _, twins in group:
+            if node not in index:
+                continue
+            local = {int(o): i for i, o in enumerate(self.strategies[node])}
+            twin = np.array([local.get(twins[int(o)], -1) if twins else -1 for o in self.strategies[node]],
+                            dtype=np.int64)
+            members.append((index[node], twin))
+        return members
+
+    def _core_tallies(self, index: dict[int, int]) -> list[list[tuple[int, np.ndarray]]]:
+        """Each tally over the alive nodes: per group, the first member still alive with its marked
+        strategies as local indices (a group none of whose members is alive is decided by the
+        others and left out: the count stays whole). Tallies with nothing left are dropped."""
+        out = []
+        for tally in self.tallies:
+            picked = []
+            for group in tally.groups:
+                for node, marked, _ in group:
+                    if node in index:
+                        local = np.flatnonzero(np.isin(self.strategies[node], marked))
+                        if len(local):
+                            picked.append((index[node], local))
+                        break
+            if picked:
+                out.append(picked)
+        return out
+
+
+@dataclass
+class FrozenCore:
+    """A frozen pairwise problem over nodes 0..n-1 with memory rows; what the core solvers read."""
+
+    nodes: list[int]
+    costs: list[np.ndarray]
+    edges: list[tuple[int, int, np.ndarray]]
+    capacity: np.ndarray | None
+    segments: list[list[tuple[int, int, np.ndarray]]]
+    const: int = 0
+    tallies: list[list[tuple[int, np.ndarray]]] = field(default_factory=list)  # (node, marked local strategies)
+    toggles: list[list[list[tuple[int, np.ndarray]]]] = field(default_factory=list)  # per tally, group: (node, twins)
+    nbrs: list[list[tuple[int, np.ndarray]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbrs = [[] for _ in self.costs]
+        for u, v, m in self.edges:
+            self.nbrs[u].append((v, m))
+            self.nbrs[v].append((u, m.T))
+
+    def __getstate__(self) -> dict:
+        """Pickled without what is derived (the neighbour lists hold a transposed copy of every
+        edge matrix, ``arrays`` the whole core again): neighbourhood search sends restricted
+        cores to another process (call_server.py) several times a second."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.costs)
+
+    @property
+    def has_memory(self) -> bool:
+        """True when some node has usage on a constrained row."""
+        return self.capacity is not None and any(self.segments)
+
+    @property
+    def arrays(self) -> FrozenCoreArrays:
+        """This core as flat arrays (built on first use, then kept)."""
+        cached = self.__dict__.get("_arrays")
+        if cached is None:
+            cached = self.__dict__["_arrays"] = FrozenCoreArrays.of(self)
+        return cached
+
+    def cost(self, x: np.ndarray | list[int]) -> int:
+        """Exact total cost (Python int) including the constant of the reductions: compiled,
+        in Python ints when a term is forbidden (sums of those would overflow int64)."""
+        a = self.arrays
+        total, exact = _cost(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats)
+        if exact:
+            return self.const + int(total)
+        total = self.const + sum(int(c[s]) for c, s in zip(self.costs, x))
+        return total + sum(int(m[x[u], x[v]]) for u, v, m in self.edges)
+
+    def profile(self, x: np.ndarray | list[int]) -> np.ndarray:
+        """Usage on every row (int64) for assignment x."""
+        if self.capacity is None:
+            return np.zeros(0, dtype=np.int64)
+        a = self.arrays
+        return _profile(np.asarray(x, dtype=np.int64), len(self.capacity), *a.segment_args())
+
+    def overflow(self, x: np.ndarray | list[int]) -> int:
+        """Total usage above capacity over all rows (0 when x fits)."""
+        if self.capacity is None:
+            return 0
+        return int(np.maximum(self.profile(x) - self.capacity, 0).sum())
+
+    def is_feasible(self, x: np.ndarray | list[int]) -> bool:
+        """True when x avoids forbidden costs and fits in memory."""
+        return self.cost(x) < INF and self.overflow(x) == 0
+
+
+@dataclass
+class FrozenCoreArrays:
+    """A FrozenCore flat: node i's costs are ``costs[c_off[i]:c_off[i+1]]``; its neighbours are
+    ``nb_other[nb_ptr[i]:nb_ptr[i+1]]``, each with the edge's matrix oriented (i's strategy,
+    the neighbour's) and flattened row-major at ``nb_mats[nb_moff[p]:]`` (every edge twice, once
+    per end); its memory segments are rows ``seg_start..seg_stop`` with usage
+    ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``."""
+
+    c_off: np.ndarray
+    widest: int  # the most strategies of a node
+    costs: np.ndarray
+    nb_ptr: np.ndarray
+    nb_other: np.ndarray
+    nb_moff: np.ndarray
+    nb_mats: np.ndarray
+    seg_ptr: np.ndarray
+    seg_start: np.ndarray
+    seg_stop: np.ndarray
+    seg_uoff: np.ndarray
+    seg_use: np.ndarray
+
+    @staticmethod
+    def of(comp: FrozenCore) -> FrozenCoreArrays:
+        """``comp`` flattened; oriented matrices with the same contents (a model's repeated layers)
+        are stored once and pointed at by every neighbour entry that has them."""
+        nbrs = [(j, m) for row in comp.nbrs for j, m in row]
+        segs = [seg for row in comp.segments for seg in row]
+        sizes = [len(c) for c in comp.costs]
+        pool, moff = _matrix_pool([m for _, m in nbrs])
+        return FrozenCoreArrays(
+            offsets(sizes),
+            max(sizes, default=0),
+            flat(comp.costs),
+            offsets([len(row) for row in comp.nbrs]),
+            np.array([j for j, _ in nbrs], dtype=np.int64),
+            moff,
+            pool,
+            offsets([len(row) for row in comp.segments]),
+            np.array([start for start, _, _ in segs], dtype=np.int64),
+            np.array([stop for _, stop, _ in segs], dtype=np.int64),
+            offsets([len(usage) for _, _, usage in segs])[:-1],
+            flat([usage for _, _, usage in segs]),
+        )
+
+    def segment_args(self) -> tuple[np.ndarray, ...]:
+        """What the compiled loops over memory segments take."""
+        return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
+
+
+POOLED_ENTRIES = 4096
+"""Matrices of at least this many entries are stored once per distinct content; smaller ones are
+copied as they come (hashing them costs more than it saves, and neighbourhood search flattens
+small restricted cores several times a second)."""
+
+
+def _matrix_pool(matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(the matrices flattened row-major one after another, each input's offset into them): a large
+    matrix whose contents were seen before (a model's repeated layers) is not stored again."""
+    by_content: dict[bytes, int] = {}
+    pieces: list[np.ndarray] = []
+    moff = np.empty(len(matrices), dtype=np.int64)
+    size = 0
+    for k, m in enumerate(matrices):
+        row_major = np.ascontiguousarray(m)  # copied once if a transposed view: hashed and stored as is
+        key = digest(row_major) if m.size >= POOLED_ENTRIES else None
+        if key in by_content:
+            moff[k] = by_content[key]
+            continue
+        pieces.append(row_major.ravel())
+        moff[k] = size
+        if key is not None:
+            by_content[key] = size
+        size += m.size
+    return flat(pieces), moff
+
+
+def offsets(sizes: list[int]) -> np.ndarray:
+    """0 and the running sums of ``sizes`` (int64): where each of a run of pieces starts."""
+    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+
+def views(whole: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    """The pieces of ``whole`` cut at ``starts`` (as ``offsets`` makes them), as views."""
+    return [whole[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+
+
+def flat(pieces: list[np.ndarray]) -> np.ndarray:
+    """The int64 pieces end to end (empty when there are none)."""
+    return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+
+
+@njit(cache=True)
+def _cost(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+    """Sum of x's node costs and edge costs (each edge read at its lower end), and False
+    instead when a term is forbidden or the sum nears int64's range."""
+    total = 0
+    for i in range(len(x)):
+        for p in range(nb_ptr[i] - 1, nb_ptr[i + 1]):  # the node's own cost, then its edges
+            if p < nb_ptr[i]:
+                term = costs[c_off[i] + x[i]]
+            else:
+                j = nb_other[p]
+                if j < i:
+                    continue
+                term = nb_mats[nb_moff[p] + x[i] * (c_off[j + 1] - c_off[j]) + x[j]]
+            if term >= FORBIDDEN or term <= -FORBIDDEN:
+                return 0, False
+            total += term
+            if total >= 2**62 or total <= -(2**62):  # one more term of at most FORBIDDEN cannot overflow
+                return 0, False
+    return total, True
+
+
+@njit(cache=True)
+def _profile(x, rows, c_off, seg_ptr, seg_start, seg_stop, seg_uoff, seg_use):  # pragma: no cover
+    """Usage on each of ``rows`` rows: every segment adds its usage at x over its row range."""
+    diff = np.zeros(rows + 1, dtype=np.int64)
+    for i in range(len(x)):
+        for q in range(seg_ptr[i], seg_ptr[i + 1]):
+            use = seg_use[seg_uoff[q] + x[i]]
+            diff[seg_start[q]] += use
+            diff[seg_stop[q]] -= use
+    return np.cumsum(diff[:-1])

@@ -1,0 +1,213 @@
+"""toulbar2 (cost-function-network branch and bound) on the reduced core.
+
+The core is a weighted CSP as it stands: one variable per node (its local strategies), a unary
+cost function per node and a binary one per edge (forbidden entries at toulbar2's top cost), and
+each memory row r a knapsack constraint
+
+    sum_{i live on r} usage_{i,r}[x_i] <= capacity_r        (written as  sum -usage >= -capacity)
+
+so toulbar2's optimum is the core's (``exact``); cores with more row terms than MAX_ROW_TERMS are
+not given to it. Its search (hybrid best-first with soft arc consistency bounds, dead-end
+elimination, variable elimination of small degree) is what our TRW-S / elimination / z3 portfolio
+approximates, and it is much faster on every core that fits (measured: see benchmarks/README.md,
+"Measurements behind the design").
+
+It runs in a child process (workers.py), which calls ``solve_cfn``; the second-search engine there
+also calls ``solve_penalised`` on its Lagrangian subproblems (costs plus multipliers times
+usage, no rows), which toulbar2 minimises far better than TRW-S's rounded plan on wide cores.
+Large-neighbourhood search (lns.py, in either process) calls ``improve`` on restricted problems.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from autoshard.solver.core.reduced import INF, FrozenCore, views
+from autoshard.solver.procs.silence import silenced
+
+MAX_ROW_TERMS = 100_000
+"""Cores whose memory rows hold more (row, node, strategy) terms in total are not given to
+toulbar2: beyond this its knapsack constraints find no plan in minutes where HiGHS proves the
+core in seconds (measured: see benchmarks/README.md, "Measurements behind the design")."""
+MAX_EXACT_COST = 2**53
+"""toulbar2 reads costs as doubles: a core with a finite cost at or above this stays ours."""
+
+
+MAX_TABLE_ENTRIES = 100_000_000
+"""Cores whose cost tables hold more entries are not given to toulbar2: its network copies every
+table (a core of LLaMA-3.1-405B on 8x8x8, ~400M entries, took a child past 10 GiB)."""
+
+
+def row_terms(comp: FrozenCore) -> int:
+    """Total (row, node, strategy) terms the knapsack rows of ``comp`` would hold."""
+    if comp.capacity is None:
+        return 0
+    return sum((stop - start) * int(np.count_nonzero(u)) for segs in comp.segments for start, stop, u in segs)
+
+
+def table_entries(comp: FrozenCore) -> int:
+    """Entries of the cost tables toulbar2's network of ``comp`` would hold (each its own copy)."""
+    return sum(len(c) for c in comp.costs) + sum(m.size for _, _, m in comp.edges)
+
+
+def can_take(comp: FrozenCore, rows: bool = True) -> bool:
+    """True when toulbar2 can solve ``comp`` exactly and well (rows small, tables that fit in
+    memory, costs exact in doubles); with ``rows`` False, the core without its memory rows."""
+    if comp.n == 0 or (rows and row_terms(comp) > MAX_ROW_TERMS) or table_entries(comp) > MAX_TABLE_ENTRIES:
+        return False
+    top = max((int(np.where(c < INF, c, 0).max()) for c in comp.costs), default=0)
+    top = max([top] + [int(np.where(m < INF, m, 0).max()) for _, _, m in comp.edges])
+    return top < MAX_EXACT_COST
+
+
+def solve_cfn(comp: FrozenCore, upper: int | None, gap: float, seed: int, vns: bool = False,
+              rows: bool = True) -> list[int] | None:
+    """Build the network of ``comp`` and let toulbar2 search it, printing each better plan and
+    bound as it goes: hybrid best-first branch and bound (exact), or with ``vns`` variable-
+    neighbourhood search from its first depth-first plan (plans only); without ``rows`` the
+    memory rows are left out (a relaxation). Returns the best plan (local strategies) when the
+    search ends, or None when it found none cheaper than ``upper`` (none at all without it)."""
+    import pytoulbar2
+
+    ub = None if upper is None else float(upper - comp.const)
+    cfn = pytoulbar2.CFN(ub, verbose=0, seed=seed, vns=-4 if vns else None)
+    option = cfn.Option
+    option.showSolutions = 1
+    if gap > 0:
+        option.relgap = float(gap)
+    _network(cfn, comp, comp.costs, rows)
+    found = cfn.Solve(showSolutions=1)
+    os.write(1, b"\n")  # ends toulbar2's last progress line
+    return None if found is None else [int(v) for v in found[0]]
+
+
+def solve_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
+    """The best plan toulbar2's neighbourhood search finds in ``seconds`` (CPU) for the core's
+    costs plus ``penalty`` (per strategy, flat as in ``FrozenCore.arrays``), memory rows left out:
+    the Lagrangian subproblem of lagrangian.py solved as a cost-function network (the contest
+    winner's method), or None when it found none in time. No upper bound is given (the best
+    fitting plan's penalised cost as one did worse; measured: see benchmarks/README.md,
+    "Measurements behind the design")."""
+    import pytoulbar2
+
+    a = comp.arrays
+    unary = views(np.where(a.costs < INF, np.round(a.costs.astype(np.float64) + penalty), INF), a.c_off)
+    with silenced():
+        cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
+        _network(cfn, comp, unary)
+        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+    return None if found is None else np.asarray(found[0], dtype=np.int64)
+
+
+def prove_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: int) -> tuple[np.ndarray, bool] | None:
+    """toulbar2's branch and bound (HBFS) on the core's costs plus ``penalty`` (integers, flat as
+    in ``FrozenCore.arrays``), memory rows left out, for up to ``seconds`` (CPU): its best plan
+    and whether it proved it minimal, or None when it found none."""
+    a = comp.arrays
+    flat = np.where(a.costs < INF, a.costs.astype(np.float64) + penalty, INF)
+    if np.where(flat < INF, flat, 0).max(initial=0) >= MAX_EXACT_COST:
+        return None  # doubles no longer hold the costs exactly
+    return _proved_minimum(comp, views(flat, a.c_off), None, False, seconds, seed)
+
+
+def prove_among(comp: FrozenCore, allowed: list[np.ndarray], upper: int, seconds: int,
+                seed: int) -> tuple[np.ndarray, bool] | None:
+    """toulbar2's branch and bound on the core (memory rows as knapsack constraints) with only
+    the ``allowed`` strategies of each node, for plans costing at most ``upper``, for up to
+    ``seconds`` (CPU): its best plan and whether it proved it the cheapest such plan, or None
+    when it found none."""
+    unary = [np.where(np.isin(np.arange(len(c)), keep), c, INF) for c, keep in zip(comp.costs, allowed)]
+    return _proved_minimum(comp, unary, float(upper + 1 - comp.const), True, seconds, seed)
+
+
+def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None, rows: bool, seconds: int,
+                    seed: int) -> tuple[np.ndarray, bool] | None:
+    """toulbar2's branch and bound (HBFS) on ``comp`` with node costs ``unary``, plans below
+    ``ub`` (the network's own units, constant left out; None: any), ``rows`` its memory rows as
+    knapsack constraints, for up to ``seconds`` (CPU): its best plan and whether its dual bound
+    reached it (proved minimal), or None when it found none."""
+    import pytoulbar2
+
+    with silenced():
+        cfn = pytoulbar2.CFN(ub, verbose=-1, seed=seed)
+        _network(cfn, comp, unary, rows=rows)
+        try:
+            found = cfn.Solve(timeLimit=max(1, int(seconds)))
+        except pytoulbar2.Contradiction:  # every plan forbidden
+            return None
+    if found is None:
+        return None
+    return np.asarray(found[0], dtype=np.int64), cfn.GetDDualBound() >= found[1]
+
+
+def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
+    """A plan of ``comp`` that fits and costs less than x, by toulbar2's branch and bound with the
+    memory rows as knapsack constraints and x's cost as the upper bound, within ``seconds`` (CPU);
+    None when there is none or none was found in time. Large-neighbourhood search (lns.py) calls
+    it on restricted problems, which ``can_take`` far more often than the whole core."""
+    import pytoulbar2
+
+    with silenced():
+        cfn = pytoulbar2.CFN(float(comp.cost(x) - comp.const), verbose=-1, seed=seed)
+        _network(cfn, comp, comp.costs, rows=True)
+        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+    return None if found is None else np.asarray(found[0], dtype=np.int64)
+
+
+def _network(cfn: object, comp: FrozenCore, unary: list[np.ndarray], rows: bool = False) -> None:
+    """Variables, unary costs ``unary`` (entries at INF forbidden) and the edges of ``comp`` in a
+    pytoulbar2 CFN, with ``rows`` its memory rows as knapsack constraints too."""
+    wcsp = cfn.CFN.wcsp  # type: ignore[attr-defined]
+    for i, c in enumerate(unary):
+        wcsp.makeEnumeratedVariable(f"x{i}", 0, len(c) - 1)
+    for i, c in enumerate(unary):
+        if len(c) > 1 or c[0] >= INF:
+            wcsp.postUnaryConstraint(i, _doubles(c), False)
+        else:
+            wcsp.postNullaryConstraint(float(c[0]))
+    for u, v, m in comp.edges:
+        wcsp.postBinaryConstraint(u, v, _doubles(m.ravel()), False)
+    for scope, params in knapsack_rows(comp) if rows else []:
+        wcsp.postKnapsackConstraint(scope, params, kp=True)
+
+
+def _doubles(costs: np.ndarray) -> list[float]:
+    return np.where(costs < INF, costs.astype(np.float64), np.inf).tolist()
+
+
+def knapsack_rows(comp: FrozenCore) -> list[tuple[list[int], str]]:
+    """Every distinct memory row as toulbar2's knapsack parameters: ``-capacity`` then, per node
+    of the scope, the number of strategies with usage and (strategy, -usage) pairs.
+
+    A node's usage is the same on every row between two of its segments' ends, so its text is
+    written once per such piece and shared by the piece's rows: far fewer pieces than (row, node)
+    pairs, the same rows to the character, and every toulbar2 neighbourhood builds them
+    (measured: see benchmarks/README.md, "Solver throughput")."""
+    if comp.capacity is None or not len(comp.capacity):
+        return []
+    per_row: list[list[tuple[int, str]]] = [[] for _ in comp.capacity]
+    for i, segs in enumerate(comp.segments):
+        ends = sorted({a for a, _, _ in segs} | {b for _, b, _ in segs})
+        for lo, hi in zip(ends[:-1], ends[1:]):
+            covering = [usage for a, b, usage in segs if a <= lo and hi <= b]
+            if not covering:
+                continue
+            usage = np.sum(covering, axis=0)
+            nz = np.flatnonzero(usage)
+            pairs = np.column_stack([nz, -usage[nz]]).ravel().tolist()
+            text = " ".join(map(str, [len(nz), *pairs]))
+            for r in range(lo, hi):
+                per_row[r].append((i, text))  # nodes in increasing order: the scope comes sorted
+    out, seen = [], set()
+    for r, row in enumerate(per_row):
+        if not row:
+            continue
+        scope = [i for i, _ in row]
+        params = " ".join([str(-int(comp.capacity[r]))] + [text for _, text in row])
+        key = (tuple(scope), params)
+        if key not in seen:
+            seen.add(key)
+            out.append((scope, params))
+    return out

@@ -1,0 +1,127 @@
+"""The child-process engines of one run (workers.py), as one object the search phases hear from.
+
+``EnginePool`` starts engines, polls them (each plan evaluated through ``RunState.offer``, bounds
+and verdicts of the engines whose bounds hold recorded), retires a relaxation that can no longer
+help, hands a processor over from toulbar2-without-rows to the engine waiting for it, and stops
+them all. Every engine is started, polled and stopped the same way.
+"""
+
+from __future__ import annotations
+
+import time
+
+from autoshard.solver.procs.engine_events import EngineEvent
+from autoshard.solver.model.events import EngineFailed, Phase
+from autoshard.solver.run.state import RunState
+from autoshard.solver.engines.toulbar import can_take
+from autoshard.solver.run.workers import EngineWorker
+
+SOURCES = {"highs": "milp", "second-search": "second-search"}
+"""The source an engine's plans and bounds are reported under (toulbar2's engines: "toulbar2")."""
+
+
+class EnginePool:
+    """The engines running beside this process's own search; ``waiting`` holds the engines
+    (methods, description, latest start) that take toulbar2-without-rows' processor when it
+    ends, is retired or runs out of its time alone."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.engines: list[EngineWorker] = []
+        self.waiting: tuple[list[str], str, float] | None = None
+        self.relaxation_proved_in: float | None = None  # seconds toulbar2 took to prove the core without rows
+
+    @property
+    def any_exact(self) -> bool:
+        """True when an engine that proves (toulbar2's branch and bound, HiGHS) was started."""
+        return any(e.exact for e in self.engines)
+
+    def start(self, methods: list[str], what: str) -> None:
+        """Fork one child per engine, each told the best cost (and plan) so far."""
+        state = self.state
+        state.emit(Phase(methods[0], f"{what} on {state.comp.n} core nodes", state.elapsed()))
+        plan = None if state.best_local is None else state.best_local.tolist()
+        # only the second search calls toulbar2 on its subproblems (penalised costs, no rows)
+        toulbar = "second-search" in methods and state.options.toulbar and can_take(state.comp, rows=False)
+        started = [EngineWorker(state.comp, m, state.best_cost, state.options.gap, state.options.seed + 1 + k, plan,
+                                toulbar) for k, m in enumerate(methods)]
+        for engine in started:
+            engine.start()
+        self.engines.extend(started)
+
+    def poll(self, wait: float = 0.0) -> None:
+        """Take in what the engines reported (waiting up to ``wait`` s on the first). Of the plans
+        an engine reported since the last look only the cheapest is offered: each offer is
+        evaluated on the original problem, and toulbar2's search can report dozens a second."""
+        for k, engine in enumerate(self.engines):
+            events = engine.poll(wait if k == 0 else 0.0)
+            plans = [e for e in events if e.kind == "plan"]
+            cheapest = min(plans, key=lambda e: e.cost) if plans else None
+            for event in events:
+                if event.kind != "plan" or event is cheapest:
+                    self._take(event, engine)
+        self._retire()
+        self._hand_over()
+
+    def exact_running(self) -> bool:
+        """True while some exact engine is searching."""
+        return any(not e.done for e in self.engines if e.exact)
+
+    def wait_for_exact(self) -> None:
+        """Poll until the run is finished or out of time, or every exact engine has ended."""
+        state = self.state
+        while self.exact_running() and not state.out_of_time() and not state.finished():
+            left = state.left()
+            self.poll(0.05 if left is None else max(0.0, min(0.05, left)))
+        self.poll()
+
+    def stop(self) -> None:
+        """Kill the engines, taking in what they said after the last look (within the limit)."""
+        with self.state.timed("engines"):
+            for engine in self.engines:
+                engine.stop(self.state.teardown_by)
+            self.poll()
+
+    def _take(self, event: EngineEvent, engine: EngineWorker) -> None:
+        """A plan from any engine; bounds and verdicts only from those whose bounds hold; a failure said."""
+        state = self.state
+        source = SOURCES.get(engine.method, "toulbar2")
+        if event.kind == "error":
+            state.emit(EngineFailed(engine.method, event.message or "no message", state.elapsed()))
+        elif event.kind == "plan":
+            state.offer(event.choice, source, None)
+        elif not engine.bounds:
+            return
+        elif event.kind in ("bound", "optimal"):
+            state.bound(event.cost, source)
+            if engine.relaxation and event.kind == "optimal" and engine.started is not None:
+                self.relaxation_proved_in = time.monotonic() - engine.started
+        elif event.kind == "none" and engine.upper is not None:
+            state.bound(engine.upper, source)  # no plan below the cost it was given
+        elif event.kind == "none":
+            state.proof = source  # no plan at all
+
+    def _retire(self) -> None:
+        """Stop a relaxation's engine once a plan it reported costs less than the proven lower
+        bound: the relaxation's optimum is at most that plan, so below every plan that fits, and
+        from then on it can neither find a fitting plan nor bound better than the bound we have."""
+        state = self.state
+        for engine in self.engines:
+            if (engine.relaxation and engine.pid is not None and engine.cheapest is not None
+                    and state.lower is not None and engine.cheapest < state.lower):
+                engine.stop(state.teardown_by)
+                state.emit(Phase("lagrange", f"{engine.method} engine stopped: its plans cost less than the "
+                                 "lower bound, so none of them fits", state.elapsed()))
+
+    def _hand_over(self) -> None:
+        """Once toulbar2 without memory rows has ended (proved its optimum: a bound, or the answer
+        when it fits), been retired or had its time alone, the waiting engines take its processor."""
+        if self.waiting is None or self.state.finished():
+            return
+        methods, what, until = self.waiting
+        first = self.engines[0]
+        if not first.done and first.pid is not None and time.monotonic() < until:
+            return
+        self.waiting = None
+        first.stop(self.state.teardown_by)
+        self.start(methods, what)

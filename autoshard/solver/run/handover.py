@@ -1,0 +1,148 @@
+"""What the Lagrangian search (portfolio.py) hands over to when its plans stop improving:
+
+1. flips of whole layers (layer_flips.flip_groups): a layer is wider than a wide core's neighbourhoods;
+2. once, where memory binds, a proof is wanted and the problem states tallies (models of
+   repeated layers, problem.Tally), the hull bound (column_generation.py): the Lagrangian dual of the memory
+   rows by column generation, with branching on tallies under it; its bound goes to the run,
+   its plans that fit are offered, and a dive that closes every branch proves the best plan.
+   Cores without tallies (the IOPDDL instances) keep their time for neighbourhood search: the
+   hull is measured on the models' cores only (benchmarks/README.md, "Column generation for
+   the memory rows");
+3. a slice of large-neighbourhood search from the best plan (lns.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from autoshard.solver.run.engine_pool import EnginePool
+from autoshard.solver.model.events import Phase
+from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
+from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.search.lns import NeighbourhoodSearch
+from autoshard.solver.run.state import RunState
+from autoshard.solver.search.layer_flips import flip_groups
+
+LNS_AFTER_STEPS = 30
+"""Lagrangian steps without a better plan before a slice of neighbourhood search."""
+LNS_STALL_SHARE = 0.1
+"""... or this share of the time limit and LNS_MIN_STEPS steps without one, whichever comes first:
+where Lagrangian steps are slow, thirty of them are a large part of the limit, and neighbourhood
+search would start too late to make its gains (measured: see benchmarks/README.md, "Measurements
+behind the design")."""
+LNS_MIN_STEPS = 10
+"""The fewest Lagrangian steps without a plan before the share of the limit counts."""
+LNS_SLICE = 5.0
+"""Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
+LNS_SHARE = 0.5
+"""Share of the time left a slice of neighbourhood search takes (on some cores it finds what the
+Lagrangian search, stalled within seconds, cannot)."""
+HULL_SHARE = 0.3
+"""Share of the time left the hull bound and its dive may take (HULL_SECONDS without a limit):
+on the 2x8 LLaMA cores they end within 5-25 s (benchmarks/README.md, "Column generation for the
+memory rows")."""
+HULL_SECONDS = 60.0
+
+
+class StalledSearch:
+    """The moves beyond the Lagrangian steps (module docstring), for one Lagrangian search ``lag``."""
+
+    def __init__(self, state: RunState, pool: EnginePool, lag: LagrangianSearch) -> None:
+        self.state, self.pool, self.lag = state, pool, lag
+        self.lns = NeighbourhoodSearch(state.comp, state.rng)
+        self.paid = False  # the last slice of neighbourhood search improved the best plan
+        self.hull_due = state.comp.has_memory and state.options.prove and bool(state.comp.tallies)
+
+    def due(self, since: tuple[float, int], last_step: float) -> bool:
+        """True when the last slice of neighbourhood search improved the best plan (it goes on
+        while it pays: it takes stalled Lagrangian plans much further), or when this process's
+        Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps and twenty steps'
+        time, or under a time limit for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit
+        (``since``: when and how many steps ago they last did), and there is a plan to improve.
+        Plans of the other engines do not put the slice off: each is a new start for it, not a
+        reason to wait (measured: see benchmarks/README.md, "Measurements behind the design")."""
+        state = self.state
+        when, steps = since
+        waited = time.monotonic() - when
+        if state.best_local is None:
+            return False
+        stalled = state.options.timeout is not None and steps >= LNS_MIN_STEPS \
+            and waited >= LNS_STALL_SHARE * state.options.timeout
+        return self.paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
+
+    def run(self) -> None:
+        """Flips, the hull bound (the first time), then a slice of neighbourhood search."""
+        state = self.state
+        budget = self._budget()
+        if budget is None:
+            return
+        if (flipped := flip_groups(state.comp, state.best_local, state.soon(0.2 * budget))) is not None:
+            state.offer(flipped, "flips", None)
+        if self.hull_due:
+            self.hull_due = False
+            self._hull()
+            if state.finished():
+                return
+        self._slice()
+
+    def _hull(self) -> None:
+        """Column generation on the memory rows and the dive on counts (column_generation.py), from the best
+        plan and the Lagrangian search's TRW-S messages and multipliers."""
+        state = self.state
+        state.emit(Phase("hull", "the Lagrangian dual of memory by column generation, branching on counts",
+                         state.elapsed()))
+
+        def heard() -> bool:
+            self.pool.poll()
+            return state.finished()
+
+        generation = ColumnGeneration(state.comp, state.rng, lambda x: state.offer(x, "hull", None),
+                                      self.lag.mp, self.lag.lam, heard)
+        generation.add(state.best_local)
+        until = state.share(HULL_SHARE) or time.monotonic() + HULL_SECONDS
+        with state.timed("hull"):
+            ended = dive(generation, lambda: state.best_cost, until)
+        state.bound(ended.bound, "hull")
+        if ended.closed:  # no branch holds a plan cheaper than the best: it is optimal
+            state.bound(state.best_cost, "hull")
+
+    def _slice(self) -> None:
+        """A slice of large-neighbourhood search from the best plan (lns.py). The engines are heard
+        between neighbourhoods; when one's plan beats the slice's, the slice goes on from that plan
+        rather than ending (the second engine's plans can come every few seconds; slices that
+        ended at each did worse)."""
+        state = self.state
+        budget = self._budget()
+        if budget is None:
+            return
+        sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in self.lns.solvers)
+        state.emit(Phase("lns", f"neighbourhood search ({sizes})", state.elapsed()))
+        own = [state.best_cost]  # the best cost this slice knows of (its own plans, or the start)
+        self.paid = False
+
+        def found(y: np.ndarray) -> None:
+            if state.offer(y, "lns", None):
+                own[0], self.paid = state.best_cost, True
+
+        def heard() -> bool:
+            self.pool.poll()
+            return state.finished() or state.best_cost != own[0]
+
+        end = state.soon(budget)
+        with state.timed("lns"):
+            while True:
+                self.lns.run(state.best_local, end, found, heard)
+                if state.finished() or state.best_cost == own[0]:
+                    break  # out of the slice's time (or finished), not stopped by another's plan
+                own[0] = state.best_cost
+        state.emit(Phase("lagrange", "back to the Lagrangian search", state.elapsed()))
+
+    def _budget(self) -> float | None:
+        """Seconds for a slice of neighbourhood search as the time left stands (LNS_SLICE, or
+        LNS_SHARE of what is left if more); None with less than 2 s left."""
+        left = self.state.left()
+        if left is not None and left < 2.0:
+            return None
+        return LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))

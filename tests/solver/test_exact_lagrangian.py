@@ -1,0 +1,82 @@
+"""The exact Lagrangian search (exact_lagrangian.py) on random small cores, against enumeration:
+every bound it claims is at most the optimum, every plan it offers fits and costs what it says,
+and with no penalty toulbar2's proved minimum is the optimum without memory rows."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+
+from autoshard.solver.core.reduced import INF
+from autoshard.solver.bounds.exact_lagrangian import ExactLagrangian, search
+from autoshard.solver.engines.toulbar import prove_penalised
+from tests.solver.helpers import core_of, optimum
+
+
+def direct(call, seconds):
+    """toulbar2 called in this process (the search forks a child for it in the solver)."""
+    return call()
+
+
+def free_optimum(comp) -> int:
+    """The core's optimum without its memory rows, by enumeration."""
+    return min(comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs]))
+
+
+def test_with_no_penalty_the_proved_minimum_is_the_optimum_without_rows() -> None:
+    checked = 0
+    for seed in range(120):
+        comp = core_of(seed, nodes=8)
+        if comp is None or comp.n == 0 or free_optimum(comp) >= INF:
+            continue
+        x, proved = prove_penalised(comp, np.zeros(comp.arrays.c_off[-1]), 1, seed)
+        assert proved and comp.cost(x) == free_optimum(comp)
+        checked += 1
+    assert checked >= 15
+
+
+def test_bounds_never_pass_the_optimum_and_offered_plans_fit() -> None:
+    checked = bounded = 0
+    for seed in range(120):
+        comp = core_of(seed, nodes=8)
+        if comp is None or comp.n == 0 or not comp.has_memory:
+            continue
+        best = optimum(comp)
+        if best is None or best >= INF:
+            continue
+        plans: list[np.ndarray] = []
+        bounds: list[int] = []
+
+        def offer(x: np.ndarray) -> bool:
+            assert comp.is_feasible(x)
+            plans.append(x)
+            return True
+
+        def bound(value: int) -> None:
+            assert value <= best, (seed, value, best)
+            bounds.append(value)
+
+        steps = search(comp, np.random.default_rng(seed), seed, lambda: min((comp.cost(p) for p in plans), default=None),
+                       offer, bound, direct, time.monotonic() + 1)
+        assert steps >= 1
+        checked += 1
+        bounded += bool(bounds)
+    assert checked >= 15 and bounded >= 15
+
+
+def test_the_multipliers_grow_on_rows_the_plan_overflows() -> None:
+    for seed in range(120):
+        comp = core_of(seed, nodes=8)
+        if comp is None or comp.n == 0 or not comp.has_memory:
+            continue
+        lagrangian = ExactLagrangian(comp, np.random.default_rng(seed), seed)
+        result = lagrangian.step(None, direct, time.monotonic() + 5)
+        free = np.asarray(prove_penalised(comp, np.zeros(comp.arrays.c_off[-1]), 1, seed)[0])
+        over = comp.profile(free) > comp.capacity
+        if result is None or not over.any():
+            continue
+        assert (lagrangian.lam[over] > 0).all() and (lagrangian.lam[~over] == 0).all()
+        return
+    raise AssertionError("no core whose free optimum overflows")
