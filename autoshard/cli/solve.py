@@ -65,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", choices=COST_MODELS, default="alpha-beta",
                    help="alpha-beta: seconds from bandwidth/latency and a compute roofline (default); "
                         "slapo: Slapo autoshard's element counts and search space")
-    p.add_argument("--device", choices=sorted(PRESETS), default=None,
+    p.add_argument("--device", default=None, metavar="{" + ",".join(sorted(PRESETS)) + "}|FILE.toml",
                    help="device preset: peak flop/s per dtype, memory bandwidth and capacity (the default "
-                        "--memory-budget), NVLink and network links (see README); default: generic round figures")
+                        "--memory-budget), NVLink and network links (see README); or a TOML file of one preset in "
+                        "the format of specs/devices.toml (specs/README.md); default: generic round figures")
     p.add_argument("--peak-flops", type=float, default=None,
                    help="device flop/s for compute costs, every dtype (overrides the preset); "
                         f"default {GENERIC.peak_flops['fp32']:.0e} without a preset")
