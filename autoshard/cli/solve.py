@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="full",
                    help="what recomputing a repeated layer means (training under a memory budget): full (every op "
                         "again, default), selective (torchtitan's op policy: keeps attention and every other "
-                        "matmul; costed, not yet run by the executor), none (never recompute)")
+                        "matmul), none (never recompute)")
     p.add_argument("--no-overlap", action="store_true",
                    help="charge parameter gathers and gradient reductions in full, not only what the neighbouring "
                         "layer's compute leaves exposed (the presets overlap them as FSDP2 and DDP do)")

@@ -59,17 +59,18 @@ def count_label(node: str) -> str:
 
 def expected_collectives(plan: Plan) -> list[Collective]:
     """The collectives one forward (and, for a training plan, one backward) must run, by plan edge:
-    forward, then the recomputation's (an edge into a recomputed segment), the re-gather's (a
+    forward, then the recomputation's (:func:`replayed_edges`), the re-gather's (a
     parameter gathered again for backward), then the gradient's.
 
     Bytes are ``Step.sent_bytes``, the quantity the cost model prices; slices are local and omitted.
     """
     result = []
-    recomputed = {name for segment in plan.recompute for name in segment}
+    rerun = {name for segment in plan.recompute for name in segment} - set(plan.recompute_kept)
+    replayed = replayed_edges(plan)
     for edge in plan.edges:
         passes = [(FORWARD, edge.steps)]
         if plan.mode == "training":
-            if edge.dst in recomputed:
+            if edge_label(edge) in replayed:
                 passes.append((RECOMPUTE, edge.steps))
             if edge.regather:
                 passes.append((BACKWARD, edge.steps))
@@ -80,7 +81,8 @@ def expected_collectives(plan: Plan) -> list[Collective]:
                     sent = step.sent_bytes(plan.mesh.shape[step.axis])
                     result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
     for node in plan.nodes.values():
-        phases = [FORWARD, RECOMPUTE] if node.name in recomputed and plan.mode == "training" else [FORWARD]
+        again = node.name in rerun and plan.mode == "training"
+        phases = [FORWARD, RECOMPUTE] if again else [FORWARD]
         for phase in phases:
             for step in node.count_steps:
                 sent = step.sent_bytes(plan.mesh.shape[step.axis])
@@ -89,6 +91,20 @@ def expected_collectives(plan: Plan) -> list[Collective]:
             result.append(Collective(exchange_label(node.name), ALL_TO_ALL, x.axis,
                                      x.sent_bytes(plan.mesh.shape[x.axis]), x.phase, x.routed))
     return result
+
+
+def replayed_edges(plan: Plan) -> set[str]:
+    """Labels of the edges whose forward steps a recomputation runs again: every edge into a
+    recomputed op that runs again, and into a kept op (``Plan.recompute_kept``) every edge from a
+    parameter or other source (a node that is no op's output: its gathered copy is not kept, and
+    the kept op's backward reads it); the reshard of another op's output into a kept op is kept
+    with that op (``runtime/recompute.py``), as the cost model charges it (``problem/edges.py``)."""
+    if plan.mode != "training":
+        return set()
+    recomputed = {name for segment in plan.recompute for name in segment}
+    kept = set(plan.recompute_kept)
+    return {edge_label(e) for e in plan.edges
+            if e.dst in recomputed and (e.dst not in kept or plan.nodes[e.src].op is None)}
 
 
 def same_collectives(executed: Sequence[Collective], planned: Sequence[Collective]) -> bool:
@@ -176,10 +192,6 @@ def check_layouts(plan: Plan, graph: OpGraph) -> None:
                      f"out {text(params.get(name))}")
     if stray := [name for segment in plan.recompute for name in segment if name not in graph.nodes]:
         raise refuse(f"it recomputes {stray[0]}, which is not a node of the model")
-    if plan.recompute_kept:
-        raise AutoshardError(f"the plan recomputes selectively (it keeps {len(plan.recompute_kept)} outputs, e.g. "
-                             f"{plan.recompute_kept[0]}), which the executor cannot run yet: plan again with "
-                             f"--recompute full to run or train it")
     _check_edges(plan, graph, refuse, text)
 
 

@@ -7,14 +7,15 @@ all-reduce P->R has an identity backward (the gradient of a replicated tensor is
 rank), a forward slice R->S has an all-gather backward, and a forward identity may all-reduce a
 partial gradient (Megatron's "f").
 
-On torch 2.13 CPU every collective a step needs is native in gloo (all_gather, reduce_scatter,
-all_reduce, all_to_all, also on subgroups), so each step is exactly one collective call and the
-bytes logged in :class:`CommLog` are those of the collective the cost model priced.
+Each step is one of PyTorch's functional collectives (``torch.ops._c10d_functional``: out of
+place, waited by ``wait_tensor``), which gloo runs on CPU (also on subgroups) and NCCL on GPUs,
+so each step is exactly one collective call and the bytes logged in :class:`CommLog` are those
+of the collective the cost model priced. Being functional, they can be cached by selective
+checkpointing (``runtime/recompute.py``) and traced by ``torch.compile``.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -25,9 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
 
-# torch 2.13 calls all_gather_into_tensor deprecated in favour of all_gather_single, which breaks the
-# group registry DTensor relies on; the old call is the one that works, so its warning is noise here.
-warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated", category=FutureWarning)
+_functional = torch.ops._c10d_functional
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -75,40 +74,42 @@ def _slice(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
     return x.narrow(step.dim, groups.coords[step.axis] * k, k)
 
 
+def _group_name(step: Step, groups: MeshGroups) -> str:
+    """The registered name of the process group along the step's axis (functional collectives take names)."""
+    return groups.groups[step.axis].group_name
+
+
+def _wait(t: torch.Tensor) -> torch.Tensor:
+    """The collective's result once it has arrived (``wait_tensor``: the first use of its output)."""
+    return _functional.wait_tensor(t)
+
+
 def _all_gather(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    x = x.contiguous()
     n = groups.axis_size(step.axis)
-    if step.dim == 0:  # straight into the result: no pieces to concatenate (half the transient memory)
-        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x, group=groups.groups[step.axis])
+    out = _wait(_functional.all_gather_into_tensor(x.contiguous(), n, _group_name(step, groups)))
+    if step.dim == 0:  # the pieces arrive stacked on dim 0: already the result
         return out
-    parts = [torch.empty_like(x) for _ in range(n)]
-    dist.all_gather(parts, x, group=groups.groups[step.axis])
-    return torch.cat(parts, dim=step.dim)
+    return torch.cat(out.chunk(n, dim=0), dim=step.dim)
 
 
 def _reduce_scatter(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
     n = groups.axis_size(step.axis)
     _pieces(x, step.dim, n, step.describe())
-    parts = [p.contiguous() for p in x.chunk(n, dim=step.dim)]
-    out = torch.empty_like(parts[0])
-    dist.reduce_scatter(out, parts, group=groups.groups[step.axis])
-    return out
+    stacked = x.contiguous() if step.dim == 0 else torch.cat(x.chunk(n, dim=step.dim), dim=0)
+    return _wait(_functional.reduce_scatter_tensor(stacked, "sum", n, _group_name(step, groups)))
 
 
 def _all_reduce(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    out = x.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, group=groups.groups[step.axis])
-    return out
+    return _wait(_functional.all_reduce(x.contiguous(), "sum", _group_name(step, groups)))
 
 
 def _all_to_all(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
     n = groups.axis_size(step.axis)
     _pieces(x, step.to_dim, n, step.describe())
-    sends = [p.contiguous() for p in x.chunk(n, dim=step.to_dim)]
-    recvs = [torch.empty_like(p) for p in sends]
-    dist.all_to_all(recvs, sends, group=groups.groups[step.axis])
-    return torch.cat(recvs, dim=step.dim)
+    sends = torch.stack(x.chunk(n, dim=step.to_dim))  # piece i, for group rank i, at index i of dim 0
+    ones = [1] * n
+    recvs = _wait(_functional.all_to_all_single(sends, ones, ones, _group_name(step, groups)))
+    return torch.cat(recvs.unbind(0), dim=step.dim)
 
 
 _EXECUTORS: dict[str, Callable[[torch.Tensor, Step, MeshGroups], torch.Tensor]] = {

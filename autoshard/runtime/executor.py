@@ -48,13 +48,13 @@ from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode
 from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.runtime.checks import (Collective, check_backend, check_layouts, check_model, check_world, count_label,
-                                      edge_label)
-from autoshard.runtime.collectives import FORWARD, CommLog, mask_to_first, reshard, run_steps
+                                      edge_label, replayed_edges)
+from autoshard.runtime.collectives import FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
 from autoshard.runtime.context import causal_rows_attention, splits_causal_rows
-from autoshard.runtime.recompute import Regathering, run_recomputed
+from autoshard.runtime.recompute import KeptOps, Regathering, run_recomputed
 from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
 from autoshard.sharding.spec import TensorSpec
 
@@ -123,6 +123,8 @@ class ParallelModule(nn.Module):
         self._attrs = {n.name: _local_attrs(n, plan) for n in graph if n.kind == NodeKind.OP}
         self._dying = _last_readers(graph)
         self._segments = {segment[0]: segment for segment in plan.recompute} if plan.mode == "training" else {}
+        self._kept, self._replayed = frozenset(plan.recompute_kept), replayed_edges(plan)
+        self._policy = KeptOps() if self._kept and self._segments else None
         self._read_outside: dict[str, set[str]] = {}
         for node in graph:
             for src in node.inputs:
@@ -199,21 +201,23 @@ class ParallelModule(nn.Module):
                                       if src not in inside))
         outputs = [name for name in segment if self._read_outside.get(name, inside) - inside]
 
+        kept: dict[str, torch.Tensor] = {}  # reshards into kept ops, from the forward to the recomputation
+
         def run(phase: str, args: Sequence[Any]) -> list[Any]:
             local = dict(zip(external, args))
             for name in segment:
-                self._step(self._graph[name], local, fed, phase, keep=set(external) | set(outputs))
+                self._step(self._graph[name], local, fed, phase, keep=set(external) | set(outputs), kept=kept)
             return [local[name] for name in outputs]
 
-        values.update(zip(outputs, run_recomputed(run, [values[src] for src in external])))
+        values.update(zip(outputs, run_recomputed(run, [values[src] for src in external], self._policy)))
         for name in segment:
             for src in self._dying.get(name, ()):
                 values.pop(src, None)
 
     def _step(self, node: OpNode, values: dict[str, Any], fed: Mapping[str, torch.Tensor], phase: str,
-              keep: set[str] = frozenset()) -> None:
+              keep: set[str] = frozenset(), kept: dict[str, torch.Tensor] | None = None) -> None:
         """Compute ``node``'s local value into ``values``; drop the values it was the last to read
-        (but those in ``keep``)."""
+        (but those in ``keep``). ``kept``: the segment's store of reshards into kept ops."""
         place = self.plan.nodes.get(node.name)
         if node.kind == NodeKind.INPUT and node.attrs.get(RECEIVED):  # a pipeline stage's input: its piece
             values[node.name] = self._checked_input(node, fed[node.name], place.out_spec)
@@ -222,13 +226,14 @@ class ParallelModule(nn.Module):
         elif node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
             values[node.name] = self.local_value(self._state_names[node.name])
         elif node.op == "getitem" and isinstance(values[node.inputs[0]], (tuple, list)):
-            values[node.name] = self._operand(node, 0, values, phase)
+            values[node.name] = self._operand(node, 0, values, phase, kept)
         else:
-            operands = [self._operand(node, k, values, phase) for k in range(len(node.inputs))]
+            operands = [self._operand(node, k, values, phase, kept) for k in range(len(node.inputs))]
             if place is not None:
                 for k in place.masked_operands:
                     operands[k] = mask_to_first(operands[k], place.out_spec.partial, self.groups, mask_grad=False)
-            with self._regathering(node, operands, values):
+            keeping = self._policy.keeping(node.name in self._kept) if self._policy is not None else nullcontext()
+            with self._regathering(node, operands, values), keeping:
                 if place is not None and place.count_steps:
                     out = self._mean_over_global_count(node, operands, place.count_steps, phase)
                 elif node.op == EXPERTS_OP and place is not None:
@@ -280,16 +285,26 @@ class ParallelModule(nn.Module):
                                  "pass inputs of the traced shapes (or re-plan for the new ones)")
         return value
 
-    def _operand(self, node: OpNode, index: int, values: Mapping[str, Any], phase: str = FORWARD) -> Any:
+    def _operand(self, node: OpNode, index: int, values: Mapping[str, Any], phase: str = FORWARD,
+                 kept: dict[str, torch.Tensor] | None = None) -> Any:
         """Operand ``index`` of ``node`` in the layout the node's strategy requires (its reshard's
-        collectives logged in ``phase``)."""
+        collectives logged in ``phase``). The reshard of another op's output into a kept op of a
+        selective segment is stored in ``kept`` by the forward and taken from there, not run, by
+        the recomputation (its gradient steps are the forward graph's business)."""
         value = values[node.inputs[index]]
         if node.op == "getitem" and isinstance(value, (tuple, list)):
             value = value[node.attrs.get("index", 0)]
         edge = self._edges.get((node.name, index))
         if edge is None or not (edge.steps or edge.grad_steps):
             return value
-        return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[edge_label(edge)], phase)
+        label = edge_label(edge)
+        if kept is None or not edge.steps or node.name not in self._kept or label in self._replayed:
+            return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[label], phase)
+        if phase == RECOMPUTE:
+            return kept.pop(label).requires_grad_(value.requires_grad)
+        out = reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[label], phase)
+        kept[label] = out.detach()
+        return out
 
     def collectives(self) -> list[Collective]:
         """Every collective run since the last :meth:`reset_log`, by plan edge (then execution order)."""
@@ -376,3 +391,4 @@ def parallelize(
         mesh_groups = MeshGroups.create(plan.mesh) if distributed else MeshGroups.single()
     state = broadcast_state(model_state(model, graph), mesh_groups)
     return ParallelModule(graph, plan, mesh_groups, state, transient_buffers(model, graph))
+

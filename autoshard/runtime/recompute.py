@@ -7,6 +7,15 @@
   whole segment is replayed (checkpoint's early stop off), as the cost model charges it: with
   early stop, ops after the segment's last saved tensor (a trailing residual add and the
   reshard into it) would be skipped and the executed collectives would differ from the plan's.
+- A selective plan (``Plan.recompute_kept``: the ops torchtitan's policy keeps, as
+  ``cost/recompute.py`` prices them) runs each segment with ``create_selective_checkpoint_contexts``
+  and :class:`KeptOps` as its policy: every op dispatched while a kept node computes its output
+  is ``MUST_SAVE`` (views excepted: they are recomputed from what they view), every other op
+  ``PREFER_RECOMPUTE``; the executor keeps the reshard of another op's output into a kept op
+  from the forward for the recomputation (its result only, not the steps' intermediates). So
+  the recomputation neither runs a kept op again nor the collectives into it (the cost model
+  charges neither), while its parameters' gathers run again (charged: the backward needs the
+  gathered weight, and ``replayed_edges`` in ``runtime/checks.py`` lists them).
 - A re-gathered parameter (``EdgeReshard.regather``): the gathered copy an op saves for backward
   is replaced, through saved-tensor hooks, by the parameter's own piece, and gathered again (the
   edge's forward steps, logged in the backward pass) when the backward unpacks it.
@@ -14,22 +23,53 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext, checkpoint,
+                                   create_selective_checkpoint_contexts, set_checkpoint_early_stop)
 
 from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, run_steps
 from autoshard.runtime.groups import MeshGroups
 from autoshard.sharding.reshard import Step
 
 
-def run_recomputed(segment: Callable[[str, Sequence[Any]], list[Any]], inputs: Sequence[Any]) -> list[Any]:
+class KeptOps:
+    """The selective policy of one plan: ``MUST_SAVE`` for what runs inside :meth:`keeping`.
+
+    The executor enters ``keeping(True)`` around a kept node's op call, in the forward and
+    identically in the recomputation (the cache is matched op by op, in order).
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+
+    def policy(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        """Save every non-view op run while keeping; recompute the rest."""
+        if self.active and not getattr(op, "is_view", False):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    @contextmanager
+    def keeping(self, on: bool) -> Iterator[None]:
+        """Ops run inside are saved when ``on`` (else the surrounding choice holds)."""
+        before = self.active
+        self.active = before or on
+        try:
+            yield
+        finally:
+            self.active = before
+
+
+def run_recomputed(segment: Callable[[str, Sequence[Any]], list[Any]], inputs: Sequence[Any],
+                   kept: KeptOps | None = None) -> list[Any]:
     """``segment(phase, inputs)`` under checkpointing: called with ``forward`` now, and with
-    ``recompute`` when the backward needs what it would have saved."""
+    ``recompute`` when the backward needs what it would have saved (``kept``: the selective
+    policy whose saved ops the recomputation takes from the forward instead of running them)."""
     calls = [0]
 
     def run(*args: Any) -> list[Any]:
@@ -37,8 +77,11 @@ def run_recomputed(segment: Callable[[str, Sequence[Any]], list[Any]], inputs: S
         calls[0] += 1
         return segment(phase, args)
 
+    options: dict[str, Any] = {}
+    if kept is not None:
+        options["context_fn"] = partial(create_selective_checkpoint_contexts, kept.policy)
     with set_checkpoint_early_stop(False):
-        return checkpoint(run, *inputs, use_reentrant=False)
+        return checkpoint(run, *inputs, use_reentrant=False, **options)
 
 
 @dataclass(frozen=True)

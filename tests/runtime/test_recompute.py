@@ -23,11 +23,11 @@ from .plans import data_parallel_choice, reference, traced
 from .test_executor import TOLERANCE, Case, _charged_ticks, _run_cases
 
 
-def _problem(name: str, mesh: str) -> ModelProblem:
-    """A training problem under a (loose) memory budget, so recomputation is a choice."""
+def _problem(name: str, mesh: str, policy: str = "full") -> ModelProblem:
+    """A training problem under a (loose) memory budget, so recomputation (by ``policy``) is a choice."""
     m = parse_mesh(mesh)
     return build_problem(traced(name).graph, m, make_cost_model("alpha-beta", m),
-                         BuildOptions(mode="training", memory_budget=10**15))
+                         BuildOptions(mode="training", memory_budget=10**15, recompute=policy))
 
 
 def recompute_everything(mp: ModelProblem, choice: list[int]) -> list[int]:
@@ -90,3 +90,39 @@ def test_recomputed_and_regathered_plans_match_reference(model: str, mesh: str) 
             e.regather and c.edge == f"{e.src}->{e.dst}[{e.operand}]" and c.kind == "all_gather" for e in plan.edges)]
         if case.label == "regather":
             assert regathered, f"{where}: no parameter is gathered again in backward"
+
+
+def _check_runs(cases: list[Case], results: list, where: str) -> None:
+    """Every rank computed the reference, ran the plan's collectives, and each edge cost what it was charged."""
+    for k, case in enumerate(cases):
+        plan, label = case.plan, f"{where}, {case.label}"
+        expected = expected_collectives(plan)
+        for rank, outcome in enumerate(r[k] for r in results):
+            bad = {name: err for name, (_, err) in outcome.errors.items() if not err <= TOLERANCE}
+            assert not bad, f"{label}: relative errors above {TOLERANCE} on rank {rank}: {bad}"
+            assert same_collectives(outcome.collectives, expected), f"{label}: rank {rank} ran other collectives"
+        charged = _charged_ticks(plan, results[0][k].collectives)
+        for e in plan.edges:
+            got = charged.get(f"{e.src}->{e.dst}[{e.operand}]", 0)
+            assert abs(got - e.cost) <= 2, f"{label}: {e.src}->{e.dst} executed {got} ticks, charged {e.cost}"
+
+
+@pytest.mark.parametrize("model,mesh", [("llama", "2x2"), ("llama", "4")])
+def test_selectively_recomputed_plans_match_reference(model: str, mesh: str) -> None:
+    """torchtitan's plan under the selective policy: the kept matmuls and attention are neither
+    run again nor resharded again into (their edges from other ops have no recompute pass), the
+    rest of each layer is; outputs, gradients, collectives (per edge and pass, in order) and
+    per-edge costs as charged."""
+    t = traced(model)
+    mp = _problem(model, mesh, "selective")
+    plan = make_plan(mp, torchtitan_choice(mp), model=t.name)
+    assert plan.recompute and plan.recompute_kept, "the selective plan keeps nothing"
+    kept, expected = set(plan.recompute_kept), expected_collectives(plan)
+    recomputed = {c.edge for c in expected if c.phase == RECOMPUTE}
+    into_kept = [e for e in plan.edges if e.dst in kept and e.steps and plan.nodes[e.src].op is not None]
+    assert all(f"{e.src}->{e.dst}[{e.operand}]" not in recomputed for e in into_kept)
+    assert into_kept or mesh == "4", "no activation is resharded into a kept op: the case this test is for"
+    assert any(c.phase == RECOMPUTE for c in expected)
+    outputs, grads = reference(t, True)
+    cases = [Case("selective", plan, outputs, grads)]
+    _check_runs(cases, run_ranks(plan.mesh.size, _run_cases, t, cases, timeout=150), f"{model} on {mesh}")
