@@ -371,7 +371,7 @@ def _warnings(unsupported, candidates: dict[str, Candidate], mesh: Mesh) -> list
     warnings = []
     if unsupported:
         listed = ", ".join(f"{op} x{n}" if n > 1 else op for op, n in unsupported.most_common())
-        warnings.append(f"no sharding rule for {listed}: kept replicated (add a rule in autoshard/sharding/ops.toml to shard them)")
+        warnings.append(f"no sharding rule for {listed}: kept replicated (add a rule in specs/ops.toml to shard them)")
     ops = [c for c in candidates.values() if c.node.kind == NodeKind.OP]
     if mesh.size > 1 and ops and all(len(c.strategies) == 1 for c in ops):
         warnings.append(f"mesh {mesh.label} divides no shardable dim of this model: the plan is replicated "

@@ -1,5 +1,6 @@
-"""``--device my_gpu.toml``: a preset of one's own, in the format of specs/devices.toml, read and
-checked against specs/device.schema.json; whatever is wrong with it is one line naming the field."""
+"""``--device my_gpu.toml``: a preset of one's own (specs/README.md's worked example), in the format of
+specs/devices.toml, read and checked against specs/device.schema.json; whatever is wrong with it is one
+line naming the field."""
 
 from __future__ import annotations
 
@@ -14,19 +15,8 @@ from autoshard.cost.devices import GiB, PRESETS, get_device, load_presets
 from autoshard.errors import AutoshardError
 
 ROOT = Path(__file__).resolve().parents[2]
-MY_GPU = """\
-[my_gpu]
-description = "an H100 capped at 500 W"
-peak_flops = { fp32 = 50e12, tf32 = 400e12, bf16 = 800e12, fp8 = 1600e12 }
-memory_bandwidth = 3.35e12
-memory = 80
-intra = { bandwidth = 370e9, latency = 40e-6 }
-inter = { bandwidth = 47e9, latency = 47e-6 }
-achieved = { matmul = 0.7, attention_forward = 0.33, attention_backward = 0.23, memory = 0.9 }
-allocator = { headroom = 0.2, runtime_gib = 1.3 }
-overlap = true
-by_flops = "h100"
-"""
+MY_GPU = (ROOT / "specs" / "README.md").read_text().split("```toml\n")[2].split("```")[0]
+"""The worked example of specs/README.md: an H100 at 500 W, with the shipped H100's curves."""
 
 
 def _write(tmp_path: Path, text: str) -> str:

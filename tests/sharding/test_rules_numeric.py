@@ -305,6 +305,7 @@ def _values_and_indices(result):
     ("einsum", lambda a, b, local: torch.einsum("bi,bj->", a, b), [R(4, 4), R(4, 2)], {"equation": "bi,bj->"}),
     ("outer", lambda a, b, local: torch.outer(a, b), [R(4), R(8)], {}),
     ("mv", lambda a, b, local: torch.mv(a, b), [R(4, 8), R(8)], {}),
+    ("addmv", lambda c, a, b, local: torch.addmv(c, a, b), [R(4), R(4, 8), R(8)], {}),
 ], ids=lambda c: c[0] if isinstance(c, tuple) else None)
 def test_more_contractions(case, mesh_shape):
     op, fn, operands, attrs = case
