@@ -10,7 +10,8 @@ a parameter to its owner allows only the owner strategies that read the paramete
 ``U``, and charges the gathers from the stored layout ``L`` (twice when it is re-gathered for
 backward) and the gradient's way back to ``L`` (a reduce-scatter under FSDP storage).
 
-Overlapped parameter traffic (``BuildOptions.overlap``) is priced in ``edges.py``.
+Overlapped parameter traffic (``BuildOptions.overlap``: which edges hide is ``cost/overlap.py``'s
+rule, which the runtime follows too) is priced in ``edges.py``.
 
 Memory (``cost/memory.py``) comes as items: bytes per strategy of one node over one interval of
 the step. The problem (IOPDDL form) gives each node one interval, so a node's first item is its
@@ -38,6 +39,7 @@ from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, laye
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
 from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
+from autoshard.cost.overlap import hidden_edges
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.strategy import OpStrategy
@@ -287,7 +289,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
                              "requires_grad=False, are not trained): plan --mode inference, or unfreeze what should train")
     life = lifetimes(graph, training)
     repeated = find_repeated_layers(graph)
-    in_layers = repeated.nodes if repeated and options.overlap else frozenset()
+    hidden = hidden_edges(graph, options.overlap)
     if options.recompute not in RECOMPUTE_POLICIES:
         raise AutoshardError(f"--recompute {options.recompute!r} is unknown: use one of {', '.join(RECOMPUTE_POLICIES)}")
     blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \
@@ -330,7 +332,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             owner = candidates[src].storage is not None and life.first_reader.get(src) == node.name \
                 and node.inputs.index(src) == operand and candidates[src].storage[0].use is not None
             matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner, blocks.same(src, node.name),
-                                   owner and node.name in in_layers)
+                                   owner and (node.name, operand) in hidden)
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)

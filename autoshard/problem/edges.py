@@ -8,7 +8,7 @@ gradient's way back to the stored layout. Matrices are shared by identical edges
 
 Overlap (``BuildOptions.overlap``): FSDP2 and DDP run a parameter's gathers and its gradient's
 reduction on a communication stream, prefetched under the neighbouring layer's compute. For an
-owner ``o`` inside a repeated layer, whose twin in the neighbouring layer runs the same
+owner ``o`` inside a repeated layer (the edges ``cost/overlap.py``'s rule hides), whose twin in the neighbouring layer runs the same
 strategy ``j``, the edge charges only what the twin's compute cannot hide:
 
     cost(i, j) = max(0, F_ij - fwd_j) + max(0, B_ij - bwd_j)

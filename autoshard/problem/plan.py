@@ -30,7 +30,8 @@ with ``auto``; no signature: only the fingerprint is compared).
 Per edge it records the forward steps (producer spec -> required spec) and, in training mode,
 the backward steps of the gradient (consumer's gradient spec -> producer's expected gradient);
 ``regather`` marks a parameter gathered again for backward instead of kept from forward (its
-forward steps run once more in backward). ``Plan.recompute`` lists the recomputed segments (runs
+forward steps run once more in backward); ``hidden`` an edge whose collectives the cost model
+hides under compute (``cost/overlap.py``), which the runtime issues ahead. ``Plan.recompute`` lists the recomputed segments (runs
 of consecutive graph nodes, each a repeated layer): their forward runs again in backward, but
 for ``Plan.recompute_kept``, the ops a selective policy keeps (``cost/recompute.py``).
 """
@@ -86,6 +87,7 @@ class EdgeReshard:
     grad_steps: tuple[Step, ...] = ()
     cost: int = 0
     regather: bool = False
+    hidden: bool = False
 
 
 @dataclass
@@ -327,6 +329,7 @@ def _edge_json(edge: EdgeReshard, mesh_ndim: int) -> dict:
         "grad_steps": [_step_json(s, mesh_ndim) for s in edge.grad_steps],
         "cost": edge.cost,
         "regather": edge.regather,
+        "hidden": edge.hidden,
     }
 
 
@@ -343,4 +346,5 @@ def _edge_from(data: dict) -> EdgeReshard:
         grad_steps=tuple(_step_from(s) for s in data["grad_steps"]),
         cost=data["cost"],
         regather=data.get("regather", False),
+        hidden=data.get("hidden", False),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autoshard.cost.overlap import hidden_edges
 from autoshard.frontend.graph import graph_signature
 from autoshard.problem.build import ModelProblem
 from autoshard.problem.candidates import expert_exchanges_of, operand_meta
@@ -82,6 +83,7 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
         if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
             param_specs[cand.node.qualname] = strategy.out_spec
     edges = []
+    hidden = hidden_edges(mp.graph, mp.options.overlap)
     shape_of = mp.mesh.shape
     for e in mp.edges:
         src = nodes[e.src].out_spec
@@ -100,7 +102,7 @@ def make_plan(mp: ModelProblem, choice: list[int], model: str = "", lower_bound:
         regather = bool(storage) and storage[choice[mp.names.index(e.src)]].regather \
             and mp.life.first_reader.get(e.src) == e.dst and steps != ()
         edges.append(EdgeReshard(e.src, e.dst, e.operand, src, dst, steps, grad_src, grad_dst, grad_steps,
-                                 edge_cost(mp, e.index, choice), regather))
+                                 edge_cost(mp, e.index, choice), regather, (e.dst, e.operand) in hidden))
     return Plan(
         model=model,
         fingerprint=mp.fingerprint,
