@@ -7,7 +7,7 @@ activation, an inverse permutation written by ``index_put`` and a sum over the t
 Taken one by one, these ops only shard in ways that keep the sorted rows whole; taken together
 they are a per-token computation, ``out[t] = sum_j w[t, j] * Expert_{idx[t, j]}(x[t])``, which
 is what expert parallelism distributes. :func:`fuse_experts` replaces each such module's nodes
-by one ``moe_experts`` node (rule in autoshard/sharding/ops.toml), called as :func:`moe_experts`:
+by one ``moe_experts`` node (rule in specs/ops.toml), called as :func:`moe_experts`:
 
 - rows of the pairs in expert order (``sort``, a gather), counts per expert, their ends;
 - ``gate_up`` then the gated activation then ``down`` as grouped matmuls (:func:`grouped_mm`,

@@ -27,7 +27,7 @@ import networkx as nx
 
 EXPERTS_OP = "moe_experts"
 """The op name of a fused mixture-of-experts node (frontend/experts.py; its rule is ``[moe_experts]``
-in autoshard/sharding/ops.toml)."""
+in specs/ops.toml)."""
 
 RECEIVED = "received"
 """``OpNode.attrs`` key of a pipeline stage's input that an earlier stage sends it point to point

@@ -2,5 +2,5 @@
 
 Torch-free: ``mesh`` and ``spec`` name where tensors live, ``reshard`` turns one layout into
 another as collective steps, ``rules`` (with ``rules_base`` and ``rules_shapes``) turns the op
-table in ``autoshard/sharding/ops.toml`` into strategies, ``layers`` finds identical repeated blocks.
+table in ``specs/ops.toml`` into strategies, ``layers`` finds identical repeated blocks.
 """

@@ -17,7 +17,7 @@ class RuleError(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """One entry of autoshard/sharding/ops.toml."""
+    """One entry of specs/ops.toml."""
 
     op: str
     kind: str

@@ -1,7 +1,7 @@
 """Rule kinds for the ops mixture-of-experts layers trace to, and expert parallelism.
 
 **Expert parallelism.** A rule may name an ``exchange`` pair (token index, expert index), as
-``moe_experts`` does (autoshard/sharding/ops.toml). Besides its signature strategies (tokens split: every
+``moe_experts`` does (specs/ops.toml). Besides its signature strategies (tokens split: every
 device runs every expert on its own tokens; experts split: every device runs its own experts on
 every token and the output is a partial sum over that axis), the pair may then share one mesh
 axis a: tokens split over a *and* experts split over a. The op sends each token-expert pair's
@@ -190,4 +190,4 @@ MOE_KINDS = {
     "scatter_add": scatter_add_instance,
     "one_hot": one_hot_instance,
 }
-"""Kind name (``kind =`` in autoshard/sharding/ops.toml) -> instantiation function."""
+"""Kind name (``kind =`` in specs/ops.toml) -> instantiation function."""

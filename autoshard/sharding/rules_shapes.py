@@ -235,4 +235,4 @@ SHAPE_KINDS = {
     "index_select": index_select_instance,
     "scatter_slice": scatter_slice_instance,
 }
-"""Kind name (``kind =`` in autoshard/sharding/ops.toml) -> instantiation function."""
+"""Kind name (``kind =`` in specs/ops.toml) -> instantiation function."""
