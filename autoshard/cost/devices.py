@@ -143,7 +143,8 @@ GENERIC = Device("generic", {c: 100e12 for c in DTYPE_CLASSES}, 2e12, None,
 def _preset(name: str, data: dict) -> Device:
     """One preset table (already checked against specs/device.schema.json) as a Device."""
     achieved = dict(data["achieved"])
-    curves = {kernel: tuple((float(f), float(a)) for f, a in points) for kernel, points in data.get("by_flops", {}).items()}
+    curves = {kernel: tuple((float(f), float(a)) for f, a in points)
+              for kernel, points in data.get("by_flops", {}).items()}
     peaks = data["peak_flops"]
     summary = (f"{data['description']}: " + ", ".join(f"{c} {peaks[c] / 1e12:.4g}" for c in DTYPE_CLASSES)
                + f" Tflop/s (matmuls at {achieved['matmul']:.0%}), HBM {data['memory_bandwidth'] / 1e12:.3g} TB/s, "
@@ -176,8 +177,7 @@ def _read_presets(path: Path, source: str, named_curves: Mapping[str, Device]) -
             if isinstance(tables.get(curves, {}).get("by_flops"), dict):
                 table["by_flops"] = tables[curves]["by_flops"]
             elif curves in named_curves and named_curves[curves].by_flops:
-                table["by_flops"] = {kernel: [list(p) for p in points]
-                                     for kernel, points in named_curves[curves].by_flops.items()}
+                table["by_flops"] = dict(named_curves[curves].by_flops)
             else:
                 raise AutoshardError(f"{source} is malformed ({name}.by_flops names {curves!r}, a preset without "
                                      f"curves): name one of {', '.join(_with_curves(tables, named_curves))}")

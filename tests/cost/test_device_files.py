@@ -44,7 +44,8 @@ def test_the_shipped_presets_are_one_file_of_the_same_format() -> None:
 @pytest.mark.parametrize("edit, field", [
     (lambda t: t.replace("bf16 = 800e12, ", ""), r"my_gpu\.peak_flops\.bf16 is missing"),
     (lambda t: t.replace("memory = 80\n", 'memory = "80GB"\n'), r"my_gpu\.memory must be number"),
-    (lambda t: t.replace("matmul = 0.7", "matmul = 70"), r"my_gpu\.achieved\.matmul must be smaller than or equal to 1"),
+    (lambda t: t.replace("matmul = 0.7", "matmul = 70"),
+     r"my_gpu\.achieved\.matmul must be smaller than or equal to 1"),
     (lambda t: t.replace("overlap = true", "overlap = true\nheadrom = 0.2"), r"my_gpu\.headrom is not a field"),
     (lambda t: t.replace("intra = { bandwidth = 370e9, ", "intra = { "), r"my_gpu\.intra\.bandwidth is missing"),
     (lambda t: t.replace('by_flops = "h100"', 'by_flops = "a100"'),
