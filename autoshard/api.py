@@ -90,9 +90,9 @@ def build_model_problem(
 ) -> ModelProblem:
     """The sharding problem of a traced model.
 
-    ``device`` is a preset name (``h100``) or a Device; ``peak_flops`` (every dtype) and
-    ``memory_bandwidth`` override its roofline. A memory budget of None means the device's
-    capacity (none for the generic device). ``capacity_factor`` scales what expert-sharded
+    ``device`` is a preset name (``h100``), a preset file (``my_gpu.toml``) or a Device;
+    ``peak_flops`` (every dtype) and ``memory_bandwidth`` override its roofline. A memory budget
+    of None means the device's capacity (none for the generic device). ``capacity_factor`` scales what expert-sharded
     mixture-of-experts layers are charged over balanced routing; ``expert_parallel`` (a mesh
     axis) pins them to expert parallelism over that axis. ``overlap`` (default: the device's)
     lets parameter traffic hide under the neighbouring layer's compute (``problem/build.py``);
