@@ -30,7 +30,7 @@ DEVICE_SCHEMA = "device.schema.json"
 @functools.cache
 def _validator(schema: str) -> Callable[[Any], Any]:
     """The compiled validator of one schema file of this folder (JSON Schema draft-07, compiled to
-    Python by fastjsonschema: a plan of thousands of nodes checks in a fraction of a second)."""
+    Python by fastjsonschema: checking a plan takes less time than writing it as JSON)."""
     return fastjsonschema.compile(json.loads((FOLDER / schema).read_text()), use_default=False)
 
 
@@ -42,13 +42,16 @@ def problem(document: Any, schema: str) -> str | None:
     try:
         _validator(schema)(document)
     except fastjsonschema.JsonSchemaValueException as error:
-        where = error.name.removeprefix("data").lstrip(".")
+        where = error.name.removeprefix("data").lstrip(".")  # fastjsonschema calls the document "data"
+
+        def field(key: str) -> str:
+            return f"{where}.{key}" if where else key
+
         if error.rule == "required":
-            missing = next(key for key in error.rule_definition if key not in error.value)
-            return f"{where + '.' if where else ''}{missing} is missing"
+            return f"{field(next(key for key in error.rule_definition if key not in error.value))} is missing"
         if error.rule == "additionalProperties" and isinstance(error.value, dict):
             known = error.definition.get("properties", {})
             if unknown := [key for key in error.value if key not in known]:
-                return f"{where + '.' if where else ''}{unknown[0]} is not a field of this file"
-        return error.message.removeprefix("data").lstrip(".") if where else f"the document{error.message[4:]}"
+                return f"{field(unknown[0])} is not a field of this file"
+        return (where or "the document") + error.message.removeprefix(error.name)
     return None
