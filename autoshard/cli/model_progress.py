@@ -3,7 +3,6 @@ live status line (progress.py's ``EventView`` keeps the state it reads)."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import Any
 
@@ -13,6 +12,7 @@ from rich.text import Text
 
 from autoshard.cli.baseline import cost_text
 from autoshard.cli.progress import HEARTBEAT, EventView, failure_line
+from autoshard.solver.procs.clock import Clock
 from autoshard.solver.model.events import EngineFailed, Improved, Reduced, Event
 
 SMALL_PLAN_ROWS = 40
@@ -26,7 +26,8 @@ class ModelProgress(EventView):
     line per plan, the plans after one whose total prints the same (a neighbourhood search shaving
     picoseconds) are held and printed as one line when the total shown changes or the run ends."""
 
-    def __init__(self, mp: Any, console: Console, tables: str, live: Live | None, every: float = HEARTBEAT) -> None:
+    def __init__(self, mp: Any, console: Console, tables: str, live: Live | None, every: float = HEARTBEAT,
+                 clock: Clock | None = None) -> None:
         self.mp, self.console, self.tables, self.live = mp, console, tables, live
         if tables == "auto":
             from autoshard.cli.report import cost_rows
@@ -35,7 +36,7 @@ class ModelProgress(EventView):
         self.iterations = 0
         self.shown = ""  # the short total of the last plan line printed
         self.held: list[tuple[int, Improved]] = []  # plans since then whose short total reads the same
-        super().__init__(every, heartbeat=live is not None and not console.is_terminal)
+        super().__init__(every, heartbeat=live is not None and not console.is_terminal, clock=clock)
 
     def status(self) -> Text:
         """The live line: iterations, the bound z3 is asked for, best plan, lower bound, time."""
@@ -43,7 +44,7 @@ class ModelProgress(EventView):
         best = "-" if self.best is None else fmt(self.best)
         lower = "-" if self.lower is None else fmt(self.lower)
         return Text(f"iterations {self.iterations}  bound < {best}  best {best}  lower bound {lower}  "
-                    f"time {time.monotonic() - self.start:.1f}s", style="cyan")
+                    f"time {self.clock() - self.start:.1f}s", style="cyan")
 
     def status_text(self) -> str:
         return self.status().plain

@@ -31,6 +31,7 @@ from autoshard.cli.process import is_cli_process
 from autoshard.cli.progress import HEARTBEAT, EventView, LogLines, failure_line, gap
 from autoshard.solver import Solution, SolveOptions, solve
 from autoshard.solver.model.events import Checked, EngineFailed, Event, Improved, Reduced, Started
+from autoshard.solver.procs import clock as clocks
 
 
 def add_solver_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,9 +78,10 @@ class ProblemDisplay(EventView):
     """Prints one line per improvement and keeps a live status line; on a console that is not a
     terminal (no live line) the status is printed after HEARTBEAT s of silence."""
 
-    def __init__(self, console: Console, live: Live | None, every: float = HEARTBEAT) -> None:
+    def __init__(self, console: Console, live: Live | None, every: float = HEARTBEAT,
+                 clock: clocks.Clock | None = None) -> None:
         self.console, self.live = console, live
-        super().__init__(every, heartbeat=not console.is_terminal)
+        super().__init__(every, heartbeat=not console.is_terminal, clock=clock)
 
     def status(self) -> Text:
         """The live line: phase, best, bound, gap, z3 checks, time."""
@@ -87,7 +89,7 @@ class ProblemDisplay(EventView):
         lower = "-" if self.lower is None else str(self.lower)
         return Text(
             f"{self.phase}: best {best}  lower bound {lower}  gap {gap(self.best, self.lower)}  "
-            f"z3 checks {self.checks}  {time.monotonic() - self.start:.1f}s",
+            f"z3 checks {self.checks}  {self.clock() - self.start:.1f}s",
             style="cyan",
         )
 
@@ -131,11 +133,11 @@ class ProblemDisplay(EventView):
 
 
 class Clock:
-    """A wall-time limit counted from ``started`` (time.monotonic): the solver's share of what is
-    left, and the moment the watchdog must print whatever plan there is."""
+    """A wall-time limit counted from ``started`` (a reading of ``clock``): the solver's share of
+    what is left, and the moment the watchdog must print whatever plan there is."""
 
-    def __init__(self, timeout: float | None, started: float) -> None:
-        self.timeout, self.started = timeout, started
+    def __init__(self, timeout: float | None, started: float, clock: clocks.Clock = clocks.MONOTONIC) -> None:
+        self.timeout, self.started, self.clock = timeout, started, clock
 
     @property
     def reserve(self) -> float:
@@ -147,7 +149,7 @@ class Clock:
         """Seconds the solver may use from now (None without a limit; at least 0.1)."""
         if self.timeout is None:
             return None
-        return max(0.1, self.started + self.timeout - self.reserve - time.monotonic())
+        return max(0.1, self.started + self.timeout - self.reserve - self.clock())
 
     def hard_deadline(self) -> float | None:
         """When the watchdog prints the best plan so far and ends the process."""
@@ -160,10 +162,10 @@ HiGHS call has fd 1 pointed at /dev/null (silence.silenced)."""
 ORIGINAL_STDERR = os.dup(2)
 
 
-def launch_time() -> float:
-    """When this process started (time.monotonic) if it is the CLI, else now: in-process callers
-    (tests, notebooks) count their limit from the call."""
-    now = time.monotonic()
+def launch_time(clock: clocks.Clock = clocks.MONOTONIC) -> float:
+    """When this process started (a reading of ``clock``) if it is the CLI, else now: in-process
+    callers (tests, notebooks) count their limit from the call."""
+    now = clock()
     if not is_cli_process():
         return now
     try:

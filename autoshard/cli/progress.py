@@ -2,21 +2,22 @@
 
 ``EventView`` keeps what every rendering needs (best cost, lower bound, phase, z3 checks, the
 solver's clock) and hands each event to the handler for its type (``on_improved`` ...), matched
-on the event classes of solver/events.py. Its renderings: ``LogLines`` (``--log``: plain lines on
+on the event classes of solver/model/events.py. Its renderings: ``LogLines`` (``--log``: plain lines on
 stderr), problem_file.ProblemDisplay (IOPDDL files) and model_progress.ModelProgress (model files,
 with cost tables). Each prints a status line after ``HEARTBEAT`` seconds without one where no live
-line moves (``Heartbeat``).
+line moves (``Heartbeat``). Every reading of time is of a ``Clock`` (solver/procs/clock.py) that
+tests replace with a fake one.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-import time
 from typing import Callable, TextIO
 
 from autoshard.solver.model.events import (Checked, EngineFailed, Event, EventCallback, Finished, Improved, LowerBound,
-                                     Phase, Reduced, Started)
+                                           Phase, Reduced, Started)
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 
 HEARTBEAT = 10.0
 """Seconds of silence after which ``--log`` and a display that is not a terminal print a status
@@ -26,44 +27,57 @@ line: between better plans a long search can go a minute without one."""
 class Heartbeat:
     """Calls ``beat`` from a daemon thread whenever ``every`` seconds pass without ``touch``, so
     long stretches without news still show that the search is alive and where it stands. With
-    ``on`` False (a terminal, where the live line moves anyway) there is no thread."""
+    ``on`` False (a terminal, where the live line moves anyway) there is no thread; with a
+    ``clock`` given (a test's fake one) there is none either, and its owner calls ``tick``."""
 
-    def __init__(self, beat: Callable[[], None], every: float = HEARTBEAT, on: bool = True) -> None:
+    def __init__(self, beat: Callable[[], None], every: float = HEARTBEAT, on: bool = True,
+                 clock: Clock | None = None) -> None:
         self.beat, self.every = beat, every
-        self.last = time.monotonic()
+        self.clock = clock or MONOTONIC
+        self.last = self.clock()
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True) if on else None
+        threaded = on and clock is None
+        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True) if threaded else None
         if self.thread is not None:
             self.thread.start()
 
     def touch(self) -> None:
         """Something was just printed: the next beat is ``every`` seconds from now."""
-        self.last = time.monotonic()
+        self.last = self.clock()
 
     def stop(self) -> None:
         """No more beats (the run is over)."""
         self.stopped.set()
 
+    def tick(self) -> bool:
+        """Beat if ``every`` seconds passed since the last line and not stopped; whether it beat."""
+        if self.stopped.is_set() or self.clock() - self.last < self.every:
+            return False
+        self.beat()
+        self.touch()
+        return True
+
     def _run(self) -> None:
-        while not self.stopped.wait(max(0.05, self.last + self.every - time.monotonic())):
-            if time.monotonic() - self.last >= self.every:
-                self.beat()
-                self.touch()
+        while not self.stopped.wait(max(0.05, self.last + self.every - self.clock())):
+            self.tick()
 
 
 class EventView:
     """A run's state as its events tell it, and the dispatch of each event to its handler. A
     subclass overrides the ``on_*`` handlers it renders and ``status_text``; ``forward`` gets
-    every event after this view has taken it."""
+    every event after this view has taken it. ``clock``: a fake clock for tests (its heartbeat then
+    runs no thread: the test calls ``heartbeat.tick``)."""
 
-    def __init__(self, every: float = HEARTBEAT, heartbeat: bool = True, forward: EventCallback | None = None) -> None:
+    def __init__(self, every: float = HEARTBEAT, heartbeat: bool = True, forward: EventCallback | None = None,
+                 clock: Clock | None = None) -> None:
+        self.clock = clock or MONOTONIC
         self.best: int | None = None
         self.lower: int | None = None
         self.phase = "starting"
         self.checks = 0
-        self.start = time.monotonic()
+        self.start = self.clock()
         self.forward = forward
-        self.heartbeat = Heartbeat(self.beat, every, on=heartbeat)
+        self.heartbeat = Heartbeat(self.beat, every, on=heartbeat, clock=clock)
 
     def __call__(self, event: Event) -> None:
         match event:
@@ -141,16 +155,16 @@ class LogLines(EventView):
     without one; forwards every event to ``forward``."""
 
     def __init__(self, forward: EventCallback | None = None, stream: TextIO | None = None,
-                 every: float = HEARTBEAT) -> None:
+                 every: float = HEARTBEAT, clock: Clock | None = None) -> None:
         self.stream = stream or sys.stderr
         self.last_bound = -1.0
         self.lock = threading.Lock()
-        super().__init__(every, heartbeat=True, forward=forward)
+        super().__init__(every, heartbeat=True, forward=forward, clock=clock)
 
     def __call__(self, event: Event) -> None:
         elapsed = getattr(event, "elapsed", None)
         if isinstance(elapsed, float):  # the status line's clock is the solver's
-            self.start = time.monotonic() - elapsed
+            self.start = self.clock() - elapsed
         super().__call__(event)
 
     def on_improved(self, event: Improved) -> None:
@@ -172,7 +186,7 @@ class LogLines(EventView):
 
     def status_text(self) -> str:
         best = "-" if self.best is None else str(self.best)
-        return f"{time.monotonic() - self.start:.2f}s searching ({self.phase}): best {best} gap {gap(self.best, self.lower)}"
+        return f"{self.clock() - self.start:.2f}s searching ({self.phase}): best {best} gap {gap(self.best, self.lower)}"
 
     def line(self, text: str) -> None:
         with self.lock:

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from autoshard.solver.model.iopddl import load_problem, parse_solution, write_problem
@@ -16,7 +17,7 @@ from autoshard.cli.progress import Heartbeat, LogLines
 from autoshard.cli.solve import main
 from autoshard.solver import EngineFailed, Phase, SolveOptions
 
-from tests.solver.helpers import EXAMPLE, infeasible_beyond_the_smallest_peak_bound, needs_shared
+from tests.solver.helpers import EXAMPLE, FakeClock, infeasible_beyond_the_smallest_peak_bound, needs_shared
 
 
 
@@ -109,11 +110,12 @@ def test_solver_flags_override_base_options():
 
 
 def test_clock_counts_the_time_already_spent_and_keeps_a_reserve():
-    clock = Clock(60.0, time.monotonic() - 10.0)
-    assert 60.0 - 10.0 - clock.reserve - 0.5 < clock.solver_budget() <= 60.0 - 10.0 - clock.reserve
+    now = FakeClock(now=1000.0)
+    clock = Clock(60.0, 990.0, now)
+    assert clock.solver_budget() == pytest.approx(60.0 - 10.0 - clock.reserve)
     assert clock.hard_deadline() < clock.started + 60.0
     assert Clock(None, 0.0).solver_budget() is None
-    assert abs(launch_time() - time.monotonic()) < 0.1  # in-process: counted from the call
+    assert launch_time(now) == 1000.0  # in-process: counted from the call
 
 
 @needs_shared
@@ -157,24 +159,21 @@ def test_model_cli_writes_its_problem_for_other_solvers(tmp_path, capsys):
     assert problem.num_nodes > 0 and problem.evaluate(problem.check_choice([0] * problem.num_nodes)).cost >= int(proved[2])
 
 
-def wait_for(condition, seconds: float = 10.0) -> bool:
-    until = time.monotonic() + seconds
-    while not condition() and time.monotonic() < until:
-        time.sleep(0.01)
-    return condition()
-
-
 def test_log_prints_a_status_line_after_silence_and_stops_when_closed():
+    clock = FakeClock()
     stream = io.StringIO()
-    lines = LogLines(stream=stream, every=0.1)
+    lines = LogLines(stream=stream, every=0.1, clock=clock)
     lines(Phase("lagrange", "TRW-S", 100.0))  # the solver's clock: 100 s in
-    assert wait_for(lambda: stream.getvalue().count("searching (lagrange): best - gap -") >= 2)
-    assert 100.0 <= float(stream.getvalue().split("s searching")[0]) < 110.0
+    clock.now += 0.05
+    assert not lines.heartbeat.tick() and stream.getvalue() == ""  # not yet silent for long enough
+    for _ in range(2):
+        clock.now += 0.1
+        assert lines.heartbeat.tick()
+    assert stream.getvalue().splitlines() == ["100.15s searching (lagrange): best - gap -",
+                                              "100.25s searching (lagrange): best - gap -"]
     lines.close()
-    time.sleep(0.15)  # a beat already under way may still land
-    quiet = stream.getvalue()
-    time.sleep(0.3)
-    assert stream.getvalue() == quiet
+    clock.now += 1.0
+    assert not lines.heartbeat.tick() and stream.getvalue().count("\n") == 2
 
 
 def test_an_engine_failure_is_one_line_in_the_log_and_on_the_console():
@@ -192,22 +191,38 @@ def test_an_engine_failure_is_one_line_in_the_log_and_on_the_console():
 
 
 def test_heartbeat_beats_only_after_silence():
+    clock = FakeClock()
     beats: list[float] = []
-    heart = Heartbeat(lambda: beats.append(time.monotonic()), every=1.0)
-    for _ in range(10):  # something printed every 0.05 s: no beat
-        time.sleep(0.05)
+    heart = Heartbeat(lambda: beats.append(clock.now), every=1.0, clock=clock)
+    assert heart.thread is None  # a test's clock: the test ticks it
+    for _ in range(10):  # something printed every 0.5 s: no beat
+        clock.now += 0.5
+        assert not heart.tick()
         heart.touch()
-    assert beats == []
-    silent_from = time.monotonic()
-    assert wait_for(lambda: len(beats) == 1)
+    silent_from = clock.now
+    clock.now += 0.99
+    assert not heart.tick()
+    clock.now += 0.01
+    assert heart.tick() and beats == [silent_from + 1.0]
     heart.stop()
-    assert beats[0] - silent_from >= 0.99
+    clock.now += 5.0
+    assert not heart.tick()
+
+
+def test_the_heartbeat_thread_ends_when_stopped():
+    heart = Heartbeat(lambda: None, every=3600.0)
+    assert heart.thread is not None and heart.thread.is_alive()
+    heart.stop()
+    heart.thread.join(60.0)  # a guard against a hang, not a measure
+    assert not heart.thread.is_alive()
 
 
 def test_display_without_a_terminal_prints_its_status_after_silence():
     con, out = console()
-    display = ProblemDisplay(con, None, every=0.1)
+    clock = FakeClock()
+    display = ProblemDisplay(con, None, every=0.1, clock=clock)
     display(Phase("lns", "neighbourhood search", 0.0))
-    assert wait_for(lambda: "lns: best -  lower bound -" in out.getvalue())
+    clock.now += 0.1
+    assert display.heartbeat.tick() and "lns: best -  lower bound -" in out.getvalue()
     display.close()
     assert ProblemDisplay(Console(file=io.StringIO(), force_terminal=True), None).heartbeat.thread is None

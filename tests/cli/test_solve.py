@@ -12,6 +12,8 @@ import pytest
 
 from autoshard.cli.solve import build_parser, main
 
+from tests.solver.helpers import FakeClock
+
 ROOT = Path(__file__).resolve().parents[2]
 MLP = str(ROOT / "examples" / "mlp.py")
 
@@ -146,7 +148,6 @@ def test_piped_model_solve_prints_its_status_after_silence():
     """On a console that is not a terminal (no live line) the model path's progress prints its
     status line after silence, and no more once closed."""
     import io
-    import time
     from types import SimpleNamespace
 
     from rich.console import Console
@@ -155,33 +156,43 @@ def test_piped_model_solve_prints_its_status_after_silence():
 
     out = io.StringIO()
     mp = SimpleNamespace(cost_model=SimpleNamespace(format=str))
+    clock = FakeClock()
     progress = ModelProgress(mp, Console(file=out, force_terminal=False), "lines", SimpleNamespace(update=lambda _: None),
-                         every=0.1)
-    until = time.monotonic() + 10.0
-    while "iterations 0  bound < -" not in out.getvalue() and time.monotonic() < until:
-        time.sleep(0.01)
+                             every=0.1, clock=clock)
+    clock.now += 0.1
+    assert progress.heartbeat.tick() and "iterations 0  bound < -" in out.getvalue()
     progress.close()
-    assert "iterations 0  bound < -" in out.getvalue()
+    clock.now += 1.0
+    assert not progress.heartbeat.tick()
     live = SimpleNamespace(update=lambda _: None)
     terminal, piped = Console(file=io.StringIO(), force_terminal=True), Console(file=io.StringIO(), force_terminal=False)
     assert ModelProgress(mp, terminal, "lines", live).heartbeat.thread is None
     assert ModelProgress(mp, piped, "lines", None).heartbeat.thread is None  # --quiet
 
 
-def test_long_work_prints_a_line_now_and_then_when_piped_and_nothing_when_quiet():
+def test_long_work_prints_a_line_now_and_then_when_piped_and_nothing_when_quiet(monkeypatch):
     """Piped output has no spinner: loading and tracing a large model (tens of seconds) prints
     ``what (N s)`` every heartbeat instead of staying silent; --quiet prints nothing."""
     import io
-    import time
 
     from rich.console import Console
 
-    from autoshard.cli.solve import _working
+    import autoshard.cli.solve as cli_solve
+    from autoshard.cli.progress import Heartbeat
 
+    clock, hearts = FakeClock(), []
+
+    def ticked(beat, every):  # _working's heartbeat on the test's clock: the test ticks it
+        hearts.append(Heartbeat(beat, every, clock=clock))
+        return hearts[-1]
+
+    monkeypatch.setattr(cli_solve, "Heartbeat", ticked)
     for quiet in (False, True):
-        out = io.StringIO()
-        with _working(Console(file=out, force_terminal=False), "loading and tracing m.py", quiet, every=0.1):
-            time.sleep(1.0)
+        out, hearts[:] = io.StringIO(), []
+        with cli_solve._working(Console(file=out, force_terminal=False), "loading and tracing m.py", quiet, every=0.1):
+            for _ in range(3):
+                clock.now += 0.1
+                assert all(heart.tick() for heart in hearts)
         lines = out.getvalue().splitlines()
         if quiet:
             assert lines == []

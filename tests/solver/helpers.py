@@ -130,3 +130,17 @@ def optimum(comp: FrozenCore) -> int | None:
     costs = [comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs])
              if comp.is_feasible(list(x))]
     return min(costs, default=None)
+
+
+class FakeClock:
+    """A clock to inject where the solver takes one (procs/clock.py): it reads ``now`` and then
+    moves on by ``step`` seconds, so deadlines pass after a known number of readings and never
+    because the machine was slow."""
+
+    def __init__(self, now: float = 1000.0, step: float = 0.0) -> None:
+        self.now, self.step = now, step
+
+    def __call__(self) -> float:
+        now = self.now
+        self.now += self.step
+        return now

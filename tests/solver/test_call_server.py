@@ -13,7 +13,7 @@ import numpy as np
 from autoshard.solver.procs.call_server import CallServer
 from autoshard.solver.core.reduced import Core
 
-from tests.solver.helpers import random_problem
+from tests.solver.helpers import FakeClock, random_problem
 
 
 def _pid_times(k: int) -> tuple[int, int]:
@@ -22,6 +22,11 @@ def _pid_times(k: int) -> tuple[int, int]:
 
 def _raise() -> None:
     raise ValueError("in the child")
+
+
+def _late(seconds: float) -> str:
+    time.sleep(seconds)
+    return "late"
 
 
 def _exit_quietly() -> None:
@@ -46,20 +51,19 @@ def _gone(pid: int) -> bool:
 
 
 def test_one_child_answers_every_call_until_one_overruns_its_deadline():
-    with CallServer() as server:
-        answers = [server.call(_pid_times, (k,), time.monotonic() + 10) for k in range(4)]
+    clock = FakeClock(step=1.0)  # a second per reading: a call that hangs fails after ten readings
+    with CallServer(clock) as server:
+        answers = [server.call(_pid_times, (k,), clock.now + 10) for k in range(4)]
         assert [value for _, value in answers] == [0, 3, 6, 9]
         pids = {pid for pid, _ in answers}
         assert len(pids) == 1 and os.getpid() not in pids and server.forks == 1
-        assert server.call(_raise, (), time.monotonic() + 10) is None  # raised: no value ...
-        assert server.call(_pid_times, (5,), time.monotonic() + 10) == (pids.pop(), 15)  # ... same child
-        began = time.monotonic()
-        assert server.call(time.sleep, (30,), began + 0.3) is None
-        assert time.monotonic() - began < 20.0  # killed at the deadline, not after the 30 s
-        pid, value = server.call(_pid_times, (2,), time.monotonic() + 10)
+        assert server.call(_raise, (), clock.now + 10) is None  # raised: no value ...
+        assert server.call(_pid_times, (5,), clock.now + 10) == (pids.pop(), 15)  # ... same child
+        assert server.call(_late, (30,), clock.now + 0.5) is None  # past it at the second reading: killed
+        pid, value = server.call(_pid_times, (2,), clock.now + 10)
         assert value == 6 and server.forks == 2  # a new child
-        assert server.call(_exit_quietly, (), time.monotonic() + 10) is None
-        assert server.call(_pid_times, (1,), time.monotonic() + 10)[1] == 3 and server.forks == 3
+        assert server.call(_exit_quietly, (), clock.now + 10) is None
+        assert server.call(_pid_times, (1,), clock.now + 10)[1] == 3 and server.forks == 3
         last = server.pid
     assert server.pid is None and last is not None and _gone(last)  # the child ends with the block
 

@@ -5,16 +5,12 @@ unconstrained optimum comes back whenever it fits."""
 from __future__ import annotations
 
 import itertools
-import time
-from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
-from autoshard.solver.search import penalised_probe
 from autoshard.solver.search.penalised_probe import CFN_EVERY, CFN_MAX_SECONDS, CFN_SECONDS, PenalisedProbe
 from autoshard.solver.engines.toulbar import can_take
-from tests.solver.helpers import core_of, optimum
+from tests.solver.helpers import FakeClock, core_of, optimum
 
 
 
@@ -71,16 +67,14 @@ def recorder():
     return asked, nothing
 
 
-@pytest.fixture
-def fast_steps(monkeypatch):
+def fast_steps() -> FakeClock:
     """A clock 10 s further on at each reading: the steps between calls always outlast a call."""
-    ticks = itertools.count(time.monotonic(), 10.0)
-    monkeypatch.setattr(penalised_probe, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    return FakeClock(step=10.0)
 
 
-def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_every_few_steps(fast_steps):
+def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_every_few_steps():
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory)
-    probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
+    probe = PenalisedProbe(comp, np.random.default_rng(0), 0, clock=fast_steps())
     asked, nothing = recorder()
     steps = [s for s in range(1, 6 * CFN_EVERY + 1) if probe.due(s)
              and probe.plan(np.zeros(sum(len(c) for c in comp.costs)), s, None, float("inf"), nothing) is None]
@@ -88,15 +82,16 @@ def test_the_probe_doubles_its_time_after_a_call_that_found_nothing_and_is_due_e
     assert asked == [2 * min(CFN_SECONDS * 2**k, CFN_MAX_SECONDS) + 1 for k in range(6)]
 
 
-def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_pay(fast_steps):
+def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_pay():
     """The main process's probe: calls whose plan is not below ``best`` (or that found none) put
     the next one off by twice the steps, always with the same time; one that pays resets."""
     def planned(comp):
         zero = np.zeros(sum(len(c) for c in comp.costs))
-        return PenalisedProbe(comp, np.random.default_rng(0), 0).plan(zero, 1, None, float("inf"), direct) is not None
+        return PenalisedProbe(comp, np.random.default_rng(0), 0, clock=fast_steps()).plan(
+            zero, 1, None, float("inf"), direct) is not None
 
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory and planned(c))
-    probe = PenalisedProbe(comp, np.random.default_rng(0), 0, back_off=True)
+    probe = PenalisedProbe(comp, np.random.default_rng(0), 0, back_off=True, clock=fast_steps())
     asked, nothing = recorder()
     zero = np.zeros(sum(len(c) for c in comp.costs))
     steps = [s for s in range(1, 16 * CFN_EVERY + 1) if probe.due(s) and probe.plan(zero, s, None, float("inf"), nothing) is None]
@@ -109,23 +104,22 @@ def test_backing_off_the_probe_waits_twice_as_long_after_each_call_that_did_not_
 
 
 
-def test_a_call_waits_for_as_much_time_of_steps_as_the_last_call_took(monkeypatch):
+def test_a_call_waits_for_as_much_time_of_steps_as_the_last_call_took():
     """The calls take at most half of the time: after a call of t seconds the next is not due,
     whatever the steps, until t seconds have passed."""
-    now = [time.monotonic()]
-    monkeypatch.setattr(penalised_probe, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    clock = FakeClock()
     comp = next(c for c in map(core_of, range(40)) if c is not None and c.n >= 2 and c.has_memory)
-    probe = PenalisedProbe(comp, np.random.default_rng(0), 0)
+    probe = PenalisedProbe(comp, np.random.default_rng(0), 0, clock=clock)
 
     def slow(call, seconds):
-        now[0] += 3.0
+        clock.now += 3.0
         return None
 
     zero = np.zeros(sum(len(c) for c in comp.costs))
     assert probe.due(CFN_EVERY)
     probe.plan(zero, CFN_EVERY, None, float("inf"), slow)
     assert not probe.due(100 * CFN_EVERY)
-    now[0] += 2.9
+    clock.now += 2.9
     assert not probe.due(100 * CFN_EVERY)
-    now[0] += 0.2
+    clock.now += 0.2
     assert probe.due(2 * CFN_EVERY)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import pickle
 import select
-import time
 from types import TracebackType
 from typing import Any, Callable, TypeVar
 
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.procs.forks import LENGTH, fork_child, kill_and_reap, quiet_child, read_frame, send_frame
 
 T = TypeVar("T")
@@ -28,9 +28,11 @@ class CallServer:
     """Runs ``fn(*args)`` in a child forked on the first call and kept for the next ones; a call
     whose answer is not back by its deadline kills the child (the next call forks a new one).
     ``fn`` and the args must pickle (a module's function, arrays, a FrozenCore). Use it as a
-    context manager, so that the child ends with the work that needed it."""
+    context manager, so that the child ends with the work that needed it. Deadlines are readings
+    of ``clock``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = MONOTONIC) -> None:
+        self.clock = clock
         self.pid: int | None = None
         self.forks = 0  # children forked so far
         self._request = self._answer = -1
@@ -43,7 +45,7 @@ class CallServer:
 
     def call(self, fn: Callable[..., T], args: tuple[Any, ...], until: float) -> T | None:
         """``fn(*args)`` in the child, or None when it raised, the child died or ``until``
-        (time.monotonic) came first (the child is then killed)."""
+        (a reading of the server's clock) came first (the child is then killed)."""
         if self.pid is None:
             self._start()
         try:
@@ -78,7 +80,7 @@ class CallServer:
         chunks: list[bytes] = []
         have, need = 0, None
         while need is None or have < need:
-            left = until - time.monotonic()
+            left = until - self.clock()
             if left <= 0:
                 return None
             ready, _, _ = select.select([self._answer], [], [], left)

@@ -16,8 +16,9 @@ import select
 import signal
 import struct
 import threading
-import time
 from typing import Any, Callable, Sequence, TypeVar
+
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 
 T = TypeVar("T")
 LENGTH = struct.Struct("<Q")
@@ -78,9 +79,10 @@ def fork_child(child: Callable[[], object], parent_ends: Sequence[int | None] = 
     return pid
 
 
-def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None) -> T | None:
+def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], bool] | None = None,
+                clock: Clock = MONOTONIC) -> T | None:
     """``fn()`` in a forked child (fds 0-2 on /dev/null), its result pickled back through a pipe:
-    a call the caller can abandon at ``until`` (time.monotonic), for C code (HiGHS) that runs
+    a call the caller can abandon at ``until`` (a reading of ``clock``), for C code (HiGHS) that runs
     past its own time limit and cannot be interrupted. None when the child failed, ``until``
     came first or ``idle()`` (called every 50 ms of waiting) returned True; the child is then
     killed."""
@@ -89,7 +91,7 @@ def call_forked(fn: Callable[[], T], until: float | None, idle: Callable[[], boo
     chunks: list[bytes] = []
     try:
         while True:
-            left = None if until is None else until - time.monotonic()
+            left = None if until is None else until - clock()
             if left is not None and left <= 0:
                 return None
             ready, _, _ = select.select([read], [], [], 0.05 if left is None else min(0.05, left))

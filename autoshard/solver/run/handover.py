@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -51,7 +50,7 @@ class StalledSearch:
 
     def __init__(self, state: RunState, pool: EnginePool, lag: LagrangianSearch) -> None:
         self.state, self.pool, self.lag = state, pool, lag
-        self.lns = NeighbourhoodSearch(state.comp, state.rng)
+        self.lns = NeighbourhoodSearch(state.comp, state.rng, clock=state.clock)
         self.paid = False  # the last slice of neighbourhood search improved the best plan
         self.hull_due = state.comp.has_memory and state.options.prove and bool(state.comp.tallies)
 
@@ -65,7 +64,7 @@ class StalledSearch:
         reason to wait (measured: see benchmarks/README.md, "Measurements behind the design")."""
         state = self.state
         when, steps = since
-        waited = time.monotonic() - when
+        waited = self.state.clock() - when
         if state.best_local is None:
             return False
         stalled = state.options.timeout is not None and steps >= LNS_MIN_STEPS \
@@ -101,7 +100,7 @@ class StalledSearch:
         generation = ColumnGeneration(state.comp, state.rng, lambda x: state.offer(x, "hull", None),
                                       self.lag.mp, self.lag.lam, heard)
         generation.add(state.best_local)
-        until = state.share(HULL_SHARE) or time.monotonic() + HULL_SECONDS
+        until = state.share(HULL_SHARE) or state.clock() + HULL_SECONDS
         with state.timed("hull"):
             ended = dive(generation, lambda: state.best_cost, until)
         state.bound(ended.bound, "hull")

@@ -11,11 +11,11 @@ kept only when they improve (``bound``).
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Iterator
 
 import numpy as np
 
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.core.reduced import FrozenCore, Core
 from autoshard.solver.core.dual_cut import DualCut
@@ -42,9 +42,11 @@ class RunState:
     core: Core
     comp: FrozenCore
 
-    def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: EventCallback) -> None:
+    def __init__(self, problem: ShardingProblem, options: SolveOptions, emit: EventCallback,
+                 clock: Clock = MONOTONIC) -> None:
+        self.clock = clock  # every deadline of the run is a reading of it
         self.problem, self.options, self.emit = problem, options, emit
-        self.start = time.monotonic()
+        self.start = clock()
         self.limit = None if options.timeout is None else self.start + options.timeout
         self.deadline = self.limit  # the phases' deadline: the limit less the finishing reserve (run)
         self.teardown_by = self.limit  # stopping engines and z3 waits no longer than this
@@ -77,15 +79,15 @@ class RunState:
 
     def elapsed(self) -> float:
         """Seconds since solve() started."""
-        return time.monotonic() - self.start
+        return self.clock() - self.start
 
     def left(self) -> float | None:
         """Seconds left (None without a time limit)."""
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        return None if self.deadline is None else self.deadline - self.clock()
 
     def out_of_time(self) -> bool:
         """True once the time limit has passed."""
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.deadline is not None and self.clock() >= self.deadline
 
     def proved(self) -> bool:
         """True when the best plan is proved optimal or the problem infeasible."""
@@ -145,16 +147,16 @@ class RunState:
             yield
         finally:
             if self.deadline is not None:
-                late = time.monotonic() - self.deadline
+                late = self.clock() - self.deadline
                 if late > self.overruns.get(phase, 0.0):
                     self.overruns[phase] = late
 
     def share(self, fraction: float) -> float | None:
         """The deadline after ``fraction`` of the time left (None without a limit)."""
-        return None if self.deadline is None else time.monotonic() + fraction * self.left()
+        return None if self.deadline is None else self.clock() + fraction * self.left()
 
     def soon(self, seconds: float) -> float:
-        t = time.monotonic() + seconds
+        t = self.clock() + seconds
         return t if self.deadline is None else min(t, self.deadline)
 
     def solution(self, status: str, message: str) -> Solution:

@@ -18,13 +18,13 @@ benchmarks/README.md, "Measurements behind the design" and "Tried and dropped").
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 from numba import njit
 
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.procs.call_server import CallServer
 from autoshard.solver.core.reduced import INF, FrozenCore, offsets, views
 from autoshard.solver.core.local_search import segment_index
@@ -61,17 +61,18 @@ class NeighbourhoodSearch:
     2006; ``pick``); ``run`` improves a plan. The two taking turns beat either alone (measured: see
     benchmarks/README.md, "Measurements behind the design")."""
 
-    def __init__(self, comp: FrozenCore, rng: np.random.Generator, size: int = 16) -> None:
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, size: int = 16, clock: Clock = MONOTONIC) -> None:
+        self.clock = clock  # deadlines and the time each neighbourhood took are its readings
         self.comp = comp
         self.rng = rng
         size = max(MIN_SIZE, min(size, comp.n))
         self.solvers = [SubSolver("toulbar2", size), SubSolver("highs", size)]
-        self.shares = Shares([0.5, 0.5])
+        self.shares = Shares([0.5, 0.5], clock)
         self.rounds = 0
         self.took = 0.0  # seconds the last neighbourhood took
         # who is live on a row, found when asked: a list per row would hold every row term
         self.owner, self.starts, self.stops = segment_index(comp)
-        self.server = CallServer()  # the exact solvers' child, kept while ``run`` runs
+        self.server = CallServer(clock)  # the exact solvers' child, kept while ``run`` runs
 
     def run(
         self,
@@ -101,13 +102,13 @@ class NeighbourhoodSearch:
         # HiGHS takes at least a second's limit and runs past it (setting its model up): a
         # neighbourhood starts only while the last one's time is left, so a slice ends by its
         # deadline
-        while comp.n and time.monotonic() < deadline - max(1.0, self.took):
+        while comp.n and self.clock() < deadline - max(1.0, self.took):
             if stop is not None and stop():
                 break
             solver, nodes, sub = self.pose(x)
-            began = time.monotonic()
+            began = self.clock()
             choice, finished = self.solve(solver, sub, x[nodes], deadline - began)
-            took = self.took = time.monotonic() - began
+            took = self.took = self.clock() - began
             self.rounds += 1
             solver.rounds += 1
             gain = 0.0
@@ -159,14 +160,14 @@ class NeighbourhoodSearch:
             # in this process a neighbourhood could end the process itself (exit status 0, the
             # answer never written), which a child's end cannot do
             seconds, seed = max(1, min(TOULBAR_SECONDS, int(left))), int(self.rng.integers(1, 2**31))
-            began = time.monotonic()
+            began = self.clock()
             choice = self.server.call(improve, (sub, start, seconds, seed), began + min(left, 2 * seconds + 1))
-            return choice, time.monotonic() - began < 0.75 * seconds
+            return choice, self.clock() - began < 0.75 * seconds
         # also in the child, killed at its time: HiGHS runs past its own limit, and in this
         # process its fds 1 and 2 would be on /dev/null while it runs (silence.silenced), taking the
         # status lines other threads print with them
         limit = max(1.0, min(MAX_SOLVE, 0.5 * left))
-        result = self.server.call(solve_core_milp, (sub, limit), time.monotonic() + min(left, limit + HIGHS_GRACE))
+        result = self.server.call(solve_core_milp, (sub, limit), self.clock() + min(left, limit + HIGHS_GRACE))
         return (None, False) if result is None else (result.choice, result.optimal)
 
     def neighbourhood(self, x: np.ndarray, size: int) -> np.ndarray:

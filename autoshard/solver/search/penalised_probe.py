@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.core.local_search import Search
 from autoshard.solver.engines.toulbar import solve_penalised
@@ -49,28 +50,30 @@ class PenalisedProbe:
     must not be starved by the calls; measured: see benchmarks/README.md, "Measurements behind
     the design")."""
 
-    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, back_off: bool = False) -> None:
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, back_off: bool = False,
+                 clock: Clock = MONOTONIC) -> None:
         self.comp = comp
+        self.clock = clock  # what a call took, and when the next may start, are its readings
         self.rng = rng
         self.seed = seed
         self.back_off = back_off
         self.seconds = CFN_SECONDS
         self.every = CFN_EVERY
         self.next = CFN_EVERY
-        self.ready = 0.0  # time.monotonic() from which the next call may start
+        self.ready = 0.0  # the clock's reading from which the next call may start
 
     def due(self, steps: int) -> bool:
         """True on the steps that get a toulbar2 call."""
-        return steps >= self.next and time.monotonic() >= self.ready
+        return steps >= self.next and self.clock() >= self.ready
 
     def plan(self, penalty: np.ndarray, steps: int, best: int | None, deadline: float, run: Runner) -> Search | None:
         """toulbar2's plan for costs plus ``penalty`` (via ``run``), repaired to fit and polished
         by local search before ``deadline``; None when toulbar2 found none or no repair fits."""
         comp, seconds, seed = self.comp, self.seconds, self.seed + steps
-        began = time.monotonic()
+        began = self.clock()
         y = run(lambda: solve_penalised(comp, penalty, seconds, seed), 2 * seconds + 1)
         search = None if y is None else fitted(comp, y, self.rng, deadline)
-        ended = time.monotonic()
+        ended = self.clock()
         self.ready = ended + (ended - began)
         if y is None and not self.back_off:
             self.seconds = min(2 * self.seconds, CFN_MAX_SECONDS)

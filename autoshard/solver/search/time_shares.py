@@ -9,8 +9,9 @@ not gained lately is still tried.
 
 from __future__ import annotations
 
-import time
 from collections import deque
+
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 
 WINDOW = 30.0
 """Seconds of turns a kind's rate looks back over."""
@@ -25,14 +26,15 @@ class Shares:
     while no kind gained in the window. The next turn goes to the kind furthest behind its share
     of the time spent so far (``behind``)."""
 
-    def __init__(self, prior: list[float]) -> None:
+    def __init__(self, prior: list[float], clock: Clock = MONOTONIC) -> None:
+        self.clock = clock
         self.prior = prior
         self.spent = [0.0] * len(prior)
         self.turns: deque[tuple[float, int, float, float]] = deque()  # (end, kind, seconds, gain)
 
     def share(self, now: float | None = None) -> list[float]:
-        """Each kind's share of the time now (time.monotonic())."""
-        now = time.monotonic() if now is None else now
+        """Each kind's share of the time ``now`` (the clock's reading unless given)."""
+        now = self.clock() if now is None else now
         while self.turns and self.turns[0][0] < now - WINDOW:
             self.turns.popleft()
         gain, seconds = [0.0] * len(self.prior), [0.0] * len(self.prior)
@@ -54,7 +56,7 @@ class Shares:
     def record(self, k: int, seconds: float, gain: float, now: float | None = None) -> None:
         """Kind k's turn ended at ``now`` after ``seconds``, its relative gain ``gain``."""
         self.spent[k] += seconds
-        self.turns.append((time.monotonic() if now is None else now, k, seconds, gain))
+        self.turns.append((self.clock() if now is None else now, k, seconds, gain))
 
 
 def behind(spent: list[float], share: list[float]) -> int:
