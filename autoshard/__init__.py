@@ -39,7 +39,7 @@ _EXPORTS = {
     "AutoshardError": "autoshard.errors",
     "parallelize": "autoshard.runtime.executor",
     "ParallelModule": "autoshard.runtime.executor",
-    "gather_full": "autoshard.runtime.executor",
+    "gather_full": "autoshard.runtime.placements",
     "expected_collectives": "autoshard.runtime.executor",
     "export_dtensor": "autoshard.lower.dtensor",
     "create_schedule": "autoshard.runtime.schedule",

@@ -44,7 +44,8 @@ from autoshard.problem.plan import Plan
 from autoshard.cli.process import refuse
 from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_layouts, check_model,
                                       check_world, expected_collectives, relative_errors, same_collectives)
-from autoshard.runtime.executor import ParallelModule, distribute, gather_full, local_of, parallelize
+from autoshard.runtime.executor import ParallelModule, parallelize
+from autoshard.runtime.placements import distribute, gather_full, local_of
 from autoshard.runtime.collectives import FORWARD
 from autoshard.runtime.groups import MeshGroups, broadcast_from_first
 from autoshard.cost.units import format_bytes

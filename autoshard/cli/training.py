@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from autoshard.errors import AutoshardError
-from autoshard.runtime.executor import gather_full
+from autoshard.runtime.placements import gather_full
 from autoshard.runtime.groups import MeshGroups
 from autoshard.sharding.spec import TensorSpec
 

@@ -37,7 +37,8 @@ NOISE_FLOOR = 1e-3
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective of a plan edge: its kind, mesh axis, bytes each device sends, and pass."""
+    """One collective of a plan edge: its kind, mesh axis, bytes each device sends, and pass
+    (``ahead``: issued before its use and waited at first use, ``cost/overlap.py``)."""
 
     edge: str
     kind: str
@@ -45,6 +46,7 @@ class Collective:
     sent_bytes: int
     phase: str
     routed: bool = False
+    ahead: bool = False
 
 
 def edge_label(edge: EdgeReshard) -> str:
@@ -60,7 +62,8 @@ def count_label(node: str) -> str:
 def expected_collectives(plan: Plan) -> list[Collective]:
     """The collectives one forward (and, for a training plan, one backward) must run, by plan edge:
     forward, then the recomputation's (:func:`replayed_edges`), the re-gather's (a
-    parameter gathered again for backward), then the gradient's.
+    parameter gathered again for backward), then the gradient's. A hidden edge's forward and
+    gradient collectives are issued ahead (``runtime/overlap.py``); its backward gathers are not.
 
     Bytes are ``Step.sent_bytes``, the quantity the cost model prices; slices are local and omitted.
     """
@@ -68,18 +71,18 @@ def expected_collectives(plan: Plan) -> list[Collective]:
     rerun = {name for segment in plan.recompute for name in segment} - set(plan.recompute_kept)
     replayed = replayed_edges(plan)
     for edge in plan.edges:
-        passes = [(FORWARD, edge.steps)]
+        passes = [(FORWARD, edge.steps, edge.hidden)]
         if plan.mode == "training":
             if edge_label(edge) in replayed:
-                passes.append((RECOMPUTE, edge.steps))
+                passes.append((RECOMPUTE, edge.steps, False))
             if edge.regather:
-                passes.append((BACKWARD, edge.steps))
-            passes.append((BACKWARD, edge.grad_steps))
-        for phase, steps in passes:
+                passes.append((BACKWARD, edge.steps, False))
+            passes.append((BACKWARD, edge.grad_steps, edge.hidden))
+        for phase, steps, ahead in passes:
             for step in steps:
                 if step.kind != SLICE:
                     sent = step.sent_bytes(plan.mesh.shape[step.axis])
-                    result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase))
+                    result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase, ahead=ahead))
     for node in plan.nodes.values():
         again = node.name in rerun and plan.mode == "training"
         phases = [FORWARD, RECOMPUTE] if again else [FORWARD]

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
@@ -37,13 +36,15 @@ RECOMPUTE = "recompute"
 @dataclass(frozen=True)
 class CommRecord:
     """One executed collective: its kind, mesh axis, bytes this rank sent, and the pass it ran in
-    (``routed``: an expert-parallel exchange, whose bytes depend on the routing)."""
+    (``routed``: an expert-parallel exchange, whose bytes depend on the routing; ``ahead``: issued
+    before its result was needed and waited at first use, ``cost/overlap.py``)."""
 
     kind: str
     axis: int
     sent_bytes: int
     phase: str
     routed: bool = False
+    ahead: bool = False
 
 
 @dataclass
@@ -79,28 +80,25 @@ def _group_name(step: Step, groups: MeshGroups) -> str:
     return groups.groups[step.axis].group_name
 
 
-def _wait(t: torch.Tensor) -> torch.Tensor:
-    """The collective's result once it has arrived (``wait_tensor``: the first use of its output)."""
-    return _functional.wait_tensor(t)
-
-
 def _all_gather(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    n = groups.axis_size(step.axis)
-    out = _wait(_functional.all_gather_into_tensor(x.contiguous(), n, _group_name(step, groups)))
+    return _functional.all_gather_into_tensor(x.contiguous(), groups.axis_size(step.axis), _group_name(step, groups))
+
+
+def _gathered(out: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
     if step.dim == 0:  # the pieces arrive stacked on dim 0: already the result
         return out
-    return torch.cat(out.chunk(n, dim=0), dim=step.dim)
+    return torch.cat(out.chunk(groups.axis_size(step.axis), dim=0), dim=step.dim)
 
 
 def _reduce_scatter(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
     n = groups.axis_size(step.axis)
     _pieces(x, step.dim, n, step.describe())
     stacked = x.contiguous() if step.dim == 0 else torch.cat(x.chunk(n, dim=step.dim), dim=0)
-    return _wait(_functional.reduce_scatter_tensor(stacked, "sum", n, _group_name(step, groups)))
+    return _functional.reduce_scatter_tensor(stacked, "sum", n, _group_name(step, groups))
 
 
 def _all_reduce(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    return _wait(_functional.all_reduce(x.contiguous(), "sum", _group_name(step, groups)))
+    return _functional.all_reduce(x.contiguous(), "sum", _group_name(step, groups))
 
 
 def _all_to_all(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
@@ -108,17 +106,75 @@ def _all_to_all(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor
     _pieces(x, step.to_dim, n, step.describe())
     sends = torch.stack(x.chunk(n, dim=step.to_dim))  # piece i, for group rank i, at index i of dim 0
     ones = [1] * n
-    recvs = _wait(_functional.all_to_all_single(sends, ones, ones, _group_name(step, groups)))
-    return torch.cat(recvs.unbind(0), dim=step.dim)
+    return _functional.all_to_all_single(sends, ones, ones, _group_name(step, groups))
 
 
-_EXECUTORS: dict[str, Callable[[torch.Tensor, Step, MeshGroups], torch.Tensor]] = {
-    SLICE: _slice,
-    ALL_GATHER: _all_gather,
-    REDUCE_SCATTER: _reduce_scatter,
-    ALL_REDUCE: _all_reduce,
-    ALL_TO_ALL: _all_to_all,
+def _exchanged(out: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    return torch.cat(out.unbind(0), dim=step.dim)
+
+
+def _arrived(out: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+    return out
+
+
+Issue = Callable[[torch.Tensor, Step, MeshGroups], torch.Tensor]
+_EXECUTORS: dict[str, tuple[Issue, Issue]] = {
+    ALL_GATHER: (_all_gather, _gathered),
+    REDUCE_SCATTER: (_reduce_scatter, _arrived),
+    ALL_REDUCE: (_all_reduce, _arrived),
+    ALL_TO_ALL: (_all_to_all, _exchanged),
 }
+"""Per collective kind: (issue, finish). ``issue`` starts the functional collective and returns its
+output before it has arrived; ``finish`` takes it once waited (``wait_tensor``) into the step's layout."""
+
+
+@dataclass
+class Pending:
+    """A reshard whose last collective is in flight: :meth:`wait` is its first use."""
+
+    out: torch.Tensor
+    step: Step | None
+    groups: MeshGroups
+
+    def wait(self) -> torch.Tensor:
+        """The reshard's result, once its collective has arrived."""
+        if self.step is None:
+            return self.out
+        return _EXECUTORS[self.step.kind][1](_functional.wait_tensor(self.out), self.step, self.groups)
+
+
+def _log(x: torch.Tensor, step: Step, groups: MeshGroups, log: CommLog | None, phase: str, ahead: bool) -> None:
+    if step.kind != SLICE and log is not None:
+        actual = replace(step, in_bytes=x.numel() * x.element_size())
+        log.records.append(CommRecord(step.kind, step.axis, actual.sent_bytes(groups.axis_size(step.axis)), phase,
+                                      ahead=ahead))
+
+
+def start_steps(
+    x: torch.Tensor,
+    steps: tuple[Step, ...] | list[Step],
+    groups: MeshGroups,
+    log: CommLog | None = None,
+    phase: str = FORWARD,
+    ahead: bool = False,
+) -> Pending:
+    """Apply reshard ``steps`` to this rank's piece ``x`` up to the last collective, which is left in
+    flight (issued, not waited): the result is ``Pending.wait()``. Steps before it run to completion
+    now. Every rank must call this in the same order as its other collectives on the same groups.
+    Collectives are logged as :func:`run_steps` does, ``ahead`` marking those issued before their use.
+    """
+    for k, step in enumerate(steps):
+        if step.kind != SLICE and step.kind not in _EXECUTORS:
+            raise ValueError(f"unknown reshard step kind {step.kind!r}")
+        _log(x, step, groups, log, phase, ahead)
+        if step.kind == SLICE:
+            x = _slice(x, step, groups)
+        elif groups.axis_size(step.axis) > 1:
+            issue, _ = _EXECUTORS[step.kind]
+            if k == len(steps) - 1:
+                return Pending(issue(x, step, groups), step, groups)
+            x = Pending(issue(x, step, groups), step, groups).wait()
+    return Pending(x, None, groups)
 
 
 def run_steps(
@@ -130,18 +186,11 @@ def run_steps(
 ) -> torch.Tensor:
     """Apply reshard ``steps`` to this rank's local piece ``x``; collective over each step's axis.
 
-    Plain tensor code (no autograd semantics of its own). Each collective is logged with the
-    bytes ``Step.sent_bytes`` gives for the actual local size, so the log checks the plan's price.
+    Plain tensor code (no autograd semantics of its own), blocking: each collective is waited at
+    once. Each collective is logged with the bytes ``Step.sent_bytes`` gives for the actual local
+    size, so the log checks the plan's price.
     """
-    for step in steps:
-        if step.kind not in _EXECUTORS:
-            raise ValueError(f"unknown reshard step kind {step.kind!r}")
-        if step.kind != SLICE and log is not None:
-            actual = replace(step, in_bytes=x.numel() * x.element_size())
-            log.records.append(CommRecord(step.kind, step.axis, actual.sent_bytes(groups.axis_size(step.axis)), phase))
-        if step.kind == SLICE or groups.axis_size(step.axis) > 1:
-            x = _EXECUTORS[step.kind](x, step, groups)
-    return x
+    return start_steps(x, steps, groups, log, phase).wait()
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -163,20 +212,27 @@ def _owned(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class _Reshard(torch.autograd.Function):
-    """Forward: the plan's reshard steps; backward: the plan's gradient steps."""
+    """Forward: the plan's reshard steps (or a reshard issued ahead, waited here); backward: the
+    plan's gradient steps (or handed to ``reduce``, which runs them in flight)."""
 
     @staticmethod
-    def forward(ctx, x, fwd_steps, bwd_steps, groups, log, phase):  # type: ignore[override]
-        ctx.bwd_steps, ctx.groups, ctx.log = bwd_steps, groups, log
+    def forward(ctx, x, fwd_steps, bwd_steps, groups, log, phase, ready, reduce):  # type: ignore[override]
+        ctx.bwd_steps, ctx.groups, ctx.log, ctx.reduce = bwd_steps, groups, log, reduce
+        if ready is not None:
+            return _owned(ready.wait(), x)
         if not fwd_steps:  # only the gradient is resharded: pass the value on without a copy
             return x.view_as(x)
         return _owned(run_steps(x, fwd_steps, groups, log, phase), x)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        rest = (None,) * 7
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None
-        return _compact(run_steps(grad, ctx.bwd_steps, ctx.groups, ctx.log, BACKWARD)), None, None, None, None, None
+            return (None, *rest)
+        if ctx.reduce is not None:
+            ctx.reduce(grad)
+            return (None, *rest)
+        return (_compact(run_steps(grad, ctx.bwd_steps, ctx.groups, ctx.log, BACKWARD)), *rest)
 
 
 def reshard(
@@ -186,14 +242,19 @@ def reshard(
     groups: MeshGroups,
     log: CommLog | None = None,
     phase: str = FORWARD,
+    ready: Pending | None = None,
+    reduce: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Reshard ``x`` by ``fwd_steps``; in backward, turn the incoming gradient by ``bwd_steps``.
 
     ``bwd_steps`` go from the gradient's layout at the consumer to the layout the producer
     expects (``EdgeReshard.grad_steps``). Every rank must call this with the same steps.
     ``phase`` names the pass the forward steps are logged in (a recomputation's are not the forward's).
+    ``ready``: the forward steps were issued ahead (:func:`start_steps`, logged then); this waits
+    for them. ``reduce``: takes the gradient instead of autograd (which then gets none for ``x``)
+    and delivers it itself, reduced by ``bwd_steps`` (``runtime/overlap.py``).
     """
-    return _Reshard.apply(x, tuple(fwd_steps), tuple(bwd_steps), groups, log, phase)
+    return _Reshard.apply(x, tuple(fwd_steps), tuple(bwd_steps), groups, log, phase, ready, reduce)
 
 
 class _Zeros(torch.autograd.Function):

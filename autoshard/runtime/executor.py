@@ -19,6 +19,11 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
 - the outputs are returned in their planned layout (replicated in inference; in training where
   the loss reads them, so the caller computes the loss on local pieces).
 
+The plan's hidden edges (``EdgeReshard.hidden``, ``cost/overlap.py``'s rule) run through
+``runtime/overlap.py``: their gathers issued a layer ahead, their gradient reductions in flight
+until the end of the backward; every other collective is blocking. Recomputed segments and
+selective recomputation run through ``runtime/recompute.py``.
+
 A mixture-of-experts node runs through ``runtime/experts.py``: its local experts, and for an
 expert-parallel placement the token exchanges over its ``exchange_axis``. Causal attention with
 its query rows split runs through ``runtime/context.py`` (its mask from the rows' positions).
@@ -38,7 +43,6 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from autoshard.errors import AutoshardError
 from autoshard.frontend.call import node_caller
@@ -46,57 +50,18 @@ from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode
 from autoshard.problem.plan import Plan
-from autoshard.sharding.reshard import Step, reshard_steps
+from autoshard.sharding.reshard import Step
 from autoshard.runtime.checks import (Collective, check_backend, check_layouts, check_model, check_world, count_label,
                                       edge_label, replayed_edges)
 from autoshard.runtime.collectives import FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
-from autoshard.runtime.placements import spec_placements
+from autoshard.runtime.placements import as_dtensor, distribute, local_of
 from autoshard.runtime.context import causal_rows_attention, splits_causal_rows
+from autoshard.runtime.overlap import Overlap
 from autoshard.runtime.recompute import KeptOps, Regathering, run_recomputed
 from autoshard.runtime.weights import broadcast_state, model_state, transient_buffers
 from autoshard.sharding.spec import TensorSpec
-
-def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
-    """This rank's piece of a tensor every rank holds whole (a view; ``spec`` must not be partial)."""
-    if spec.partial:
-        raise ValueError(f"cannot cut a whole tensor into the partial layout {spec}")
-    shape = groups.mesh.shape
-    for d, n in enumerate(full.shape):
-        k = n // spec.shard_factor(d, shape)
-        full = full.narrow(d, spec.chunk_index(d, groups.coords, shape) * k, k)
-    return full
-
-
-def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
-    """The whole tensor on every rank from the local pieces of layout ``spec`` (collective, no autograd;
-    a DTensor contributes its local piece)."""
-    local = local_of(local)
-    mesh = groups.mesh.shape
-    shape = tuple(n * spec.shard_factor(d, mesh) for d, n in enumerate(local.shape))
-    steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
-    with torch.no_grad():
-        return run_steps(local, steps, groups)
-
-
-def local_of(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of a DTensor (autograd-connected), or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def as_dtensor(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups, shape: tuple[int, ...]) -> torch.Tensor:
-    """``local`` as the DTensor of global ``shape`` laid out by ``spec`` on the groups' DeviceMesh.
-
-    No communication: every rank passes its own piece. Without a DeviceMesh (one device, no
-    torch.distributed) the local tensor is the whole tensor and is returned as is.
-    """
-    if groups.device_mesh is None:
-        return local
-    stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, groups.device_mesh, spec_placements(spec, groups.mesh.shape),
-                              run_check=False, shape=torch.Size(shape), stride=stride)
-
 
 class ParallelModule(nn.Module):
     """A model running one plan on this rank: DTensor parameters and the planned collectives.
@@ -125,6 +90,8 @@ class ParallelModule(nn.Module):
         self._segments = {segment[0]: segment for segment in plan.recompute} if plan.mode == "training" else {}
         self._kept, self._replayed = frozenset(plan.recompute_kept), replayed_edges(plan)
         self._policy = KeptOps() if self._kept and self._segments else None
+        self._overlap = Overlap(graph, plan, groups, self._logs, edge_label) if any(e.hidden for e in plan.edges) \
+            else None
         self._read_outside: dict[str, set[str]] = {}
         for node in graph:
             for src in node.inputs:
@@ -179,6 +146,8 @@ class ParallelModule(nn.Module):
             raise AutoshardError(f"the model takes {len(placeholders)} inputs ({', '.join(n.name for n in placeholders)}) "
                                  f"but got {len(inputs)}: pass them positionally as to the original model")
         fed = dict(zip((n.name for n in placeholders), inputs))
+        if self._overlap is not None:
+            self._overlap.start_forward()
         values: dict[str, Any] = {}
         done: set[str] = set()
         for node in self._graph:
@@ -219,6 +188,8 @@ class ParallelModule(nn.Module):
         """Compute ``node``'s local value into ``values``; drop the values it was the last to read
         (but those in ``keep``). ``kept``: the segment's store of reshards into kept ops."""
         place = self.plan.nodes.get(node.name)
+        if self._overlap is not None and phase == FORWARD:
+            self._overlap.reached(node.name, lambda src: self.local_value(self._state_names[src]))
         if node.kind == NodeKind.INPUT and node.attrs.get(RECEIVED):  # a pipeline stage's input: its piece
             values[node.name] = self._checked_input(node, fed[node.name], place.out_spec)
         elif node.kind == NodeKind.INPUT:
@@ -298,6 +269,10 @@ class ParallelModule(nn.Module):
         if edge is None or not (edge.steps or edge.grad_steps):
             return value
         label = edge_label(edge)
+        if self._overlap is not None and edge.hidden and phase == FORWARD:  # runtime/overlap.py
+            param = self.get_parameter(self._state_names[edge.src])
+            return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[label], phase,
+                           self._overlap.ready(edge), self._overlap.reducer(edge, param))
         if kept is None or not edge.steps or node.name not in self._kept or label in self._replayed:
             return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[label], phase)
         if phase == RECOMPUTE:
@@ -308,7 +283,7 @@ class ParallelModule(nn.Module):
 
     def collectives(self) -> list[Collective]:
         """Every collective run since the last :meth:`reset_log`, by plan edge (then execution order)."""
-        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase, r.routed)
+        return [Collective(label, r.kind, r.axis, r.sent_bytes, r.phase, r.routed, r.ahead)
                 for label, log in self._logs.items() for r in log.records]
 
     def reset_log(self) -> None:

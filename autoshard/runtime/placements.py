@@ -1,4 +1,5 @@
-"""Our layouts as DTensor placements: a TensorSpec on a mesh -> one placement per mesh axis.
+"""Our layouts as DTensor placements: a TensorSpec on a mesh -> one placement per mesh axis; a
+rank's piece of a whole tensor (:func:`distribute`), the whole from the pieces (:func:`gather_full`).
 
 A :class:`~autoshard.sharding.spec.TensorSpec` says, per tensor dim, which mesh axes cut it,
 major first: the device at coordinates ``c`` holds piece ``sum_i c[a_i] * prod_{j>i} n[a_j]`` of
@@ -23,9 +24,13 @@ from __future__ import annotations
 
 import math
 
-from torch.distributed.tensor import Partial, Placement, Replicate, Shard
+import torch
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from autoshard.runtime.collectives import run_steps
+from autoshard.runtime.groups import MeshGroups
+from autoshard.sharding.reshard import reshard_steps
 from autoshard.sharding.spec import TensorSpec
 
 
@@ -40,3 +45,42 @@ def spec_placements(spec: TensorSpec, mesh_shape: tuple[int, ...]) -> tuple[Plac
             placements[axis] = Shard(dim) if split == 1 else _StridedShard(dim, split_factor=split)
     return tuple(placements)
 
+
+def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
+    """This rank's piece of a tensor every rank holds whole (a view; ``spec`` must not be partial)."""
+    if spec.partial:
+        raise ValueError(f"cannot cut a whole tensor into the partial layout {spec}")
+    shape = groups.mesh.shape
+    for d, n in enumerate(full.shape):
+        k = n // spec.shard_factor(d, shape)
+        full = full.narrow(d, spec.chunk_index(d, groups.coords, shape) * k, k)
+    return full
+
+
+def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
+    """The whole tensor on every rank from the local pieces of layout ``spec`` (collective, no autograd;
+    a DTensor contributes its local piece)."""
+    local = local_of(local)
+    mesh = groups.mesh.shape
+    shape = tuple(n * spec.shard_factor(d, mesh) for d, n in enumerate(local.shape))
+    steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
+    with torch.no_grad():
+        return run_steps(local, steps, groups)
+
+
+def local_of(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a DTensor (autograd-connected), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def as_dtensor(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups, shape: tuple[int, ...]) -> torch.Tensor:
+    """``local`` as the DTensor of global ``shape`` laid out by ``spec`` on the groups' DeviceMesh.
+
+    No communication: every rank passes its own piece. Without a DeviceMesh (one device, no
+    torch.distributed) the local tensor is the whole tensor and is returned as is.
+    """
+    if groups.device_mesh is None:
+        return local
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, groups.device_mesh, spec_placements(spec, groups.mesh.shape),
+                              run_check=False, shape=torch.Size(shape), stride=stride)

@@ -27,7 +27,8 @@ from autoshard.frontend.trace import trace
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import Collective, expected_collectives, relative_errors
-from autoshard.runtime.executor import distribute, gather_full, parallelize
+from autoshard.runtime.executor import parallelize
+from autoshard.runtime.placements import distribute, gather_full
 from autoshard.runtime.groups import MeshGroups
 from tests.differential.models import MODELS
 from tests.runtime.dist import run_ranks

@@ -24,7 +24,8 @@ from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan
 from autoshard.problem.plan import Plan
 from autoshard.runtime.checks import relative_errors
-from autoshard.runtime.executor import as_dtensor, distribute, gather_full, parallelize
+from autoshard.runtime.executor import parallelize
+from autoshard.runtime.placements import as_dtensor, distribute, gather_full
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import spec_placements
 from autoshard.sharding.mesh import parse_mesh

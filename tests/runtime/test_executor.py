@@ -24,7 +24,8 @@ from autoshard.sharding.reshard import REDUCE_SCATTER
 from autoshard.runtime.collectives import BACKWARD, FORWARD
 from autoshard.runtime.checks import (Collective, check_backend, expected_collectives, relative_errors,
                                       required_collectives, same_collectives)
-from autoshard.runtime.executor import distribute, gather_full, local_of, parallelize
+from autoshard.runtime.executor import parallelize
+from autoshard.runtime.placements import distribute, gather_full, local_of
 from autoshard.runtime.groups import MeshGroups
 
 from .dist import run_ranks

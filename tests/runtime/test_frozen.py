@@ -25,7 +25,8 @@ from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.cli.run import Prepared, _loss_weights, _reference, _sharded_step
 from autoshard.runtime.checks import check_model, expected_collectives, relative_errors, same_collectives
-from autoshard.runtime.executor import distribute, local_of, parallelize
+from autoshard.runtime.executor import parallelize
+from autoshard.runtime.placements import distribute, local_of
 from autoshard.runtime.groups import MeshGroups
 from autoshard.cli.training import make_optimizer
 from tests.frozen import FrozenEmbedding, LoRAMLP, SliceFills, frozen_linears, inputs

@@ -23,7 +23,8 @@ from autoshard.frontend.trace import trace
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.cli.run import main
-from autoshard.runtime.executor import gather_full, parallelize
+from autoshard.runtime.executor import parallelize
+from autoshard.runtime.placements import gather_full
 from autoshard.runtime.groups import MeshGroups
 
 from .dist import free_port, run_ranks

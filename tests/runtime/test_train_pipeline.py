@@ -29,7 +29,7 @@ from autoshard.pipeline.stages import cut, stage_layouts
 from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import expected_collectives, same_collectives
-from autoshard.runtime.executor import gather_full, local_of
+from autoshard.runtime.placements import gather_full, local_of
 from autoshard.runtime.pipeline import PipelineRunner, expected_transfers
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
