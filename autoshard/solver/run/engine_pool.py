@@ -16,10 +16,6 @@ from autoshard.solver.run.state import RunState
 from autoshard.solver.engines.toulbar import can_take
 from autoshard.solver.run.workers import EngineWorker
 
-SOURCES = {"highs": "milp", "second-search": "second-search"}
-"""The source an engine's plans and bounds are reported under (toulbar2's engines: "toulbar2")."""
-
-
 class EnginePool:
     """The engines running beside this process's own search; ``waiting`` holds the engines
     (methods, description, latest start) that take toulbar2-without-rows' processor when it
@@ -85,7 +81,7 @@ class EnginePool:
     def _take(self, event: EngineEvent, engine: EngineWorker) -> None:
         """A plan from any engine; bounds and verdicts only from those whose bounds hold; a failure said."""
         state = self.state
-        source = SOURCES.get(engine.method, "toulbar2")
+        source = engine.engine.source
         if event.kind == "error":
             state.emit(EngineFailed(engine.method, event.message or "no message", state.elapsed()))
         elif event.kind == "plan":

@@ -1,5 +1,5 @@
 """The search on the reduced core: which engines run, in which order, and how their plans and
-bounds come together (step 2-4 of the pipeline in api.py).
+bounds come together (the ``search`` step of run/solve.py).
 
 - without memory and narrow enough: exact variable elimination (elimination.py) — done, proved;
 - otherwise a minimum-memory plan polished by local search (local_search.py), then exact engines

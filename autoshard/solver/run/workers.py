@@ -1,6 +1,8 @@
 """Engines in forked child processes: toulbar2 (branch and bound, neighbourhood search), HiGHS's
 MILP and a second Lagrangian search on the reduced core, each started, polled and stopped the
-same way (``EngineWorker``) and reporting typed ``EngineEvent``s (engine_events.py).
+same way (``EngineWorker``) and reporting typed ``EngineEvent``s (procs/engine_events.py).
+``ENGINES`` is the registry: each engine's name, what its answers mean (exact, a relaxation,
+bounds that hold) and the search it runs in the child; nothing else dispatches on a name.
 
 Why processes: toulbar2 and HiGHS are C++ code that holds the GIL while it searches, counts time
 limits in CPU seconds and prints to the C stdout and stderr. A child is forked after the core is
@@ -17,29 +19,33 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.procs.engine_events import EngineEvent, ToulbarText, receive, send
 from autoshard.solver.procs.forks import die_with_parent, fork_child, kill_and_reap
 
-METHODS = {
-    "toulbar2": "toulbar2's hybrid best-first branch and bound with the memory rows as knapsack "
-                "constraints (exact: proves the optimum or that no plan fits)",
-    "toulbar2-vns": "toulbar2's variable-neighbourhood search from its first depth-first plan (plans only)",
-    "toulbar2-no-rows": "toulbar2's branch and bound on the core without its memory rows: a relaxation, "
-                        "whose bounds hold for the problem and whose optimum is the answer when it fits",
-    "highs": "HiGHS on the linearised core (exact; its infeasibility with memory rows is no proof: "
-             "its tolerances on byte-sized rows)",
-    "second-search": "a second Lagrangian search (plain subgradient steps, its own seed) taking turns with "
-                     "toulbar2 on usage-weighted costs (turns.py): plans only, where no exact "
-                     "engine takes the core",
-}
-"""Every engine, by the name its events and plans are reported under."""
+Report = Callable[[EngineEvent], None]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine of the registry: what it does, what its answers mean, and the search it runs in
+    the child (``run``, given the worker and where to report)."""
+
+    name: str
+    description: str
+    run: Callable[[EngineWorker, Report], None]
+    source: str = "toulbar2"  # what its plans and bounds are reported under
+    exact: bool = False  # it ends by proving the optimum (or that there is no plan)
+    relaxation: bool = False  # it searches the core without its memory rows: its plans need not fit
+    bounds: bool = False  # its bounds and verdicts are lower bounds of the problem
+    prints: bool = False  # its progress is the text toulbar2's search prints
 
 
 class EngineWorker:
-    """One engine (a key of METHODS) on ``comp`` in a forked child; ``poll`` returns its
+    """One engine (a name in ENGINES) on ``comp`` in a forked child; ``poll`` returns its
     EngineEvents. ``upper``: only plans cheaper than this are wanted. ``gap``: stop at this
     relative gap (0: prove). ``seed``: the engine's random seed. ``plan``: the plan costing
     ``upper``, where one is known. ``toulbar``: the second search may call toulbar2 on its
@@ -47,8 +53,9 @@ class EngineWorker:
 
     def __init__(self, comp: FrozenCore, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
                  plan: list[int] | None = None, toulbar: bool = False) -> None:
-        if method not in METHODS:
+        if method not in ENGINES:
             raise ValueError(f"unknown engine {method!r}")
+        self.engine = ENGINES[method]
         self.comp, self.method, self.upper, self.gap, self.seed = comp, method, upper, gap, seed
         self.toulbar = toulbar
         self.plan = plan
@@ -65,23 +72,23 @@ class EngineWorker:
     @property
     def exact(self) -> bool:
         """True when the engine ends by proving the optimum (or that there is no plan)."""
-        return self.method in ("toulbar2", "highs")
+        return self.engine.exact
 
     @property
     def relaxation(self) -> bool:
         """True when the engine searches a relaxation (the core without memory rows): its plans
         need not fit, and the optimum it converges to is at most the cheapest plan it reported."""
-        return self.method == "toulbar2-no-rows"
+        return self.engine.relaxation
 
     @property
     def bounds(self) -> bool:
         """True when the engine's bounds and verdicts are lower bounds of the problem."""
-        return self.method in ("toulbar2", "highs", "toulbar2-no-rows")
+        return self.engine.bounds
 
     @property
     def prints(self) -> bool:
         """True for toulbar2's engines, whose progress is the text their search prints."""
-        return self.method.startswith("toulbar2")
+        return self.engine.prints
 
     def start(self) -> None:
         """Fork the child and start reading what it reports."""
@@ -166,33 +173,34 @@ def _child(worker: EngineWorker, events: int, text: int | None) -> None:
         def report(event: EngineEvent) -> None:
             send(events, event)
 
-        _run_engine(worker, report)
+        worker.engine.run(worker, report)
     except BaseException as err:  # noqa: BLE001 - reported as an event; the parent then sees the end
         send(events, EngineEvent("error", message=f"{type(err).__name__}: {err}"))
         raise
 
 
-def _run_engine(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
-    """The engine's own search, in the child."""
+def _toulbar(worker: EngineWorker, report: Report) -> None:
+    """toulbar2 on the core (its branch and bound, or its neighbourhood search for "toulbar2-vns",
+    without the memory rows for "toulbar2-no-rows"): its plan, and its verdict when its search ended."""
+    from autoshard.solver.engines.toulbar import solve_cfn
+
     comp = worker.comp
-    if worker.method == "highs":
-        _highs(worker, report)
-    elif worker.method == "second-search":
-        from autoshard.solver.search.turns import run
-
-        run(comp, worker.seed, worker.upper, worker.plan, worker.toulbar, report)
-    else:
-        from autoshard.solver.engines.toulbar import solve_cfn
-
-        found = solve_cfn(comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "toulbar2-vns",
-                          rows=worker.method != "toulbar2-no-rows")
-        if found is not None:
-            report(EngineEvent("plan", comp.cost(found), list(found)))
-        if worker.method != "toulbar2-vns" and worker.gap <= 0:  # its search ended: the answer is proved
-            report(EngineEvent("optimal", comp.cost(found)) if found is not None else EngineEvent("none"))
+    found = solve_cfn(comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "toulbar2-vns",
+                      rows=worker.method != "toulbar2-no-rows")
+    if found is not None:
+        report(EngineEvent("plan", comp.cost(found), list(found)))
+    if worker.method != "toulbar2-vns" and worker.gap <= 0:  # its search ended: the answer is proved
+        report(EngineEvent("optimal", comp.cost(found)) if found is not None else EngineEvent("none"))
 
 
-def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
+def _second_search(worker: EngineWorker, report: Report) -> None:
+    """The plans-only engine of search/turns.py."""
+    from autoshard.solver.search.turns import run
+
+    run(worker.comp, worker.seed, worker.upper, worker.plan, worker.toulbar, report)
+
+
+def _highs(worker: EngineWorker, report: Report) -> None:
     """HiGHS on the core from the best plan so far: its plans and dual bounds as it finds them
     (the parent stops it at the deadline), then its verdict."""
     from autoshard.solver.engines.milp import highs_lower_bound, solve_core_milp
@@ -213,3 +221,23 @@ def _highs(worker: EngineWorker, report: Callable[[EngineEvent], None]) -> None:
         report(EngineEvent("bound", highs_lower_bound(comp, result.bound - comp.const)))
     if result.certified is not None:
         report(EngineEvent("bound", result.certified))
+
+
+ENGINES = {engine.name: engine for engine in (
+    Engine("toulbar2", "toulbar2's hybrid best-first branch and bound with the memory rows as knapsack "
+                       "constraints (exact: proves the optimum or that no plan fits)",
+           _toulbar, exact=True, bounds=True, prints=True),
+    Engine("toulbar2-vns", "toulbar2's variable-neighbourhood search from its first depth-first plan (plans only)",
+           _toulbar, prints=True),
+    Engine("toulbar2-no-rows", "toulbar2's branch and bound on the core without its memory rows: a relaxation, "
+                               "whose bounds hold for the problem and whose optimum is the answer when it fits",
+           _toulbar, relaxation=True, bounds=True, prints=True),
+    Engine("highs", "HiGHS on the linearised core (exact; its infeasibility with memory rows is no proof: "
+                    "its tolerances on byte-sized rows)",
+           _highs, source="milp", exact=True, bounds=True),
+    Engine("second-search", "a second Lagrangian search (plain subgradient steps, its own seed) taking turns with "
+                            "toulbar2 on usage-weighted costs (search/turns.py): plans only, where no exact engine "
+                            "takes the core",
+           _second_search, source="second-search"),
+)}
+"""Every engine, by the name its events and plans are reported under."""
