@@ -11,7 +11,8 @@ import numpy as np
 from scipy.optimize import linprog
 
 from autoshard.solver.core.reduced import INF, Core, FrozenCore
-from autoshard.solver.bounds.column_generation import Branch, ColumnGeneration, dive
+from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
+from autoshard.solver.core.branching import Branch
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.model.solution import SolveOptions
 from tests.solver.test_lns import stalled_of

@@ -112,7 +112,7 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
     """The rule for handing over: a slice of neighbourhood search after LNS_AFTER_STEPS Lagrangian
     steps and twenty steps' time without a plan of its own, at once while the last slice paid,
     never without a plan; a better plan from another engine does not put it off."""
-    from autoshard.solver.run.handover import LNS_AFTER_STEPS
+    from autoshard.solver.search.lns import LNS_AFTER_STEPS
 
     stalled = stalled_of(random_problem(np.random.default_rng(0), 6), SolveOptions(), FakeClock())
     now = stalled.state.clock.now
@@ -133,7 +133,8 @@ def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best
 def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_plan():
     """Slow steps (IOPDDL R: 1.5 s each) must not hold neighbourhood search off for thirty of
     them: LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit without a plan suffice."""
-    from autoshard.solver.run.handover import LNS_AFTER_STEPS, LNS_MIN_STEPS, LNS_STALL_SHARE
+    from autoshard.solver.run.handover import LNS_MIN_STEPS, LNS_STALL_SHARE
+    from autoshard.solver.search.lns import LNS_AFTER_STEPS
 
     problem = random_problem(np.random.default_rng(0), 6)
     limit = 100.0

@@ -24,10 +24,10 @@ Why: lagrangian.py's subgradient steps crawl once hundreds of rows carry weight 
 benchmarks/README.md, "Column generation for the memory rows"); the master LP finds the
 multipliers of every row at once, in a few dozen pricing steps.
 
-``dive`` then branches as branching.dive does, on the most fractional count of the master's mix:
-each child's bound comes from its own column generation (the pool is shared: a plan is a
-column in every branch); a child whose bound reaches the cheapest known plan is closed, and the
-dive goes on while exactly one child stays open.
+``dive`` then branches on the most fractional count of the master's mix (``branching.branch``,
+the one dive, here without setting children aside): each child's bound comes from its own column
+generation (the pool is shared: a plan is a column in every branch); a child whose bound reaches
+the cheapest known plan is closed, and the dive goes on while exactly one child stays open.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from scipy.optimize import linprog
 from autoshard.solver.core.reduced import INF, FrozenCore
 from autoshard.solver.core.local_search import Search
 from autoshard.solver.bounds.lagrangian import row_penalties
-from autoshard.solver.core.branching import most_fractional
+from autoshard.solver.core.branching import Branch, Dive, branch
 from autoshard.solver.bounds.trws import MessagePassing
 from autoshard.solver.core.certify import safe_bound
 
@@ -57,15 +57,6 @@ SOLVED = 1e-5
 """Relative distance between the master's value and the bound at which the dual counts as solved."""
 STALL = 15
 """Pricing steps in a row without a better bound after which a branch's search stops."""
-
-
-@dataclass(frozen=True)
-class Branch:
-    """``K_t <= k`` (``sense`` +1) or ``K_t >= k`` (``sense`` -1) for tally ``t``."""
-
-    tally: int
-    sense: int
-    k: int
 
 
 @dataclass
@@ -187,48 +178,50 @@ class ColumnGeneration:
         return bound, polish.x
 
 
-@dataclass
-class Dive:
-    """Where the dive ended: the branches every plan cheaper than the known one lies in, a
-    certified bound on those plans, and ``closed`` when there are none."""
+class PooledCounts:
+    """Column generation as the relaxation of ``branching.branch``: each child's bound from its
+    own column generation over the shared pool, in an equal share of the time left."""
 
-    branches: list[Branch] = field(default_factory=list)
-    bound: int | None = None
-    closed: bool = False
+    def __init__(self, generation: ColumnGeneration, known: Callable[[], int | None], deadline: float,
+                 counts: list[float]) -> None:
+        self.generation, self.known, self.deadline = generation, known, deadline
+        self.path: list[Branch] = []  # the branches taken
+        self.found: list[HullResult] = []  # the children of the last step
+        self.at = counts  # the master's counts inside the branches taken
+
+    def counts(self) -> list[float]:
+        return self.at
+
+    def child(self, branch: Branch, index: int) -> int | None:
+        if index == 0:
+            self.found = []
+        result = self.generation.search(self.path + [branch], _share(self.deadline, 2 - index))
+        if result.bound is None:
+            return None
+        self.found.append(result)
+        return result.bound
+
+    def enter(self, branch: Branch, index: int) -> bool:
+        self.path.append(branch)
+        self.at = self.found[index].counts
+        return True
+
+    def ceiling(self) -> float:
+        known = self.known()
+        return math.inf if known is None else known
+
+    def more(self) -> bool:
+        return time.monotonic() < self.deadline and not self.generation.between()
 
 
 def dive(generation: ColumnGeneration, known: Callable[[], int | None], deadline: float) -> Dive:
-    """Column generation at the root, then branching on the most fractional count while exactly
-    one child stays open (module docstring); ``known``: the cheapest plan's cost as it stands.
-    Each branch gets an equal share of the time left, the root twice that."""
-    result = Dive()
+    """Column generation at the root, then ``branching.branch`` on the most fractional count of
+    the master's mix while exactly one child stays open; ``known``: the cheapest plan's cost as it
+    stands. Each child gets an equal share of the time left, the root twice that."""
     root = generation.search([], _share(deadline, 3))
     if root.bound is None:
-        return result
-    result.bound, counts = root.bound, root.counts
-    while time.monotonic() < deadline and not generation.between():
-        t = most_fractional(counts)
-        if t is None:
-            break
-        children = [result.branches + [Branch(t, 1, math.floor(counts[t]))],
-                    result.branches + [Branch(t, -1, math.ceil(counts[t]))]]
-        found = []
-        for i, branches in enumerate(children):
-            child = generation.search(branches, _share(deadline, 2 - i))
-            if child.bound is None:
-                return result  # out of time: the dive so far stands
-            found.append(child)
-        cheapest = known()
-        open_children = [i for i, c in enumerate(found) if cheapest is None or c.bound < cheapest]
-        if len(open_children) != 1:
-            result.bound = max(result.bound, min(c.bound for c in found))
-            result.closed = not open_children
-            break
-        kept = open_children[0]
-        result.branches = children[kept]
-        result.bound = max(result.bound, found[kept].bound)
-        counts = found[kept].counts
-    return result
+        return Dive()
+    return branch(PooledCounts(generation, known, deadline, root.counts), root.bound)
 
 
 def _share(deadline: float, parts: int) -> float:

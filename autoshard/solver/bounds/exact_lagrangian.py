@@ -29,7 +29,7 @@ import numpy as np
 
 from autoshard.solver.core.certify import proved_bound
 from autoshard.solver.core.reduced import INF, FrozenCore
-from autoshard.solver.bounds.lagrangian import StepResult, deflected, row_penalties
+from autoshard.solver.bounds.lagrangian import StepResult, deflected, polyak_step, row_penalties
 from autoshard.solver.core.local_search import Search
 from autoshard.solver.engines.toulbar import prove_penalised
 
@@ -85,14 +85,11 @@ class ExactLagrangian:
         return StepResult(plan, search.total if plan is not None else None, bound)
 
     def _move(self, g: np.ndarray, value: float, upper: int | None) -> None:
-        """The deflected Polyak step along the overflow ``g`` (towards ``upper``, else 5% above L)."""
+        """The deflected Polyak step along the overflow ``g`` (lagrangian.polyak_step); a zero
+        direction leaves the multipliers and the last direction as they were."""
         d = deflected(g, self.direction)
-        norm = float(d @ d)
-        if norm <= 0:
-            return
-        target = upper if upper is not None else value + abs(value) * 0.05 + 1.0
-        self.lam = np.maximum(0.0, self.lam + max(target - value, 1.0) / norm * d)
-        self.direction = d
+        if float(d @ d) > 0:
+            self.lam, self.direction = polyak_step(self.lam, d, value, upper), d
 
 
 def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable[[], int | None],

@@ -61,6 +61,18 @@ def deflected(g: np.ndarray, previous: np.ndarray) -> np.ndarray:
     return g - DEFLECTION * dot / size * previous
 
 
+def polyak_step(lam: np.ndarray, d: np.ndarray, value: float, upper: int | None, alpha: float = 1.0) -> np.ndarray:
+    """The multipliers after one Polyak step of length ``alpha`` along the direction ``d`` from
+    the dual value L = ``value`` towards U = ``upper`` (else 5% above L):
+    max(0, lam + alpha max(U - L, 1) / |d|^2 d); ``lam`` itself when d is 0. Both Lagrangian
+    searches (this one and exact_lagrangian.py) move their multipliers by it."""
+    norm = float(d @ d)
+    if norm <= 0:
+        return lam
+    target = upper if upper is not None else value + abs(value) * 0.05 + 1.0
+    return np.maximum(0.0, lam + alpha * max(target - value, 1.0) / norm * d)
+
+
 def row_penalties(comp: FrozenCore, lam: np.ndarray) -> np.ndarray:
     """Every strategy's usage times the summed multipliers ``lam`` of its rows, flat
     (``FrozenCore.arrays.c_off``'s layout)."""
@@ -166,12 +178,7 @@ class LagrangianSearch:
             g = deflected(g, self.direction)
             g[(self.lam <= 0) & (g < 0)] = 0.0
         self.direction = g
-        norm = float(g @ g)
-        if norm <= 0:
-            return
-        target = upper if upper is not None else value + abs(value) * 0.05 + 1.0
-        step = self.alpha * max(target - value, 1.0) / norm
-        self.lam = np.maximum(0.0, self.lam + step * g)
+        self.lam = polyak_step(self.lam, g, value, upper, self.alpha)
 
 
 @njit(cache=True)

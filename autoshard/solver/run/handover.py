@@ -20,12 +20,10 @@ from autoshard.solver.run.engine_pool import EnginePool
 from autoshard.solver.model.events import Phase
 from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
 from autoshard.solver.bounds.lagrangian import LagrangianSearch
-from autoshard.solver.search.lns import NeighbourhoodSearch
+from autoshard.solver.search.lns import LNS_AFTER_STEPS, LNS_SLICE, NeighbourhoodSearch
 from autoshard.solver.run.state import RunState
 from autoshard.solver.search.layer_flips import flip_groups
 
-LNS_AFTER_STEPS = 30
-"""Lagrangian steps without a better plan before a slice of neighbourhood search."""
 LNS_STALL_SHARE = 0.1
 """... or this share of the time limit and LNS_MIN_STEPS steps without one, whichever comes first:
 where Lagrangian steps are slow, thirty of them are a large part of the limit, and neighbourhood
@@ -33,8 +31,6 @@ search would start too late to make its gains (measured: see benchmarks/README.m
 behind the design")."""
 LNS_MIN_STEPS = 10
 """The fewest Lagrangian steps without a plan before the share of the limit counts."""
-LNS_SLICE = 5.0
-"""Seconds of neighbourhood search per slice (or LNS_SHARE of the time left, if more)."""
 LNS_SHARE = 0.5
 """Share of the time left a slice of neighbourhood search takes (on some cores it finds what the
 Lagrangian search, stalled within seconds, cannot)."""

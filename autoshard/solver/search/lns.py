@@ -33,6 +33,12 @@ from autoshard.solver.engines.milp import solve_core_milp
 from autoshard.solver.search.time_shares import Shares
 from autoshard.solver.engines.toulbar import can_take, improve
 
+LNS_AFTER_STEPS = 30
+"""Lagrangian steps without a better plan before a slice of neighbourhood search (both Lagrangian
+searches hand over to it: run/handover.py and search/turns.py) ..."""
+LNS_SLICE = 5.0
+"""... of at least this many seconds."""
+
 MIN_SIZE = 6
 """Smallest neighbourhood (nodes)."""
 MAX_COLUMNS = 100_000

@@ -3,7 +3,7 @@ generators of fitting plans taking turns on one processor, sharing the best plan
 one reported as an event.
 
 - Lagrangian turns: one plain subgradient step (lagrangian.py); every few steps toulbar2 on the
-  step's penalised problem (penalised_probe.py); a slice of neighbourhood search after LNS_AFTER
+  step's penalised problem (penalised_probe.py); a slice of neighbourhood search after LNS_AFTER_STEPS
   steps without a better plan (lns.py).
 - Usage-weight turns (with toulbar2): one toulbar2 call on the core with per-node usage weights
   for its rows, the weights bisected on its plan (usage_weights.py), the plan repaired to fit
@@ -26,16 +26,12 @@ import numpy as np
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.procs.engine_events import EngineEvent
 from autoshard.solver.bounds.lagrangian import LagrangianSearch
-from autoshard.solver.search.lns import NeighbourhoodSearch
+from autoshard.solver.search.lns import LNS_AFTER_STEPS, LNS_SLICE, NeighbourhoodSearch
 from autoshard.solver.search.time_shares import Shares
 from autoshard.solver.search.penalised_probe import PenalisedProbe, fitted
 from autoshard.solver.engines.toulbar import solve_penalised
 from autoshard.solver.search.usage_weights import TOULBAR_SECONDS, UsageWeights
 
-LNS_AFTER = 30
-"""Lagrangian steps without a better plan before a slice of neighbourhood search..."""
-LNS_SLICE = 5.0
-"""... of this many seconds."""
 PRIOR = [0.75, 0.25]
 """Shares of the Lagrangian and usage-weight turns while neither gains: on some cores the
 Lagrangian turns' plans come only after minutes of steps, and with half the time they came too
@@ -86,7 +82,7 @@ class LagrangianTurns:
             search = probe.plan(penalty, self.steps, best.cost, time.monotonic() + 30.0, lambda call, _: call())
             better = (search is not None and best.offer(search.x, search.total)) or better
         self.stale = 0 if better else self.stale + 1
-        if self.stale >= LNS_AFTER and best.x is not None:
+        if self.stale >= LNS_AFTER_STEPS and best.x is not None:
             self.lns.run(best.x, time.monotonic() + LNS_SLICE, lambda y: best.offer(y, self.comp.cost(y)))
             self.stale = 0
 
