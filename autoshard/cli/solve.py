@@ -222,13 +222,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print("Schedule (Slapo):")
     for line in schedule_lines(plan, graph, every=args.params == "all"):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    exported = export_dtensor(plan, graph, loaded.model)
-    if exported.source is None:
-        console.print(f"PyTorch-native (torchtitan style): not expressible: {exported.reason}",
-                      highlight=False, markup=False)
-    else:
-        console.print("PyTorch-native (torchtitan style):")
-        console.print(exported.source.rstrip(), highlight=False, markup=False, soft_wrap=True)
+    console.print("PyTorch-native (torchtitan style):")
+    console.print(export_dtensor(plan, graph, loaded.model).source.rstrip(), highlight=False, markup=False,
+                  soft_wrap=True)
     if args.out:
         plan.save(args.out)
         console.print(f"plan written to {args.out}")

@@ -1,128 +1,76 @@
-"""Plan -> PyTorch-native parallelism, as torchtitan-style Python: a DeviceMesh, parallelize_module, fully_shard.
+"""Plan -> PyTorch-native parallelism, as torchtitan-style Python: a DeviceMesh, parallelize_module,
+checkpoint_wrapper, fully_shard.
 
-A plan maps to PyTorch's own APIs when each mesh axis plays one role those APIs know:
+The plan is read one mesh axis at a time (``lower.project``: its 1-D view along the axis), and
+each axis gets the role PyTorch's APIs give a mesh dimension:
 
-- **tensor parallel** (at most one axis, named ``tp``): the plan projected onto it is a set of
-  ``parallelize_module`` styles (``lower.tp_styles``): Colwise/Rowwise Linears and Embeddings,
-  sequence-parallel LayerNorms, every reshard at a styled module's boundary;
+- **tensor parallel** (at most one axis, named ``tp``): the view is a set of ``parallelize_module``
+  styles (``lower.tp_styles``): Colwise/Rowwise Linears and Embeddings, sequence-parallel
+  LayerNorms, every reshard at a styled module's boundary. Between styled modules the axis may
+  cut the batch, as the LLM plans do (a column-parallel embedding hands each rank its batch slice,
+  the layers run data parallel, a column-parallel ``lm_head`` gathers the batch again): the
+  parameters used there are ``fully_shard`` on the axis too;
 - **data parallel** (``dp``, or ``dp0``, ``dp1`` ... for several, which FSDP2 runs as HSDP over
-  their sub-mesh): every model input is cut on its batch dim, parameters are replicated (or
-  stored sharded and gathered before each use), and the only forward communication on the axis
-  gathers outputs or reduces the loss at the very end (slices of replicated values are free).
-  This is ``fully_shard`` on the axis, per repeated block and on the root, as torchtitan wraps
-  a transformer. FSDP stores the parameters sharded where our plan may keep them replicated
-  (DDP); the forward and the gradients are the same, and FSDP averages gradients over the axis,
-  which matches a loss that is a mean over the batch;
+  their sub-mesh): every model input is cut on its batch dim, parameters are replicated or stored
+  sharded and gathered before each use, and the only forward communication gathers outputs or
+  reduces the loss at the very end. This is ``fully_shard`` on the axis, per repeated block and on
+  the root, as torchtitan wraps a transformer (FSDP stores sharded what the plan may keep
+  replicated: the forward and the gradients are the same);
 - **replica** (``replica``): the plan does nothing on the axis; its ranks compute the same batch.
 
-To decide, the plan is projected onto each axis (:func:`project`): every layout keeps only that
-axis, every reshard only its steps on that axis, and an op's explicit local size, scale or mask
-counts only when that axis causes it. A local size the model infers itself (``-1`` in its view,
-as Hugging Face and torchtitan models write head counts) never counts, and neither does one on
-a data-parallel axis: FSDP hands each rank its own batch slice and the model's code runs on it.
+An axis whose view has no such form (expert routing, attention split by an all-to-all, a second
+axis that shards weights for use) runs as replicas, and the source says so in a comment naming
+the choice and why, so the rest of the plan still exports and runs: a plan never fails to
+export. Per repeated block (``lower.blocks``): ``checkpoint_wrapper`` (full, or torchtitan's
+selective op policy) where the plan recomputes, and ``reshard_after_forward`` as it keeps or
+re-gathers the parameters. Gradients: ``fully_shard`` sums them over its ranks
+(``set_gradient_divide_factor(1.0)``) and each rank's loss is its share of the whole batch's
+(``loss_share``: the mean over the rows it holds divided by the number of batch slices,
+torchtitan's normalisation by the global token count), which holds alike for parameters that
+data parallelism reduces and for the styled ones, whose gradients DTensor sums over the ranks.
 
-Only what depends on a parameter is held to the plan. Tensors computed from inputs, buffers
-and constants alone (position ids, masks, rotary tables) are computed natively by the model's
-own code from what it is fed: whole along the tensor-parallel axis, the rank's batch slice
-along a data-parallel one. The plan may slice, shard or gather them differently (it prices
-where they are cheapest); their reshards are dropped from the projection. This is safe or
-loud: such a tensor meets the plan's layouts only inside ops, where a layout the native code
-does not have is a shape mismatch, not a wrong number. The model's inputs must reach the
-parameter-dependent ops batch-cut along data-parallel axes and whole along the tensor one.
-The export emits ``build_mesh`` (``init_device_mesh`` with named dims), ``parallelize(model,
-mesh)``, and ``loss_context()``: ``loss_parallel()`` when the plan leaves the logits sharded on the
-vocabulary (the loss must then run on the DTensor inside it), else a null context. When a plan
-does not map, the export is one line naming the first axis, edge or tensor that does not and why.
+Only what depends on a parameter is held to the plan; the model's own code computes position
+ids, masks and rotary tables from what it is fed (``lower.project``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 from torch import nn
 
-from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
-from autoshard.lower.tp_styles import NotMappable, Style, style_arguments, tp_styles
-from autoshard.problem.plan import NodePlacement, Plan
-from autoshard.sharding.layers import find_repeated_layers
-from autoshard.sharding.reshard import ALL_GATHER, SLICE, Step
-from autoshard.sharding.rules import load_rules
-from autoshard.sharding.spec import TensorSpec
+from autoshard.frontend.graph import NodeKind, OpGraph
+from autoshard.lower.blocks import Units, memory_units
+from autoshard.lower.project import parameter_dependent, project
+from autoshard.lower.tp_styles import NotMappable, Style, batch_cut, tp_styles
+from autoshard.problem.plan import Plan
+from autoshard.sharding.reshard import ALL_GATHER, SLICE
 
 TP, DP, REPLICA = "tp", "dp", "replica"
 
 
 @dataclass(frozen=True)
 class DTensorExport:
-    """The plan as Python source (``build_mesh``, ``parallelize``, ``loss_context``), or why it does not map."""
+    """The plan as Python source (``build_mesh``, ``parallelize``, ``loss_context``, ``loss_share``), and
+    the choices it could not express (also comments in the source)."""
 
-    source: str | None
-    reason: str = ""
-
-
-def _project_spec(spec: TensorSpec | None, axis: int) -> TensorSpec | None:
-    """The layout seen along one mesh axis, as a 1-D spec."""
-    if spec is None:
-        return None
-    return TensorSpec(tuple((0,) if axis in axes else () for axes in spec.dims),
-                      frozenset({0}) if axis in spec.partial else frozenset())
+    source: str
+    notes: tuple[str, ...] = ()
 
 
-def _project_steps(steps: tuple[Step, ...], axis: int) -> tuple[Step, ...]:
-    return tuple(replace(s, axis=0, before=_project_spec(s.before, axis), after=_project_spec(s.after, axis))
-                 for s in steps if s.axis == axis)
+@dataclass
+class NativeLayout:
+    """What the export emits: each axis's role, the styles of the tensor-parallel axis and which model
+    inputs it cuts to the rank's batch slice on entry (``PrepareModuleInput`` on the root), the axes
+    ``fully_shard`` runs on, the memory units, the batch slices a rank's loss covers, and notes."""
 
-
-def explicit_size_axes(node: OpNode, place: NodePlacement) -> set[int]:
-    """Mesh axes whose sharding the node's local size must name explicitly: dims the model gave a
-    fixed size (not ``-1``) that the plan shards. Running the model's own code cannot do that."""
-    rule = load_rules().get(node.op or "")
-    attr = rule.options.get("local_size_attr") if rule else None
-    if attr is None or attr not in place.local_attrs or place.out_spec is None:
-        return set()
-    traced = list(node.attrs.get(attr) or [])
-    ndim = place.out_spec.ndim
-    offset = node.attrs.get("dim", 0) % (ndim - len(traced) + 1) if attr == "sizes" else 0  # unflatten's new dims
-    return {a for k, size in enumerate(traced) if size != -1 and k + offset < ndim for a in place.out_spec.dims[k + offset]}
-
-
-def parameter_dependent(graph: OpGraph) -> frozenset[str]:
-    """Nodes whose value depends on a parameter (the parameters included), in graph order."""
-    found: set[str] = set()
-    for node in graph:
-        if node.kind == NodeKind.PARAM or any(src in found for src in node.inputs):
-            found.add(node.name)
-    return frozenset(found)
-
-
-def project(plan: Plan, graph: OpGraph, axis: int, dependent: frozenset[str]) -> Plan:
-    """The plan as seen along mesh axis ``axis``: a 1-D plan of the same graph (see module doc).
-
-    Nodes outside ``dependent`` keep their layouts but lose local sizes, scales and masks, and
-    edges out of them lose their steps: the consumer gets such a tensor as it needs it.
-    """
-    nodes = {}
-    for name, place in plan.nodes.items():
-        held = name in dependent and place.out_spec is not None
-        partial = held and axis in place.out_spec.partial
-        nodes[name] = replace(
-            place, in_specs=tuple(_project_spec(s, axis) for s in place.in_specs),
-            out_spec=_project_spec(place.out_spec, axis),
-            local_attrs=place.local_attrs if held and axis in explicit_size_axes(graph[name], place) else {},
-            scale=place.scale if partial else 1, masked_operands=place.masked_operands if partial else ())
-    edges = []
-    for e in plan.edges:
-        src, dst = _project_spec(e.src_spec, axis), _project_spec(e.dst_spec, axis)
-        held = e.src in dependent
-        edges.append(replace(e, src_spec=src if held else dst, dst_spec=dst,
-                             steps=_project_steps(e.steps, axis) if held else (),
-                             grad_src_spec=_project_spec(e.grad_src_spec, axis),
-                             grad_dst_spec=_project_spec(e.grad_dst_spec, axis),
-                             grad_steps=_project_steps(e.grad_steps, axis)))
-    mesh = replace(plan.mesh, shape=(plan.mesh.shape[axis],), bandwidth=(plan.mesh.bandwidth[axis],),
-                   latency=(plan.mesh.latency[axis],))
-    return replace(plan, mesh=mesh, nodes=nodes, edges=edges,
-                   param_specs={k: _project_spec(v, axis) for k, v in plan.param_specs.items()})
+    roles: list[str]
+    styles: dict[str, Style] = field(default_factory=dict)
+    sliced_inputs: tuple[bool, ...] = ()
+    fsdp_axes: list[int] = field(default_factory=list)
+    units: Units | None = None
+    loss_slices: int = 1
+    notes: list[str] = field(default_factory=list)
 
 
 def _is_idle(view: Plan, dependent: frozenset[str]) -> bool:
@@ -132,148 +80,120 @@ def _is_idle(view: Plan, dependent: frozenset[str]) -> bool:
     return all(s is None or s.is_replicated for s in specs) and not any(e.steps for e in view.edges)
 
 
-def _check_inputs(view: Plan, graph: OpGraph, dependent: frozenset[str], role: str, axis: int) -> None:
+def _check_inputs(view: Plan, graph: OpGraph, dependent: frozenset[str], role: str) -> None:
     """Inputs reach parameter-dependent ops batch-cut along a data axis, whole along the tensor axis."""
     for edge in view.edges:
         if graph[edge.src].kind != NodeKind.INPUT or edge.dst not in dependent:
             continue
-        if role == DP and edge.dst_spec.dims[:1] != ((0,),):
-            raise NotMappable(f"input {edge.src} reaches {edge.dst} as {edge.dst_spec.format(1)} along mesh axis "
-                              f"{axis}, which shards no weight: only data parallelism maps there (fully_shard, each "
-                              "rank its own batch slice)")
+        if role == DP and not batch_cut(edge.dst_spec):
+            raise NotMappable(f"input {edge.src} reaches {edge.dst} as {edge.dst_spec.format(1)}, where the axis "
+                              "shards no weight: only data parallelism maps there (fully_shard, each rank its own "
+                              "batch slice)")
         if role == TP and not edge.dst_spec.is_replicated:
-            raise NotMappable(f"input {edge.src} reaches {edge.dst} as {edge.dst_spec.format(1)} along the "
-                              f"tensor-parallel axis {axis}; the styles take whole inputs")
+            raise NotMappable(f"input {edge.src} reaches {edge.dst} as {edge.dst_spec.format(1)} on an axis that "
+                              "shards weights; the styles take whole inputs")
 
 
-def _stores_sharded_weights(view: Plan, graph: OpGraph) -> bool:
-    """Some parameter is used in a sharded layout (not merely stored sharded and gathered for use)."""
-    return any(graph[e.src].kind == NodeKind.PARAM and not e.dst_spec.is_replicated for e in view.edges)
-
-
-def _check_data_parallel(view: Plan, graph: OpGraph, axis: int) -> None:
-    """The plan along ``axis`` is data parallelism (see module doc); raises NotMappable."""
-    where = f"mesh axis {axis}, which shards no weight"
+def _check_data_parallel(view: Plan, graph: OpGraph) -> None:
+    """Along a data axis activations stay on the rank's batch slice: only slices and parameter gathers."""
     for edge in view.edges:
         if graph[edge.dst].kind == NodeKind.OUTPUT:
             continue
         for step in edge.steps:
-            if step.kind == SLICE or (step.kind == ALL_GATHER and graph[edge.src].kind == NodeKind.PARAM):
-                continue
-            raise NotMappable(f"edge {edge.src} -> {edge.dst} runs {step.kind} along {where} "
-                              f"({edge.src_spec.format(1)}->{edge.dst_spec.format(1)}); only data parallelism maps "
-                              "there, and fully_shard keeps every activation on its rank's batch slice")
+            if not (step.kind == SLICE or (step.kind == ALL_GATHER and graph[edge.src].kind == NodeKind.PARAM)):
+                raise NotMappable(f"edge {edge.src} -> {edge.dst} runs {step.kind} ({edge.src_spec.format(1)}->"
+                                  f"{edge.dst_spec.format(1)}) where the axis shards no weight; fully_shard keeps "
+                                  "every activation on its rank's batch slice")
 
 
-def axis_roles(plan: Plan, graph: OpGraph, model: nn.Module) -> tuple[list[str], dict[str, Style]]:
-    """Each mesh axis's role (tp / dp / replica) and the tensor-parallel styles; raises NotMappable."""
-    roles: list[str] = []
-    styles: dict[str, Style] = {}
+def _role(view: Plan, graph: OpGraph, model: nn.Module, dependent: frozenset[str], layout: NativeLayout,
+          axis: int) -> str:
+    """The axis's role; a tensor-parallel axis records its styles, its FSDP use and its loss slices in
+    ``layout``. Raises NotMappable."""
+    if any(axis == a for a in view_expert_axes(view)):
+        raise NotMappable("it runs experts split over devices (expert routing), which no parallelize_module style "
+                          "expresses for transformers' experts modules")
+    used_sharded = any(graph[e.src].kind == NodeKind.PARAM and not e.dst_spec.is_replicated for e in view.edges)
+    role = TP if used_sharded else DP
+    if role == TP and TP in layout.roles:
+        raise NotMappable(f"mesh axis {layout.roles.index(TP)} already shards weights for use; parallelize_module "
+                          "shards over one tensor-parallel axis")
+    _check_inputs(view, graph, dependent, role)
+    if role == DP:
+        _check_data_parallel(view, graph)
+        return DP
+    axis_styles = tp_styles(view, graph, model)
+    layout.styles = axis_styles.styles
+    layout.sliced_inputs = _sliced_inputs(view, graph, dependent)
+    batch = any(batch_cut(view.nodes[n].out_spec) for n in dependent
+                if n in view.nodes and graph[n].kind == NodeKind.OP)
+    if batch or axis_styles.gathered:
+        layout.fsdp_axes.append(axis)
+    layout.loss_slices *= view.mesh.shape[0] if axis_styles.loss_cut else 1
+    return TP
+
+
+def _sliced_inputs(view: Plan, graph: OpGraph, dependent: frozenset[str]) -> tuple[bool, ...]:
+    """Per model input, whether the plan reads it as the rank's batch slice where it meets the
+    parameter-dependent ops through the model's own code (labels sliced for a batch-cut loss), on an
+    axis whose styled modules take whole inputs; raises NotMappable when it reads it both ways."""
+    edges_from: dict[str, list] = {}
+    for edge in view.edges:
+        edges_from.setdefault(edge.src, []).append(edge)
+    sliced = []
+    for node in (n for n in graph if n.kind == NodeKind.INPUT):
+        seen, todo, layouts = {node.name}, [node.name], set()
+        while todo:
+            for edge in edges_from.get(todo.pop(), ()):
+                if edge.dst in dependent:
+                    layouts.add(batch_cut(edge.dst_spec))
+                elif edge.dst not in seen:
+                    seen.add(edge.dst)
+                    todo.append(edge.dst)
+        if len(layouts) > 1:
+            raise NotMappable(f"input {node.name} is read both whole and as the rank's batch slice")
+        sliced.append(layouts == {True})
+    return tuple(sliced)
+
+
+def view_expert_axes(view: Plan) -> list[int]:
+    """The axes (0 in a 1-D view) over which an expert-parallel op exchanges tokens."""
+    return [0 for n in view.nodes.values() if n.op == "moe_experts" and n.in_specs[3].dims[0]]
+
+
+def native_layout(plan: Plan, graph: OpGraph, model: nn.Module) -> NativeLayout:
+    """Each axis's role (an axis with no PyTorch form becomes a replica, with a note), styles, FSDP axes,
+    memory units and loss slices."""
+    layout = NativeLayout([])
     dependent = parameter_dependent(graph)
-    for axis in range(plan.mesh.ndim):
+    for axis, size in enumerate(plan.mesh.shape):
         view = project(plan, graph, axis, dependent)
-        if plan.mesh.shape[axis] == 1 or _is_idle(view, dependent):
-            roles.append(REPLICA)
+        if size == 1 or _is_idle(view, dependent):
+            layout.roles.append(REPLICA)
             continue
-        role = TP if _stores_sharded_weights(view, graph) else DP
-        if role == TP and TP in roles:
-            raise NotMappable(f"mesh axes {roles.index(TP)} and {axis} both shard weights; parallelize_module "
-                              "shards over one tensor-parallel axis")
-        _check_inputs(view, graph, dependent, role, axis)
-        if role == TP:
-            try:
-                styles = tp_styles(view, graph, model)
-            except NotMappable as why:
-                raise NotMappable(f"mesh axis {axis} (tensor parallel): {why}") from None
-        else:
-            _check_data_parallel(view, graph, axis)
-        roles.append(role)
-    return roles, styles
-
-
-def _mesh_names(roles: list[str]) -> list[str]:
-    counts = {role: roles.count(role) for role in roles}
-    seen: dict[str, int] = {}
-    names = []
-    for role in roles:
-        seen[role] = seen.get(role, 0) + 1
-        names.append(role if counts[role] == 1 else f"{role}{seen[role] - 1}")
-    return names
-
-
-def _parallelize_lines(roles: list[str], names: list[str], styles: dict[str, Style], graph: OpGraph) -> list[str]:
-    """The body of ``parallelize(model, mesh)``."""
-    lines = []
-    if styles:
-        lines.append(f'    parallelize_module(model, mesh["{names[roles.index(TP)]}"], {{')
-        lines += [f'        "{path}": {style.kind}({style_arguments(style, path)}),' for path, style in styles.items()]
-        lines.append("    })")
-    dp = [name for name, role in zip(names, roles) if role == DP]
-    if dp:
-        sub = f'mesh["{dp[0]}"]' if len(dp) == 1 else f"mesh[({', '.join(repr(n) for n in dp)})]"
-        layers = find_repeated_layers(graph)
-        if layers is not None:
-            lines += [f'    for block in model.get_submodule("{layers.container}"):',
-                      f"        fully_shard(block, mesh={sub})"]
-        lines.append(f"    fully_shard(model, mesh={sub})")
-    return lines + ["    return model"]
-
-
-def _source(plan: Plan, roles: list[str], styles: dict[str, Style], graph: OpGraph) -> str:
-    names = _mesh_names(roles)
-    body = _parallelize_lines(roles, names, styles, graph)
-    vocab_sharded = any(style.dtensor_output for style in styles.values())
-    used = "\n".join(body)
-    imports = ["from torch.distributed.device_mesh import init_device_mesh"]
-    if "fully_shard(" in used:
-        imports.append("from torch.distributed.fsdp import fully_shard")
-    placements = [name for name in ("Replicate", "Shard") if f"{name}(" in used]
-    if placements:
-        imports.append(f"from torch.distributed.tensor import {', '.join(placements)}")
-    tp_names = sorted({style.kind for style in styles.values()}) + (["loss_parallel"] if vocab_sharded else [])
-    if styles:
-        imports.append(f"from torch.distributed.tensor.parallel import {', '.join([*tp_names, 'parallelize_module'])}")
-    if not vocab_sharded:
-        imports.insert(0, "from contextlib import nullcontext")
-    described = ", ".join(f'"{n}" ({r})' for n, r in zip(names, roles))
-    data = ("each data-parallel rank gets its own slice of the batch; fully_shard averages gradients over them, "
-            "so compute each rank's loss as a mean over its slice" if DP in roles else "every rank gets the whole batch")
-    lines = [
-        f'"""{plan.model or "The model"}\'s autoshard plan on mesh {plan.mesh.label} in PyTorch\'s own APIs '
-        f'(torchtitan style).',
-        "",
-        f"Mesh dims: {described}; {data}.",
-        '"""',
-        "",
-        *imports,
-        "",
-        "",
-        'def build_mesh(device_type="cuda"):',
-        f'    """The {plan.mesh.label} device mesh with named dims (call on every rank)."""',
-        f"    return init_device_mesh(device_type, {tuple(plan.mesh.shape)!r}, mesh_dim_names={tuple(names)!r})",
-        "",
-        "",
-        "def parallelize(model, mesh):",
-        '    """Shard ``model`` in place as the plan does; returns it."""',
-        *body,
-        "",
-        "",
-        "def loss_context():",
-        '    """Run the loss and its backward inside this context."""',
-        "    return loss_parallel()" if vocab_sharded else "    return nullcontext()",
-    ]
-    return "\n".join(lines) + "\n"
+        try:
+            role = _role(view, graph, model, dependent, layout, axis)
+        except NotMappable as why:
+            layout.roles.append(REPLICA)
+            layout.notes.append(f"mesh axis {axis} ({size} devices): {why}; PyTorch has no API for that, so its "
+                                "ranks compute as replicas here (run the JSON plan with autoshard.run for the rest)")
+            continue
+        if role == DP:  # every rank computes its batch slice: the loss's rows too
+            layout.fsdp_axes.append(axis)
+            layout.loss_slices *= size
+        layout.roles.append(role)
+    styled = {f"{path}.{name}" for path in layout.styles for name, _ in model.get_submodule(path).named_parameters()}
+    sharded = {n.qualname for n in graph if n.kind == NodeKind.PARAM} - styled if layout.fsdp_axes else set()
+    layout.units = memory_units(plan, graph, sharded)
+    if not layout.fsdp_axes and any(e.regather for e in plan.edges):
+        layout.notes.append("the plan re-gathers parameters for backward, which only fully_shard does, and no axis "
+                            "runs fully_shard here: they stay whole")
+    return layout
 
 
 def export_dtensor(plan: Plan, graph: OpGraph, model: nn.Module) -> DTensorExport:
-    """The plan as torchtitan-style source, or the reason it does not map."""
-    split_experts = [n.module for n in plan.nodes.values() if n.op == "moe_experts" and n.in_specs[3].dims[0]]
-    if split_experts:  # torchtitan's ExpertParallel needs its own MoE modules, not transformers' experts
-        return DTensorExport(None, f"{split_experts[0]} runs its experts split over devices (expert routing), which "
-                                   "no parallelize_module style expresses for transformers' experts modules; run the "
-                                   "JSON plan with autoshard.run")
-    try:
-        roles, styles = axis_roles(plan, graph, model)
-    except NotMappable as reason:
-        return DTensorExport(None, str(reason))
-    return DTensorExport(_source(plan, roles, styles, graph))
+    """The plan as torchtitan-style source; choices PyTorch has no API for are notes (comments in it)."""
+    from autoshard.lower.native_source import render
+
+    layout = native_layout(plan, graph, model)
+    return DTensorExport(render(plan, layout, graph, model), tuple(layout.notes))

@@ -8,24 +8,29 @@ on a sequence-sharded input is ``SequenceParallel``. Each style reshards only at
 boundary: its input from ``input_layouts`` to the layout it computes on, its output to
 ``output_layouts``; everything in between runs on local tensors with the model's own code.
 
-:func:`tp_styles` reads a plan projected onto the tensor-parallel axis (a 1-D plan, see
-``lower.dtensor``) and checks, edge by edge, that it is expressible that way: every parameter
-is laid out as its module's style stores it (replicated outside styled modules), every forward
-reshard sits at a styled module's input or output, and nothing outside styled modules needs an
-explicit local size, a scale or a mask (``lower.dtensor`` checks the model's inputs). Outputs leave
-whole, except logits left sharded on their last dim by a ColwiseParallel module, which stay a
+:func:`tp_styles` reads a plan projected onto one axis (a 1-D plan, see ``lower.project``) and
+checks, edge by edge, that it is expressible that way: every parameter is laid out as its
+module's style stores it, or replicated, or stored sharded and gathered whole for an op that runs
+on the rank's batch slice (``fully_shard`` on the axis: :attr:`AxisStyles.gathered`); every
+forward reshard sits at a styled module's input or output (a batch slice there, ``Shard(0)``, is
+how a style hands over to the data-parallel layers between styled modules), or slices a whole
+tensor; nothing outside styled modules needs an explicit local size, a scale or a mask, except
+on the rank's batch slice (the model's code sizes its views from what it gets) and the loss's
+mean over it (the rank's share, ``loss_share``). Outputs leave whole or as the rank's batch
+slice, except logits left sharded on their last dim by a ColwiseParallel module, which stay a
 DTensor for ``loss_parallel``. DTensor derives the backward itself, so gradient steps are not
 consulted. Otherwise :class:`NotMappable` names the first edge or tensor that does not map.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
 from autoshard.frontend.graph import NodeKind, OpGraph, OpNode
 from autoshard.problem.plan import EdgeReshard, Plan
+from autoshard.sharding.reshard import ALL_GATHER, SLICE
 from autoshard.sharding.rules import load_rules
 from autoshard.sharding.spec import TensorSpec
 
@@ -54,9 +59,25 @@ class Style:
     dtensor_output: bool = False
 
 
+@dataclass
+class AxisStyles:
+    """One axis as PyTorch runs it: the styled modules by path, the parameters stored sharded and
+    gathered whole for ops on the rank's batch slice (what ``fully_shard`` on the axis does), and
+    whether the model's output leaves unstyled as the rank's batch slice or its share of a loss."""
+
+    styles: dict[str, Style] = field(default_factory=dict)
+    gathered: set[str] = field(default_factory=set)
+    loss_cut: bool = False
+
+
 def sharded_dims(spec: TensorSpec) -> list[int]:
     """Tensor dims the spec shards."""
     return [d for d, axes in enumerate(spec.dims) if axes]
+
+
+def batch_cut(spec: TensorSpec | None) -> bool:
+    """The 1-D spec holds the rank's slice of the batch: dim 0 sharded, nothing else, no partial sum."""
+    return spec is not None and not spec.partial and spec.ndim > 0 and sharded_dims(spec) == [0]
 
 
 def placement(spec: TensorSpec, where: str) -> str:
@@ -73,16 +94,18 @@ def _shards(spec: TensorSpec | None, dim: int) -> bool:
     return spec is not None and not spec.partial and sharded_dims(spec) == [dim % spec.ndim]
 
 
-def _style_of(node: OpNode, graph: OpGraph, plan: Plan, model: nn.Module) -> tuple[str, Style] | None:
-    """(module path, style) when ``node`` is the op of a module a style can shard the way the plan does."""
+def _style_of(node: OpNode, graph: OpGraph, plan: Plan, model: nn.Module,
+              uses: dict[tuple[str, int], TensorSpec]) -> tuple[str, Style] | None:
+    """(module path, style) when ``node`` is the op of a module a style can shard the way the plan uses
+    its parameters (``uses``: the layout each operand is read in)."""
     types, weight_at, activation = STYLED_OPS.get(node.op or "", ((), 0, 0))
     if not types or len(node.inputs) <= max(weight_at, activation) or graph[node.inputs[weight_at]].kind != NodeKind.PARAM:
         return None
     path = graph[node.inputs[weight_at]].qualname.rpartition(".")[0]
     if not isinstance(model.get_submodule(path), types):
         return None
-    weight = plan.param_specs[graph[node.inputs[weight_at]].qualname]
-    extra = [plan.param_specs[graph[src].qualname] for k, src in enumerate(node.inputs)
+    weight = uses[node.name, weight_at]
+    extra = [uses[node.name, k] for k, src in enumerate(node.inputs)
              if k not in (weight_at, activation) and graph[src].kind == NodeKind.PARAM]
     if node.op == "linear":
         if _shards(weight, 0) and all(_shards(s, 0) for s in extra):
@@ -93,44 +116,49 @@ def _style_of(node: OpNode, graph: OpGraph, plan: Plan, model: nn.Module) -> tup
         return path, Style(COLWISE, activation)
     if node.op == "layer_norm" and weight.is_replicated and all(s.is_replicated for s in extra):
         arriving = plan.nodes[node.name].in_specs[activation]
-        if len(sharded_dims(arriving)) == 1 and not arriving.partial:
+        if len(sharded_dims(arriving)) == 1 and not arriving.partial and not batch_cut(arriving):
             return path, Style(SEQUENCE, activation, input_layout=arriving)
     return None
 
 
-def tp_styles(plan: Plan, graph: OpGraph, model: nn.Module) -> dict[str, Style]:
+def tp_styles(plan: Plan, graph: OpGraph, model: nn.Module) -> AxisStyles:
     """The style of every module a 1-D ``plan`` shards, with boundary layouts; raises NotMappable."""
-    styles: dict[str, Style] = {}
+    axis = AxisStyles()
     styled: dict[str, str] = {}
+    uses = {(e.dst, e.operand): e.dst_spec for e in plan.edges}
     for node in graph:
-        found = _style_of(node, graph, plan, model) if node.kind == NodeKind.OP else None
+        found = _style_of(node, graph, plan, model, uses) if node.kind == NodeKind.OP else None
         if found is None:
             continue
         path, style = found
-        if path in styles and styles[path].kind != style.kind:
+        if path in axis.styles and axis.styles[path].kind != style.kind:
             raise NotMappable(f"module {path} is called with two different shardings")
-        styles.setdefault(path, style)
+        axis.styles.setdefault(path, style)
         styled[node.name] = path
-    _check_state(plan, graph, styled, model)
-    reshaped = _gathered_after_views(plan, graph, styles, styled)
+    axis.gathered = _check_state(plan, graph, styled, model)
+    reshaped = _gathered_after_views(plan, graph, axis.styles, styled)
     _check_nodes(plan, graph, styled, reshaped)
     for edge in plan.edges:
         if edge.src not in reshaped and edge.dst not in reshaped:
-            _place_edge(edge, graph, styles, styled)
-    return styles
+            _place_edge(edge, graph, axis.styles, styled)
+    outputs = [e for e in plan.edges if graph[e.dst].kind == NodeKind.OUTPUT and e.src not in {*styled, *reshaped}]
+    axis.loss_cut = any(batch_cut(e.src_spec) or e.src_spec.partial for e in outputs)
+    return axis
 
 
 def _gathered_after_views(plan: Plan, graph: OpGraph, styles: dict[str, Style], styled: dict[str, str]) -> set[str]:
-    """Views between a ColwiseParallel output and the gather that makes it whole, as in ``lm_head`` ->
-    ``flatten`` -> all-gather -> cross-entropy. A view moves no data, so gathering before it is the same
-    collective: the module's output layout becomes whole and the views run on whole tensors, as the
-    model's own code does. Returns the views; each must be its producer's only consumer."""
+    """Views and slices between a ColwiseParallel output and the reshard that makes it whole or cuts it
+    on the batch, as in ``lm_head`` -> ``flatten`` -> all-gather -> cross-entropy. They move no data, so
+    resharding before them is the same collective: the module's output layout becomes the reshard's
+    target and the views run on it, as the model's own code does. Returns the views; each must be its
+    producer's only consumer."""
     views: set[str] = set()
     for edge in plan.edges:
-        if not edge.steps or edge.src in styled or not edge.dst_spec.is_replicated:
+        if not edge.steps or edge.src in styled or not (edge.dst_spec.is_replicated or batch_cut(edge.dst_spec)):
             continue
         chain, node = [], graph[edge.src]
-        while node.kind == NodeKind.OP and _is_view(node) and len(graph.users(node.name)) == 1 and node.inputs:
+        while node.kind == NodeKind.OP and _moves_no_data(node, plan) and len(graph.users(node.name)) == 1 \
+                and node.inputs:
             chain.append(node.name)
             node = graph[node.inputs[0]]
         style = styles.get(styled.get(node.name, ""))
@@ -140,31 +168,43 @@ def _gathered_after_views(plan: Plan, graph: OpGraph, styles: dict[str, Style], 
     return views
 
 
-def _is_view(node: OpNode) -> bool:
+def _moves_no_data(node: OpNode, plan: Plan) -> bool:
+    """A view, or a slice along a dim the plan does not shard (``logits[:, :-1]``): resharding before it
+    runs the same collective on the same rows."""
     rule = load_rules().get(node.op or "")
-    return rule is not None and rule.kind == "view"
+    place = plan.nodes[node.name]
+    return rule is not None and (rule.kind == "view" or (rule.kind == "slice" and place.in_specs[:1] == (place.out_spec,)))
+
+
+def _feeds_output_only(graph: OpGraph, name: str) -> bool:
+    users = graph.users(name)
+    return bool(users) and all(graph[u].kind == NodeKind.OUTPUT for u in users)
 
 
 def _check_nodes(plan: Plan, graph: OpGraph, styled: dict[str, str], reshaped: set[str]) -> None:
-    """No local shapes, scaling or masking outside styled modules (views of gathered outputs run whole)."""
+    """No local shapes, scaling or masking outside styled modules, but for views of gathered outputs
+    (they run whole), sizes on the rank's batch slice and the loss's mean over it."""
     for node in graph:
         place = plan.nodes.get(node.name)
-        outside = node.name not in styled and node.name not in reshaped
-        if node.kind == NodeKind.OP and place is not None and outside and (
-                place.local_attrs or place.scale != 1 or place.masked_operands):
-            what = f"an explicit size ({', '.join(place.local_attrs)})" if place.local_attrs else "a partial-sum correction"
-            raise NotMappable(f"{node.name} ({node.op}) needs {what} on the tensor-parallel axis outside any styled "
-                              "module, which the model's own code would not apply")
+        if node.kind != NodeKind.OP or place is None or node.name in styled or node.name in reshaped:
+            continue
+        if place.local_attrs and not batch_cut(place.out_spec):
+            raise NotMappable(f"{node.name} ({node.op}) needs an explicit size ({', '.join(place.local_attrs)}) on "
+                              "the tensor-parallel axis outside any styled module, which the model's own code "
+                              "would not apply")
+        if (place.scale != 1 or place.masked_operands) and not _feeds_output_only(graph, node.name):
+            raise NotMappable(f"{node.name} ({node.op}) needs a partial-sum correction on the tensor-parallel axis "
+                              "outside any styled module, which the model's own code would not apply")
 
 
 def _place_edge(edge: EdgeReshard, graph: OpGraph, styles: dict[str, Style], styled: dict[str, str]) -> None:
     """Attribute an edge's reshard to a style's output or input layout, or raise NotMappable."""
+    src, dst = styles.get(styled.get(edge.src, "")), styles.get(styled.get(edge.dst, ""))
     if graph[edge.src].kind in (NodeKind.PARAM, NodeKind.BUFFER):
-        if edge.steps:
+        if edge.steps and (dst is not None or any(step.kind != ALL_GATHER for step in edge.steps)):
             raise NotMappable(f"{graph[edge.src].qualname} is resharded before use ({edge.src_spec.format(1)}->"
                               f"{edge.dst_spec.format(1)}); a style keeps parameters in place")
         return
-    src, dst = styles.get(styled.get(edge.src, "")), styles.get(styled.get(edge.dst, ""))
     if graph[edge.dst].kind == NodeKind.OUTPUT:
         _place_output(edge, src, styled.get(edge.src, edge.src))
         return
@@ -172,7 +212,8 @@ def _place_edge(edge: EdgeReshard, graph: OpGraph, styles: dict[str, Style], sty
     if src is not None and src.kind != SEQUENCE:
         _set_layout(src, "output_layout", edge.dst_spec, f"output of {styled[edge.src]}")
         arriving = edge.dst_spec
-    elif edge.steps and not (dst is not None and dst.kind != SEQUENCE and edge.operand == dst.activation):
+    elif edge.steps and not (dst is not None and dst.kind != SEQUENCE and edge.operand == dst.activation) \
+            and not all(step.kind == SLICE for step in edge.steps):
         raise NotMappable(f"edge {edge.src} -> {edge.dst} reshards {edge.src_spec.format(1)}->"
                           f"{edge.dst_spec.format(1)} away from any styled module's input or output")
     if dst is not None and edge.operand == dst.activation:
@@ -181,12 +222,15 @@ def _place_edge(edge: EdgeReshard, graph: OpGraph, styles: dict[str, Style], sty
             raise NotMappable(f"{styled[edge.dst]} gets {arriving.format(1)}, not its sequence-sharded input")
         if dst.kind != SEQUENCE:
             _set_layout(dst, "input_layout", arriving, f"input of {styled[edge.dst]}")
-    elif src is None and edge.src_spec.partial:
+    elif src is None and edge.src_spec.partial and not _feeds_output_only(graph, edge.src):
         raise NotMappable(f"{edge.src} is a partial sum outside any RowwiseParallel Linear")
 
 
 def _place_output(edge: EdgeReshard, src: Style | None, where: str) -> None:
-    """An output leaves whole, or as the last-dim-sharded DTensor of a ColwiseParallel module (loss_parallel)."""
+    """An output leaves whole, as the rank's batch slice (a loss: its share of the mean), or as the
+    last-dim-sharded DTensor of a ColwiseParallel module (loss_parallel)."""
+    if src is None and (batch_cut(edge.src_spec) or edge.src_spec.partial):
+        return
     if edge.dst_spec.is_replicated:
         if src is not None and src.kind != SEQUENCE:
             _set_layout(src, "output_layout", edge.dst_spec, f"output of {where}")
@@ -199,25 +243,33 @@ def _place_output(edge: EdgeReshard, src: Style | None, where: str) -> None:
         src.dtensor_output = True
         return
     raise NotMappable(f"the plan leaves output {edge.src} as {edge.dst_spec.format(1)}; the exported model returns "
-                      "whole outputs, or logits sharded on their last dim by a ColwiseParallel module")
+                      "whole outputs, the rank's batch slice, or logits sharded on their last dim by a "
+                      "ColwiseParallel module")
 
 
-def _check_state(plan: Plan, graph: OpGraph, styled: dict[str, str], model: nn.Module) -> None:
-    """Parameters outside styled modules must be replicated (buffers stay whole: the styles leave them)."""
+def _check_state(plan: Plan, graph: OpGraph, styled: dict[str, str], model: nn.Module) -> set[str]:
+    """Parameters outside styled modules are replicated, or stored sharded and gathered whole for ops
+    on the rank's batch slice (returned: fully_shard on the axis runs them); buffers stay whole."""
     owned = {graph[src].qualname for name in styled for src in graph[name].inputs if graph[src].kind == NodeKind.PARAM}
-    for name in (n.qualname for n in graph if n.kind == NodeKind.PARAM):
-        spec = plan.param_specs[name]
-        if name not in owned and not spec.is_replicated:
-            owner = name.rpartition(".")[0]
-            kind = type(model.get_submodule(owner)).__name__ if owner else type(model).__name__
-            node = next(n.name for n in graph if n.kind == NodeKind.PARAM and n.qualname == name)
-            if all(e.dst_spec.is_replicated for e in plan.edges if e.src == node):
-                raise NotMappable(f"{name} is stored {spec.format(1)} and gathered for use (FSDP) on the axis where "
-                                  f"{next(iter(styled.values()))} splits its weight for use (tensor parallelism); torch "
-                                  "runs the two over different mesh dimensions (run the JSON plan with autoshard.run)")
-            raise NotMappable(f"{name} is stored {spec.format(1)} on the tensor-parallel axis, but its module {owner} "
-                              f"({kind}) is not an nn.Linear / nn.Embedding / nn.LayerNorm sharded the way a "
-                              "ColwiseParallel / RowwiseParallel / SequenceParallel style shards it")
+    gathered: set[str] = set()
+    for node in (n for n in graph if n.kind == NodeKind.PARAM and n.qualname not in owned):
+        name, spec = node.qualname, plan.param_specs[node.qualname]
+        uses = [e for e in plan.edges if e.src == node.name]
+        batch = all(batch_cut(plan.nodes[e.dst].out_spec) or plan.nodes[e.dst].out_spec.partial for e in uses)
+        if spec.is_replicated and all(e.dst_spec.is_replicated for e in uses):
+            continue
+        owner = name.rpartition(".")[0]
+        if all(e.dst_spec.is_replicated for e in uses):
+            if not batch:
+                raise NotMappable(f"{name} is stored {spec.format(1)} and gathered for an op that does not run on "
+                                  "the rank's batch slice; fully_shard reduces its gradient as data parallelism's")
+            gathered.add(name)
+            continue
+        kind = type(model.get_submodule(owner)).__name__ if owner else type(model).__name__
+        raise NotMappable(f"{name} is used {next(e.dst_spec for e in uses if not e.dst_spec.is_replicated).format(1)}"
+                          f", but its module {owner} ({kind}) is not an nn.Linear / nn.Embedding / nn.LayerNorm "
+                          "sharded the way a ColwiseParallel / RowwiseParallel / SequenceParallel style shards it")
+    return gathered
 
 
 def _check_input(style: Style, required: TensorSpec, path: str) -> None:
