@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from torch.utils import _pytree as pytree
 
 from autoshard.frontend.schema import PYTHON_ENUMS, Slot
 from autoshard.frontend.graph import NodeKind, OpGraph
@@ -51,11 +50,8 @@ class NodeCall:
 
     def __call__(self, operands: Sequence[Any], overrides: Mapping[str, Any]) -> Any:
         """Call the target with ``operands`` filled in and ``overrides`` put in their slots."""
-        def fill(value: Any) -> Any:
-            return operands[value.index] if isinstance(value, Operand) else value
-
-        args = list(pytree.tree_map(fill, self.args, is_leaf=_is_operand))
-        kwargs = pytree.tree_map(fill, self.kwargs, is_leaf=_is_operand)
+        args = [_fill(a, operands) for a in self.args]
+        kwargs = {k: _fill(v, operands) for k, v in self.kwargs.items()}
         if self.copy_first and isinstance(args[0], torch.Tensor):
             args[0] = args[0].clone()
         python = not isinstance(self.target, torch._ops.OpOverload)
@@ -74,8 +70,20 @@ class NodeCall:
             return self.target(*args, **kwargs)
 
 
-def _is_operand(value: Any) -> bool:
-    return isinstance(value, Operand)
+def _fill(value: Any, operands: Sequence[Any]) -> Any:
+    """``value`` with every ``Operand`` inside (plain tuples, lists and dicts, as a traced call holds
+    them) replaced by its operand, lists (fx's immutable ones included) as plain lists; the runtime
+    calls this for every node of every step, so it walks the containers itself, not through pytree."""
+    if isinstance(value, Operand):
+        return operands[value.index]
+    if isinstance(value, torch.Size) or not isinstance(value, (tuple, list, dict)):
+        return value
+    if isinstance(value, dict):  # fx's immutable_dict included
+        return {k: _fill(v, operands) for k, v in value.items()}
+    filled = [_fill(v, operands) for v in value]
+    if hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*filled)
+    return tuple(filled) if isinstance(value, tuple) else filled
 
 
 def _python_form(name: str, original: Any, value: Any, python: bool) -> Any:

@@ -49,7 +49,7 @@ from autoshard.frontend.call import node_caller
 from autoshard.frontend.experts import EXPERTS_OP
 from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode
-from autoshard.problem.plan import Plan
+from autoshard.problem.plan import EdgeReshard, Plan
 from autoshard.sharding.reshard import Step
 from autoshard.runtime.checks import (Collective, check_backend, check_layouts, check_model, check_world, count_label,
                                       edge_label, replayed_edges)
@@ -80,6 +80,10 @@ class ParallelModule(nn.Module):
         self.param_specs: dict[str, TensorSpec] = {}
         self._graph = graph
         self._edges = {(e.dst, e.operand): e for e in plan.edges}
+        self._regathered: dict[str, list[tuple[int, EdgeReshard]]] = {}
+        for e in plan.edges:
+            if e.regather:
+                self._regathered.setdefault(e.dst, []).append((e.operand, e))
         self._logs = {edge_label(e): CommLog() for e in plan.edges if e.steps or e.grad_steps}
         self._logs |= {count_label(n.name): CommLog() for n in plan.nodes.values() if n.count_steps}
         self._logs |= {exchange_label(n.name): CommLog() for n in plan.nodes.values() if n.exchanges}
@@ -221,9 +225,8 @@ class ParallelModule(nn.Module):
 
     def _regathering(self, node: OpNode, operands: list[Any], values: Mapping[str, Any]) -> AbstractContextManager:
         """Hooks saving this op's re-gathered parameters as their pieces (none: a null context)."""
-        edges = [(k, e) for k, e in ((k, self._edges.get((node.name, k))) for k in range(len(node.inputs)))
-                 if e is not None and e.regather and torch.is_grad_enabled()]
-        if not edges:
+        edges = self._regathered.get(node.name)
+        if not edges or not torch.is_grad_enabled():
             return nullcontext()
         hooks = Regathering(self.groups)
         for k, edge in edges:
