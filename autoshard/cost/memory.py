@@ -21,10 +21,12 @@ The items follow what one training (or inference) step really allocates, on the 
   and what its backward allocates and frees (beyond the operand gradients) over its backward, all
   divided by the strategy's degree, and the output's gradient over its gradient interval.
 
-Known simplifications: a copy made by resharding an activation on an edge is not counted (it is
-a temporary unless the reading op saves it: then the producer's copy is counted instead, which
-is exact when the reshard is a slice, and short of the truth by the difference otherwise); readers
-of a parameter other than its owner read it without a copy.
+What resharding an activation on an edge allocates is charged by the edge's own node
+(``problem/reshard_copies.py``, the buffers of ``cost/reshard_memory.py``): the copy a saving
+reader keeps, and the buffers of reducing a partial sum. Known simplifications: a producer that
+several readers save is kept until the last of them has run backward even where that reader
+saves a resharded copy instead; the copy a view makes of a reshard into it lives only during the
+view's forward; readers of a parameter other than its owner read it without a copy.
 """
 
 from __future__ import annotations
@@ -145,8 +147,9 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
              kept_until: int | None = None) -> list[MemoryItem]:
     """An op's output, saved internals, temporaries and output gradient, per strategy
     (``recomputed``: its block is recomputed, see cost/recompute.py; ``gathered``: bytes of
-    operands it gathers and saves, per strategy, held like what it saves besides them, and
-    their gradients in that layout during its backward, before they are reduced back;
+    operands it reads gathered, per strategy, whose gradients it holds in that layout during its
+    backward, before they are reduced back (the gathered operands themselves are its edges'
+    reshard copies, ``problem/reshard_copies.py``);
     ``kept_until``: a recomputed block keeps its output until that slot, its recomputation)."""
     metas = out_metas(node)
     work = node.work
@@ -168,9 +171,7 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
         window = life.saved_window(node.name) if recomputed is None else saved_window(node.name, life, recomputed)
         items.append(MemoryItem(node.name, "saved for backward", window, tuple(-(-saved // d) for d in degrees)))
     if backward and gathered and any(gathered):
-        window = life.saved_window(node.name) if recomputed is None else saved_window(node.name, life, recomputed)
-        items += [MemoryItem(node.name, "gathered for backward", window, tuple(gathered)),
-                  MemoryItem(node.name, "gathered gradients", life.backward_window(node.name), tuple(gathered))]
+        items.append(MemoryItem(node.name, "gathered gradients", life.backward_window(node.name), tuple(gathered)))
     temporary = max(0, work.temporary_bytes - saved)
     if temporary:
         runs = [life.forward_window(node.name)]

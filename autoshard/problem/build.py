@@ -23,14 +23,17 @@ merge it back into its owner (functional merging carries memory), so it costs th
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import cached_property
 from typing import Mapping
 
 import numpy as np
 
 from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
 from autoshard.problem.edges import EdgePrices
+from autoshard.problem.memory_nodes import memory_nodes
+from autoshard.problem.reshard_copies import ReshardCopies, handed_savers, reshard_copies, without_handed
 from autoshard.problem.tallies import recompute_tally
 from autoshard.cost.communication import CostModel
 from autoshard.cost.lifetimes import Lifetimes, lifetimes
@@ -38,7 +41,7 @@ from autoshard.cost.memory import PRECISIONS, MemoryItem, microbatched_items, ou
 from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import EXPERTS_OP, NodeKind, OpGraph, TensorMeta, fingerprint
-from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
+from autoshard.solver.model.problem import ShardingProblem
 from autoshard.cost.overlap import hidden_edges
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
@@ -103,9 +106,9 @@ class ModelEdge:
 class ModelProblem:
     """The ShardingProblem of one model plus what is needed to read its solutions back.
 
-    Problem nodes ``0 .. len(names)-1`` are the graph tensors ``names``; the rest are auxiliary
-    memory nodes, ``aux_owner[j]`` the index of the node whose strategy auxiliary node
-    ``len(names) + j`` repeats.
+    Problem nodes ``0 .. len(names)-1`` are the graph tensors ``names``; then come auxiliary memory
+    nodes, ``aux_owner[j]`` the index of the node whose strategy auxiliary node ``len(names) + j``
+    repeats, then the nodes of the edges' reshard copies (``reshards``, ``problem/memory_nodes.py``).
     """
 
     graph: OpGraph
@@ -124,15 +127,28 @@ class ModelProblem:
     blocks: Blocks = NO_BLOCKS
     distinct_candidates: int = 0
     distinct_matrices: int = 0
+    reshards: list[ReshardCopies] = field(default_factory=list)
 
     def strategy(self, name: str, choice: list[int]) -> OpStrategy:
         """The strategy ``choice`` gives node ``name``."""
         return self.candidates[name].strategies[choice[self.names.index(name)]]
 
     def complete(self, choice: list[int]) -> list[int]:
-        """A choice over ``names`` extended to the auxiliary nodes (each repeats its owner)."""
+        """A choice over ``names`` extended to the auxiliary nodes: each memory node repeats its owner,
+        each edge's copies' node takes what the edge's ends leave it (``reshard_copies.py``)."""
         head = list(choice[: len(self.names)])
-        return head + [head[owner] for owner in self.aux_owner]
+        full = head + [head[owner] for owner in self.aux_owner]
+        for c in self.reshards:
+            full += [self._reduced(c, head)] * len(c.items)
+        return full
+
+    def _reduced(self, copies: ReshardCopies, head: list[int]) -> int:
+        return copies.choose(head[self.positions[copies.src]], head[self.positions[copies.dst]])
+
+    @cached_property
+    def positions(self) -> dict[str, int]:
+        """The problem node of each of ``names``."""
+        return {n: i for i, n in enumerate(self.names)}
 
     def with_storage_of_users(self, choice: list[int]) -> list[int]:
         """``choice`` made consistent (for choices not made by the solver: baselines, random plans):
@@ -184,6 +200,11 @@ class ModelProblem:
         for item in self.items:
             if item.interval[0] <= time < item.interval[1]:
                 totals[item.what] = totals.get(item.what, 0) + item.usage[choice[index[item.owner]]]
+        for copies in self.reshards:
+            for item in copies.items:
+                if item.interval[0] <= time < item.interval[1]:
+                    used = item.usage[self._reduced(copies, list(choice))]
+                    totals[item.what] = totals.get(item.what, 0) + used
         return totals
 
 
@@ -247,30 +268,6 @@ def _pin_expert_parallel(candidates: dict[str, Candidate], axis: int, mesh: Mesh
         cand.keep(keep)
 
 
-def _node_memory(names: list[str], candidates: dict[str, Candidate]) -> tuple[list, list, list, list[int]]:
-    """Usage and interval of every node, plus auxiliary nodes for its further memory items:
-    (usages, intervals, auxiliary items, their owners' indices)."""
-    usages, intervals, aux, owners = [], [], [], []
-    for i, name in enumerate(names):
-        cand = candidates[name]
-        merged: dict[tuple[int, int], np.ndarray] = {}
-        for item in cand.items:
-            if item.interval[0] < item.interval[1] and any(item.usage):
-                merged[item.interval] = merged.get(item.interval, 0) + np.asarray(item.usage, dtype=np.int64)
-        found = sorted(merged.items(), key=lambda kv: (kv[0][0] - kv[0][1], kv[0]))
-        if not found:
-            usages.append(np.zeros(len(cand.strategies), dtype=np.int64))
-            intervals.append((0, 0))
-            continue
-        (interval, usage), *rest = found
-        usages.append(usage)
-        intervals.append(interval)
-        for interval, usage in rest:
-            aux.append((name, interval, usage))
-            owners.append(i)
-    return usages, intervals, aux, owners
-
-
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: BuildOptions = BuildOptions(),
                   local_flops: LocalFlops | None = None) -> ModelProblem:
     """Build the ShardingProblem of ``graph`` on ``mesh`` under ``cost_model`` (``local_flops``:
@@ -294,6 +291,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--recompute {options.recompute!r} is unknown: use one of {', '.join(RECOMPUTE_POLICIES)}")
     blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \
         if training and options.memory_budget is not None else NO_BLOCKS
+    full_life, handed = life, handed_savers(graph, life, blocks) if training else {}
+    life = without_handed(life, handed)  # what a handed saver keeps, its edge's copies' node charges
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
                                options.slapo_space, local_flops, blocks, options.capacity_factor,
                                options.receive_link)
@@ -315,6 +314,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     index = {n: i for i, n in enumerate(names)}
     prices = EdgePrices(mesh, cost_model, options.precision, fsdp2=options.overlap)
     edges: list[ModelEdge] = []
+    copies: list[ReshardCopies] = []
     pairs: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []
     for node in graph:
@@ -336,36 +336,28 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)
-    usages, intervals, aux, aux_owner = _node_memory(names, candidates)
-    node_costs = [np.array(candidates[n].costs, dtype=np.int64) for n in names]
-    ties: dict[int, np.ndarray] = {}  # one k x k tie per strategy count, shared (a 3-D mesh gives k in the hundreds)
-    for j, (owner, interval, usage) in enumerate(aux):
-        k = len(candidates[owner].strategies)
-        node_costs.append(np.zeros(k, dtype=np.int64))
-        usages.append(usage)
-        intervals.append(interval)
-        if k not in ties:
-            ties[k] = np.full((k, k), FORBIDDEN, dtype=np.int64)
-            np.fill_diagonal(ties[k], 0)
-            ties[k].flags.writeable = False
-        pairs.append((aux_owner[j], len(names) + j))
-        matrices.append(ties[k])
-    aux_names = [f"{owner}#memory{j}" for j, (owner, _, _) in enumerate(aux)]
+            reduced = reshard_copies(candidates[src], dst, operand, meta, full_life, life, blocks, handed, mesh,
+                                     training)
+            if reduced is not None and (options.in_flight != 1 or options.accumulate):
+                reduced = replace(reduced, items=tuple(microbatched_items(reduced.items, life, options.in_flight - 1,
+                                                                          False)))
+            copies += [reduced] if reduced is not None else []
+    extra = memory_nodes(names, candidates, copies)
     problem = ShardingProblem(
-        node_costs=node_costs,
-        node_usages=usages,
-        intervals=intervals,
-        edges=pairs,
-        edge_costs=matrices,
+        node_costs=[np.array(candidates[n].costs, dtype=np.int64) for n in names] + extra.costs,
+        node_usages=extra.usages,
+        intervals=extra.intervals,
+        edges=pairs + extra.edges,
+        edge_costs=matrices + extra.matrices,
         usage_limit=options.memory_budget,
         name=getattr(graph, "name", "") or "model",
-        node_names=names + aux_names,
-        tallies=recompute_tally(names, candidates, blocks, life, aux_owner),
+        node_names=names + extra.names,
+        tallies=recompute_tally(names, candidates, blocks, life, extra.aux_owner),
     )
     items = [item for n in names for item in candidates[n].items]
     return ModelProblem(graph, mesh, cost_model, options, names, candidates, edges, problem,
                         _warnings(builder.unsupported, candidates, mesh), fingerprint(graph), life, items,
-                        aux_owner, blocks, len(builder.cache), len(prices.matrices))
+                        extra.aux_owner, blocks, len(builder.cache), len(prices.matrices), copies)
 
 
 def _warnings(unsupported, candidates: dict[str, Candidate], mesh: Mesh) -> list[str]:

@@ -188,9 +188,8 @@ class CandidateBuilder:
         return items
 
     def _gathered_keys(self, node: OpNode, options: list[OpStrategy]) -> list[int] | None:
-        """Bytes of the keys and values an attention with split query rows gathers and saves for
-        backward, per strategy (counted as copies: exact when their producers split the sequence
-        as the queries are, an overestimate by their own share otherwise); None for other ops."""
+        """Bytes of the keys and values an attention with split query rows reads gathered, per
+        strategy (their gradients are held so in its backward); None for other ops."""
         rule = self.rules.get(node.op or "")
         if rule is None or "causal_rows" not in rule.options or not (self.training and node.requires_grad):
             return None

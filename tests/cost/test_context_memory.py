@@ -21,12 +21,12 @@ def test_the_last_block_of_causal_rows_does_two_minus_one_over_parts_of_a_share(
     assert max(work) / (sum(work) / parts) == pytest.approx(causal_split_load(parts), rel=1e-3)
 
 
-def test_split_rows_are_charged_their_imbalance_and_their_gathered_keys() -> None:
+def test_split_rows_are_charged_their_imbalance_and_their_gathered_key_gradients() -> None:
     model = CausalAttention(64, 4)
     graph = trace(model, (torch.randn(2, 2048, 64),))  # attention bound by its flops, not its bytes
     mp = build_model_problem(graph, "4", mode="training")
     attention = mp.candidates[next(n for n in mp.names if mp.candidates[n].node.attrs.get("is_causal"))]
-    gathered = next(item for item in attention.items if item.what == "gathered for backward")
+    gathered = next(item for item in attention.items if item.what == "gathered gradients")
     keys = 2 * 2048 * 64 * 4  # the keys (or values) of both sequences in fp32
     for k, s in enumerate(attention.strategies):
         split = s.in_specs[0].dims[-2]
@@ -37,9 +37,9 @@ def test_split_rows_are_charged_their_imbalance_and_their_gathered_keys() -> Non
 
 
 @pytest.mark.parametrize("mesh", ["2", "4"])
-def test_a_context_parallel_step_is_bounded_by_the_prediction_within_fifteen_percent(mesh: str) -> None:
-    """Split rows are predicted on the safe side: the gathered keys, values and their gradients are
-    all charged while the step frees the producers' pieces early (and on CPU saves a float mask)."""
+def test_a_context_parallel_step_is_predicted_within_the_tolerance(mesh: str) -> None:
+    """Split rows: the gathered keys and values are their edges' reshard copies, kept for backward,
+    their gradients held in attention's backward; the producers' pieces die after their reads."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
         model, inputs = WithLoss(CausalAttention(64, 4)), (torch.randn(4, 512, 64),)
@@ -49,4 +49,4 @@ def test_a_context_parallel_step_is_bounded_by_the_prediction_within_fifteen_per
     plan = make_plan(mp, choice)
     assert any(place.in_specs[0].dims[-2] for name, place in plan.nodes.items() if graph[name].attrs.get("is_causal"))
     predicted, measured = mp.problem.peak_usage(choice), _measured(model, inputs, plan, graph, mode)
-    assert 1.0 <= predicted / measured <= 1 + 1.5 * TOLERANCE, (predicted, measured)
+    assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured)

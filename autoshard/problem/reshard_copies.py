@@ -1,0 +1,192 @@
+"""What resharding an activation on an edge allocates, as decisions of the problem.
+
+Where a reader's layout ``b`` differs from its producer's ``a``, the runtime reshards into a new
+buffer (``cost/reshard_memory.py``: the copy and the staging buffers of its collectives; a slice
+too is copied). Two cases are charged, because their bytes depend on both ends of the edge:
+
+- a partial sum (``a`` partial): every reader reduces it while it is still alive, so the
+  reduction's buffers add to it during the reader's forward;
+- a reader that saves the operand for backward: autograd keeps what the reader read, the copy
+  from its forward (or, if its block is recomputed and it runs again, from its recomputation)
+  to its backward, or with no reshard the producer's own output. For the producer's last keeper
+  (``handed_savers``) that keeping is charged here too and taken off the producer's lifetime.
+
+The memory rows are per node, so each such edge gets an auxiliary node ``C`` whose strategies are
+``none`` (nothing charged: the producer's layout is none of those charged) and the keys
+``(a, peak, kept, r)``: the buffers resharding ``a`` into some layout the reader may read, ``r``
+whether the reader's block is recomputed. Two tie matrices keep ``C`` consistent with the
+edge's ends, producer strategy ``i`` and reader strategy ``j``:
+
+    tie(i, C) = 0  iff  C = none if out(i) is not charged, else C = (out(i), ...)
+    tie(C, j) = 0  iff  C = none, or C = (a, copy(a, in_k(j)), recompute(j))
+
+(``FORBIDDEN`` otherwise), so every feasible plan picks the one key of its two layouts, and
+``C``'s items (one per window, the windows of ``_windows``) hold exactly what the edge allocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autoshard.cost.lifetimes import Lifetimes
+from autoshard.cost.memory import MemoryItem, local_bytes
+from autoshard.cost.recompute import Blocks, value_windows
+from autoshard.cost.reshard_memory import reshard_buffers
+from autoshard.frontend.graph import NodeKind, OpGraph, TensorMeta
+from autoshard.problem.candidates import Candidate
+from autoshard.sharding.mesh import Mesh
+from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.spec import TensorSpec
+from autoshard.solver.model.problem import FORBIDDEN
+
+Key = tuple[TensorSpec, int, int, bool] | None
+"""A strategy of the copies' node: (producer layout, peak bytes, kept bytes, whether the reader's
+block is recomputed), or None: nothing charged on this edge."""
+
+
+@dataclass(frozen=True)
+class ReshardCopies:
+    """The auxiliary node of one edge whose copies are charged (module docstring)."""
+
+    src: str
+    dst: str
+    operand: int
+    keys: tuple[Key, ...]
+    to_src: np.ndarray
+    to_dst: np.ndarray
+    items: tuple[MemoryItem, ...]
+
+    @property
+    def name(self) -> str:
+        """The node's name in the problem."""
+        return f"{self.dst}#copy{self.operand}"
+
+    def choose(self, src_strategy: int, dst_strategy: int) -> int:
+        """The strategy the edge's ends leave this node (the one both ties allow)."""
+        allowed = (self.to_src[src_strategy] == 0) & (self.to_dst[:, dst_strategy] == 0)
+        return int(np.flatnonzero(allowed)[0])
+
+
+def handed_savers(graph: OpGraph, life: Lifetimes, blocks: Blocks) -> dict[str, tuple[str, int]]:
+    """Op outputs whose last keeper is one reader that saves it (the saver with the latest backward,
+    reading it, or a view of it of the same size, in one operand, in the producer's block or both
+    in none): producer -> (reader, operand). Whether that reader keeps the output or a resharded
+    copy of it depends on both layouts, so its copies' node charges the keeping (:func:`without_handed`)."""
+    handed = {}
+    for root, savers in life.savers.items():
+        node = graph[root]
+        if node.kind != NodeKind.OP or root in savers or life.base[root] != root or node.tensor is None:
+            continue
+        latest = min(savers, key=life.order.__getitem__)
+        reads = [k for k, src in enumerate(graph[latest].inputs) if life.base.get(src) == root
+                 and graph[src].tensor is not None and graph[src].tensor.numel == node.tensor.numel]
+        same = blocks.block_of.get(root) == blocks.block_of.get(latest)
+        if savers.count(latest) == 1 and len(reads) == 1 and same:
+            handed[root] = (latest, reads[0])
+    return handed
+
+
+def without_handed(life: Lifetimes, handed: dict[str, tuple[str, int]]) -> Lifetimes:
+    """``life`` with each handed output kept only by its other savers (its copies' node adds the rest)."""
+    savers = dict(life.savers)
+    value = dict(life.value)
+    for root, (reader, _) in handed.items():
+        rest = tuple(s for s in life.savers[root] if s != reader)
+        savers[root] = rest
+        value[root] = (value[root][0], max([life.read[root][1], *(life.backward(s) + 1 for s in rest)]))
+    return replace(life, savers=savers, value=value)
+
+
+def _copy(a: TensorSpec, b: TensorSpec, meta: TensorMeta, mesh: Mesh) -> tuple[int, int]:
+    """(peak, kept) bytes of resharding a piece laid out ``a`` into layout ``b``."""
+    if a == b:
+        return 0, 0
+    steps = reshard_steps(a, b, meta.shape, meta.itemsize, mesh.shape)
+    return reshard_buffers(steps, local_bytes(a, meta, mesh), mesh.shape)
+
+
+@dataclass(frozen=True)
+class _Edge:
+    """What decides the windows of one edge's copies."""
+
+    root: str
+    dst: str
+    saves: bool
+    reruns: bool
+    handed: bool
+    meta: TensorMeta
+
+
+def _windows(key: Key, edge: _Edge, life: Lifetimes, base: Lifetimes, blocks: Blocks, mesh: Mesh,
+             ) -> dict[tuple[int, int], int]:
+    """Bytes per window that strategy ``key`` of an edge's copies' node holds (``base``: the
+    lifetimes without the handed savers, ``life``: with them)."""
+    if key is None:
+        return {}
+    a, peak, kept, recomputed = key
+    reader = edge.dst
+    forward, back = life.forward_window(reader), life.backward(reader) + 1
+    out: dict[tuple[int, int], int] = {}
+
+    def add(window: tuple[int, int], used: int) -> None:
+        if used and window[0] < window[1]:
+            out[window] = out.get(window, 0) + used
+
+    rerun = recomputed and edge.reruns
+    again = blocks.recompute_start(life, reader) if recomputed else None
+    if rerun:
+        add(forward, peak)
+        add((again, again + 1), peak - (kept if edge.saves else 0))
+        if edge.saves:
+            add((again, back), kept)
+    else:
+        add(forward, peak - (kept if edge.saves else 0))
+        if edge.saves:
+            add((forward[0], back), kept)
+    if edge.handed and peak == 0:  # the reader keeps the producer's own output
+        ends = [w[1] for w in (value_windows(edge.root, base, blocks) if recomputed else [base.value[edge.root]])]
+        start = max([*ends, *([again] if recomputed else [])])
+        add((start, back), local_bytes(a, edge.meta, mesh))
+    return out
+def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, life: Lifetimes,
+                   base: Lifetimes, blocks: Blocks, handed: dict[str, tuple[str, int]], mesh: Mesh,
+                   training: bool) -> ReshardCopies | None:
+    """The copies' node of the activation edge ``src -> dst`` (operand ``operand``), or None when
+    nothing is charged on it: the producer layouts charged are its partial ones, and all of them
+    where the reader saves the operand for backward (it keeps a copy, or for a handed saver
+    possibly the producer's own output, ``handed_savers``)."""
+    reader = dst.node
+    saves = training and reader.requires_grad and reader.work is not None and operand in reader.work.saved_operands
+    if src.node.kind not in (NodeKind.OP, NodeKind.INPUT):
+        return None
+    root = life.base[src.node.name]
+    edge = _Edge(root, reader.name, saves, blocks.reruns(reader.name), handed.get(root) == (reader.name, operand),
+                 meta)
+    outs = [s.out_spec if isinstance(s.out_spec, TensorSpec) else None for s in src.strategies]
+    charged = {o for o in outs if o is not None and (saves or o.partial)}
+    if not charged:
+        return None
+    ins = [s.in_specs[operand] for s in dst.strategies]
+    flags = dst.recompute or [False] * len(ins)
+    copies = {(a, b): _copy(a, b, meta, mesh) for a in charged for b in set(ins)
+              if b is not None and b.partial <= a.partial}
+    keys: list[Key] = [None] + sorted({(a, *copies[a, b], r) for a in charged for b, r in set(zip(ins, flags))
+                                       if (a, b) in copies}, key=repr)
+    position = {k: n for n, k in enumerate(keys)}
+    to_src = np.full((len(outs), len(keys)), FORBIDDEN, dtype=np.int64)
+    for i, a in enumerate(outs):
+        to_src[i, [position[k] for k in keys[1:] if k[0] == a] if a in charged else 0] = 0
+    to_dst = np.full((len(keys), len(ins)), FORBIDDEN, dtype=np.int64)
+    to_dst[0, :] = 0
+    for j, (b, r) in enumerate(zip(ins, flags)):
+        for a in charged:
+            if (a, b) in copies:
+                to_dst[position[(a, *copies[a, b], r)], j] = 0
+    held = [_windows(k, edge, life, base, blocks, mesh) for k in keys]
+    windows = sorted({w for h in held for w in h})
+    items = [MemoryItem(reader.name, "reshard copy", w, tuple(h.get(w, 0) for h in held)) for w in windows]
+    if not items:
+        return None
+    return ReshardCopies(src.node.name, reader.name, operand, tuple(keys), to_src, to_dst, tuple(items))
