@@ -115,14 +115,14 @@ def _role(view: Plan, graph: OpGraph, model: nn.Module, dependent: frozenset[str
                           "expresses for transformers' experts modules")
     used_sharded = any(graph[e.src].kind == NodeKind.PARAM and not e.dst_spec.is_replicated for e in view.edges)
     role = TP if used_sharded else DP
-    if role == TP and TP in layout.roles:
-        raise NotMappable(f"mesh axis {layout.roles.index(TP)} already shards weights for use; parallelize_module "
-                          "shards over one tensor-parallel axis")
     _check_inputs(view, graph, dependent, role)
     if role == DP:
         _check_data_parallel(view, graph)
         return DP
     axis_styles = tp_styles(view, graph, model)
+    if TP in layout.roles:
+        raise NotMappable(f"it shards weights for use ({', '.join(axis_styles.styles)}) as mesh axis "
+                          f"{layout.roles.index(TP)} does; parallelize_module shards over one tensor-parallel axis")
     layout.styles = axis_styles.styles
     layout.sliced_inputs = _sliced_inputs(view, graph, dependent)
     batch = any(batch_cut(view.nodes[n].out_spec) for n in dependent

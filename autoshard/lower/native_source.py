@@ -8,6 +8,8 @@ for are comment lines at the top (``NativeLayout.notes``).
 
 from __future__ import annotations
 
+import textwrap
+
 from torch import nn
 
 from autoshard.frontend.graph import OpGraph
@@ -42,6 +44,15 @@ def selective_context():
     return create_selective_checkpoint_contexts(policy)'''
 
 
+def _tuple(values: tuple, indent: int) -> str:
+    """``values`` as a Python tuple, wrapped to lines of at most 110 characters."""
+    text = repr(tuple(values))
+    if indent + len(text) <= 110:
+        return text
+    return "\n".join(textwrap.wrap(text, 110 - indent, subsequent_indent=" " * (indent + 1), break_on_hyphens=False,
+                                   break_long_words=False))
+
+
 def mesh_names(roles: list[str]) -> list[str]:
     """Each axis's mesh dim name: its role, numbered when several axes share it."""
     counts = {role: roles.count(role) for role in roles}
@@ -58,9 +69,11 @@ def _sub_mesh(names: list[str], axes: list[int]) -> str:
 
 
 def _tp_lines(layout: NativeLayout, names: list[str]) -> list[str]:
-    lines = ["def apply_tp(model, mesh):", '    """Tensor parallelism: the modules the plan shards, each with its style."""',
+    lines = ["def apply_tp(model, mesh):",
+             '    """Tensor parallelism: the modules the plan shards, each with its style."""',
              f'    parallelize_module(model, mesh["{names[layout.roles.index(TP)]}"], {{']
-    lines += [f'        "{path}": {style.kind}({style_arguments(style, path)}),' for path, style in layout.styles.items()]
+    lines += [f'        "{path}": {style.kind}({style_arguments(style, path)}),'
+              for path, style in layout.styles.items()]
     lines.append("    })")
     if any(layout.sliced_inputs):
         whole = ", ".join("Replicate()" for _ in layout.sliced_inputs)
@@ -73,13 +86,15 @@ def _tp_lines(layout: NativeLayout, names: list[str]) -> list[str]:
 
 def _ac_lines(layout: NativeLayout) -> list[str]:
     units = layout.units
-    lines = ["def apply_ac(model):", '    """Recompute the blocks the plan recomputes, in backward (checkpoint_wrapper)."""',
+    lines = ["def apply_ac(model):",
+             '    """Recompute the blocks the plan recomputes, in backward (checkpoint_wrapper)."""',
              f'    blocks = model.get_submodule("{units.container}")']
     for mode, extra in ((FULL, ""), (SELECTIVE, "context_fn=selective_context, ")):
         chosen = tuple(int(u.path.rpartition(".")[2]) for u in units.blocks if u.recompute == mode)
         if chosen:
-            lines += [f"    for i in {chosen!r}:",
-                      f"        blocks.register_module(str(i), checkpoint_wrapper(blocks[i], {extra}preserve_rng_state=False))"]
+            lines += [f"    for i in {_tuple(chosen, 13)}:",
+                      "        blocks.register_module(str(i), checkpoint_wrapper(blocks[i], "
+                      f"{extra}preserve_rng_state=False))"]
     return lines
 
 
@@ -98,13 +113,15 @@ def _fsdp_lines(layout: NativeLayout, names: list[str]) -> list[str]:
                       f"        fully_shard(model.get_submodule(path), mesh={_sub_mesh(names, others)})"]
     apart = [path for unit in (*units.blocks, units.root) for path in unit.regathered]
     if apart:
-        lines += [f"    for path in {tuple(apart)!r}:  # re-gathered for backward, unlike the rest of their block",
+        lines += ["    # re-gathered for backward, unlike the rest of their block",
+                  f"    for path in {_tuple(tuple(apart), 16)}:",
                   "        fully_shard(model.get_submodule(path), mesh=dp, reshard_after_forward=True)"]
     if units.container is not None:
         again = tuple(i for i, u in enumerate(units.blocks) if u.reshard)
-        flag = "True" if len(again) == len(units.blocks) else "False" if not again else f"i in {again!r}"
+        flag = "True" if len(again) == len(units.blocks) else "False" if not again else "i in again"
         blocks = f'model.get_submodule("{units.container}")'
         loop = f"i, module in enumerate({blocks})" if "i in" in flag else f"module in {blocks}"
+        lines += [f"    again = {_tuple(again, 12)}"] if "i in" in flag else []
         lines += [f"    for {loop}:",
                   f"        fully_shard(module, mesh=dp, reshard_after_forward={flag}{ignored})"]
     lines.append(f"    fully_shard(model, mesh=dp, reshard_after_forward={units.root.reshard}"
@@ -126,13 +143,14 @@ def _ignored(module, styled):
 def _describe(layout: NativeLayout, names: list[str]) -> str:
     roles = ", ".join(f'"{n}" ({r})' for n, r in zip(names, layout.roles))
     fed = [names[a] for a, r in enumerate(layout.roles) if r == DP]
-    feed = (f"each rank gets its slice of the batch along {', '.join(fed)}" if fed else "every rank gets the whole batch")
+    feed = f"each rank gets its slice of the batch along {', '.join(fed)}" if fed else "every rank gets the whole batch"
     summed = "; fully_shard sums the gradients" if layout.fsdp_axes else ""
     return f"Mesh dims: {roles}; {feed}. Each rank's loss is its share of the whole batch's (loss_share){summed}."
 
 
 def _imports(text: str, layout: NativeLayout) -> list[str]:
-    wanted = [("defaultdict(", "from collections import defaultdict"), ("nullcontext(", "from contextlib import nullcontext"),
+    wanted = [("defaultdict(", "from collections import defaultdict"),
+              ("nullcontext(", "from contextlib import nullcontext"),
               ("torch.ops", "import torch"),
               ("checkpoint_wrapper(", "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import "
                                       "checkpoint_wrapper"),

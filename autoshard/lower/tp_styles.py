@@ -24,7 +24,7 @@ consulted. Otherwise :class:`NotMappable` names the first edge or tensor that do
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch import nn
 
@@ -126,6 +126,7 @@ def tp_styles(plan: Plan, graph: OpGraph, model: nn.Module) -> AxisStyles:
     axis = AxisStyles()
     styled: dict[str, str] = {}
     uses = {(e.dst, e.operand): e.dst_spec for e in plan.edges}
+    plan = _defer_batch_gathers(plan, graph, model, uses)
     for node in graph:
         found = _style_of(node, graph, plan, model, uses) if node.kind == NodeKind.OP else None
         if found is None:
@@ -144,6 +145,46 @@ def tp_styles(plan: Plan, graph: OpGraph, model: nn.Module) -> AxisStyles:
     outputs = [e for e in plan.edges if graph[e.dst].kind == NodeKind.OUTPUT and e.src not in {*styled, *reshaped}]
     axis.loss_cut = any(batch_cut(e.src_spec) or e.src_spec.partial for e in outputs)
     return axis
+
+
+def _cut_batch(spec: TensorSpec) -> TensorSpec:
+    return TensorSpec(((0,),) + spec.dims[1:])
+
+
+def _defer_batch_gathers(plan: Plan, graph: OpGraph, model: nn.Module,
+                         uses: dict[tuple[str, int], TensorSpec]) -> Plan:
+    """The plan with each gather of the batch that feeds, through row-wise elementwise ops only, a styled
+    module's input (``model.norm``'s last multiply before ``lm_head``) moved to that input. The values are
+    the same; the ops in between run on the rank's batch slice, as the model's code runs them between
+    styled modules, and their parameters' gradients are reduced as data parallelism's."""
+    edges = list(plan.edges)
+    nodes = dict(plan.nodes)
+    into = {(e.dst, e.src): k for k, e in enumerate(edges)}
+    for k, edge in enumerate(edges):
+        if not (edge.steps and batch_cut(edge.src_spec) and edge.dst_spec.is_replicated and edge.dst_spec.ndim > 0
+                and graph[edge.src].kind == NodeKind.OP and all(s.kind == ALL_GATHER for s in edge.steps)):
+            continue
+        chain, name = [], edge.dst
+        while _style_of(graph[name], graph, plan, model, uses) is None:
+            rule, users = load_rules().get(graph[name].op or ""), graph.users(name)
+            if rule is None or rule.kind != "elementwise" or len(users) != 1 or nodes[name].out_spec is None \
+                    or nodes[name].out_spec.ndim != edge.dst_spec.ndim or not nodes[name].out_spec.is_replicated:
+                break
+            chain.append(name)
+            name = users[0].name
+        else:
+            if not chain or into.get((name, chain[-1])) is None:
+                continue
+            last = into[(name, chain[-1])]
+            edges[k] = replace(edge, dst_spec=edge.src_spec, steps=())
+            edges[last] = replace(edges[last], src_spec=_cut_batch(edges[last].src_spec), steps=edge.steps)
+            for n in chain:
+                place = nodes[n]
+                inputs = graph[n].inputs
+                nodes[n] = replace(place, out_spec=_cut_batch(place.out_spec), in_specs=tuple(
+                    _cut_batch(s) if s is not None and (j == edge.operand and n == edge.dst or inputs[j] in chain)
+                    else s for j, s in enumerate(place.in_specs)))
+    return replace(plan, nodes=nodes, edges=edges)
 
 
 def _gathered_after_views(plan: Plan, graph: OpGraph, styles: dict[str, Style], styled: dict[str, str]) -> set[str]:
@@ -173,7 +214,8 @@ def _moves_no_data(node: OpNode, plan: Plan) -> bool:
     runs the same collective on the same rows."""
     rule = load_rules().get(node.op or "")
     place = plan.nodes[node.name]
-    return rule is not None and (rule.kind == "view" or (rule.kind == "slice" and place.in_specs[:1] == (place.out_spec,)))
+    unsharded_slice = rule is not None and rule.kind == "slice" and place.in_specs[:1] == (place.out_spec,)
+    return unsharded_slice or (rule is not None and rule.kind == "view")
 
 
 def _feeds_output_only(graph: OpGraph, name: str) -> bool:
@@ -261,8 +303,10 @@ def _check_state(plan: Plan, graph: OpGraph, styled: dict[str, str], model: nn.M
         owner = name.rpartition(".")[0]
         if all(e.dst_spec.is_replicated for e in uses):
             if not batch:
-                raise NotMappable(f"{name} is stored {spec.format(1)} and gathered for an op that does not run on "
-                                  "the rank's batch slice; fully_shard reduces its gradient as data parallelism's")
+                user = next(plan.nodes[e.dst] for e in uses if not batch_cut(plan.nodes[e.dst].out_spec))
+                raise NotMappable(f"{name} is stored {spec.format(1)} and gathered whole for {user.name} ({user.op}), "
+                                  f"which runs as {user.out_spec.format(1)}, not on the rank's batch slice (where "
+                                  "fully_shard would reduce its gradient as data parallelism's)")
             gathered.add(name)
             continue
         kind = type(model.get_submodule(owner)).__name__ if owner else type(model).__name__

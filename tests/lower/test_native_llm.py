@@ -111,6 +111,20 @@ def test_llama3_8b_optima_on_mesh_8_export_whole_and_run_equal() -> None:
     assert "for i in (0,):\n        blocks.register_module(str(i), checkpoint_wrapper(blocks[i], preserve_rng_state" \
            in eager.source
     assert "for path in ('model.layers.1.mlp.down_proj', 'model.layers.1.mlp.up_proj'):" in eager.source
-    assert "reshard_after_forward=i in (0,)" in eager.source
+    assert "again = (0,)" in eager.source and "reshard_after_forward=i in again" in eager.source
     assert "checkpoint_wrapper(blocks[i], context_fn=selective_context" in selective.source
     _check(4, [(fused.source, "sdpa"), (eager.source, "eager"), (selective.source, "eager")])
+
+
+def test_llama3_8b_optima_on_mesh_2x8_export_their_first_axis_and_name_the_second() -> None:
+    fused = _export("llama3_8b_sdpa_2x8", "sdpa", "2x2", recompute="none")
+    eager = _export("llama3_8b_eager_2x8", "eager", "2x2")  # 8B layers 22 (kept) and 24 (recomputed)
+    for export in (fused, eager):
+        assert len(export.notes) == 1 and export.notes[0].startswith(
+            "mesh axis 1 (2 devices): model.layers.0.self_attn.q_proj.weight is stored SR and gathered whole for "
+            "linear (linear), which runs as RSR, not on the rank's batch slice")
+        assert "mesh_dim_names=('tp', 'replica')" in export.source
+        assert '"lm_head": ColwiseParallel(input_layouts=Shard(0), output_layouts=Replicate()),' in export.source
+        assert "    return loss\n" in export.source  # the loss reads the whole batch along axis 0
+    assert "for i in (1,):\n        blocks.register_module(str(i), checkpoint_wrapper(" in eager.source
+    _check(4, [(fused.source, "sdpa"), (eager.source, "eager")])

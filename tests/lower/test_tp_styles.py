@@ -41,6 +41,7 @@ def test_fsdp_storage_for_whole_batch_compute_on_the_axis_that_splits_a_weight_i
     choice[index["ids"]] = _strategy(mp, "ids", "RR")
     layout = native_layout(make_plan(mp, mp.complete(choice)), graph, model)
     assert layout.roles == ["replica"] and layout.notes == [
-        "mesh axis 0 (2 devices): fc.weight is stored SR and gathered for an op that does not run on the rank's "
-        "batch slice; fully_shard reduces its gradient as data parallelism's; PyTorch has no API for that, so its "
-        "ranks compute as replicas here (run the JSON plan with autoshard.run for the rest)"]
+        "mesh axis 0 (2 devices): fc.weight is stored SR and gathered whole for linear (linear), which runs as RRR, "
+        "not on the rank's batch slice (where fully_shard would reduce its gradient as data parallelism's); PyTorch "
+        "has no API for that, so its ranks compute as replicas here (run the JSON plan with autoshard.run for the "
+        "rest)"]
