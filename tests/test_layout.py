@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles between autoshard's modules, no module over 400 lines.
+"""The package's shape: no import cycles between autoshard's modules, no module over 400 lines,
+and the solver as subpackages by role, each importing only those above it.
 
 Every import counts, at module level, inside functions and under TYPE_CHECKING alike: a lazy
 import that closes a circle still ties the two modules into one.

@@ -8,7 +8,6 @@ them all. Every engine is started, polled and stopped the same way.
 
 from __future__ import annotations
 
-import time
 
 from autoshard.solver.procs.engine_events import EngineEvent
 from autoshard.solver.model.events import EngineFailed, Phase
@@ -40,7 +39,7 @@ class EnginePool:
         # only the second search calls toulbar2 on its subproblems (penalised costs, no rows)
         toulbar = "second-search" in methods and state.options.toulbar and can_take(state.comp, rows=False)
         started = [EngineWorker(state.comp, m, state.best_cost, state.options.gap, state.options.seed + 1 + k, plan,
-                                toulbar) for k, m in enumerate(methods)]
+                                toulbar, clock=state.clock) for k, m in enumerate(methods)]
         for engine in started:
             engine.start()
         self.engines.extend(started)
@@ -91,7 +90,7 @@ class EnginePool:
         elif event.kind in ("bound", "optimal"):
             state.bound(event.cost, source)
             if engine.relaxation and event.kind == "optimal" and engine.started is not None:
-                self.relaxation_proved_in = time.monotonic() - engine.started
+                self.relaxation_proved_in = self.state.clock() - engine.started
         elif event.kind == "none" and engine.upper is not None:
             state.bound(engine.upper, source)  # no plan below the cost it was given
         elif event.kind == "none":
@@ -116,7 +115,7 @@ class EnginePool:
             return
         methods, what, until = self.waiting
         first = self.engines[0]
-        if not first.done and first.pid is not None and time.monotonic() < until:
+        if not first.done and first.pid is not None and self.state.clock() < until:
             return
         self.waiting = None
         first.stop(self.state.teardown_by)

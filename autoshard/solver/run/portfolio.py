@@ -32,7 +32,6 @@ measured for comparable work fits.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np
@@ -122,7 +121,7 @@ class Portfolio:
             pass  # the greedy plan meets the gap
         elif state.options.prove and state.options.toulbar and can_take(comp, rows=False):
             self.pool.start(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
-            self.pool.waiting = (second, what, time.monotonic() + RELAXED_ALONE)
+            self.pool.waiting = (second, what, self.state.clock() + RELAXED_ALONE)
         else:
             self.pool.start(second, what)
         try:
@@ -152,7 +151,7 @@ class Portfolio:
         state = self.state
         comp = state.comp
         state.emit(Phase("heuristic", f"local search on {comp.n} core nodes", state.elapsed()))
-        began = time.monotonic()
+        began = self.state.clock()
         search = Search(comp, min_memory_start(comp), state.rng)
         if not search.feasible:
             search.repair(state.soon(max(5.0, 0.5 * state.left()) if state.deadline else 5.0))
@@ -166,7 +165,7 @@ class Portfolio:
             state.offer(search.x, "greedy", None)
             if weighted:
                 self.weighted_start_cost = state.best_cost
-        state.greedy_time = time.monotonic() - began  # a first guess of a Lagrangian step's length
+        state.greedy_time = self.state.clock() - began  # a first guess of a Lagrangian step's length
 
     def _toulbar_search(self) -> None:
         """The LP relaxation first on small cores (often integral there: plan and proof in a
@@ -227,7 +226,7 @@ class Portfolio:
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = LagrangianSearch(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
-        stalled, since = StalledSearch(state, self.pool, lag), (time.monotonic(), 0)
+        stalled, since = StalledSearch(state, self.pool, lag), (self.state.clock(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
             if memory and lag.plan is None and state.options.toulbar and can_take(comp, rows=False) else None
@@ -241,16 +240,16 @@ class Portfolio:
             if state.deadline is not None and state.left() < last_step:
                 break  # another step would overrun the time limit
             steps += 1
-            if wants_z3 and (steps > 200 or time.monotonic() >= warmup):
+            if wants_z3 and (steps > 200 or self.state.clock() >= warmup):
                 wants_z3 = False
                 z3_thread = self.z3.start(lag.cut())
-            began = time.monotonic()
+            began = self.state.clock()
             # the memory-weighted start's cost is no target for Polyak's step: the steps overshoot
             # from it and the search ends worse (measured: see benchmarks/README.md, "Measurements
             # behind the design")
             target = None if state.best_cost == self.weighted_start_cost else state.best_cost
             result = lag.step(target, state.soon(30.0))
-            last_step = time.monotonic() - began
+            last_step = self.state.clock() - began
             own = result.plan is not None and state.offer(result.plan, "lagrange", None)
             state.bound(result.bound, "lagrange")
             if probe is not None and probe.due(steps):
@@ -268,10 +267,10 @@ class Portfolio:
                     break
             stale = stale + 1 if (state.best_cost, state.lower) == last else 0
             last = (state.best_cost, state.lower)
-            since = (time.monotonic(), 0) if own else (since[0], since[1] + 1)
+            since = (self.state.clock(), 0) if own else (since[0], since[1] + 1)
             if stalled.due(since, last_step):
                 stalled.run()
-                since = (time.monotonic(), 0)
+                since = (self.state.clock(), 0)
             if state.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
                 break
         if z3_thread is not None and state.deadline is None and not state.finished():
@@ -284,7 +283,7 @@ class Portfolio:
         state = self.state
         state.emit(Phase("exact-lagrange", "toulbar2's exact minima of the Lagrangian relaxation of memory",
                          state.elapsed()))
-        until = state.share(EXACT_SHARE) or time.monotonic() + 60.0
+        until = state.share(EXACT_SHARE) or self.state.clock() + 60.0
         exact_search(state.comp, state.rng, state.options.seed, lambda: state.best_cost,
                      lambda x: state.offer(x, "exact-lagrange", None),
                      lambda value: state.bound(value, "exact-lagrange"),

@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 from autoshard.solver.core.reduced import FrozenCore
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.procs.engine_events import EngineEvent, ToulbarText, receive, send
 from autoshard.solver.procs.forks import die_with_parent, fork_child, kill_and_reap
 
@@ -52,17 +52,18 @@ class EngineWorker:
     penalised and weighted problems."""
 
     def __init__(self, comp: FrozenCore, method: str, upper: int | None, gap: float = 0.0, seed: int = 1,
-                 plan: list[int] | None = None, toulbar: bool = False) -> None:
+                 plan: list[int] | None = None, toulbar: bool = False, clock: Clock = MONOTONIC) -> None:
         if method not in ENGINES:
             raise ValueError(f"unknown engine {method!r}")
         self.engine = ENGINES[method]
+        self.clock = clock
         self.comp, self.method, self.upper, self.gap, self.seed = comp, method, upper, gap, seed
         self.toulbar = toulbar
         self.plan = plan
         self.events: queue.Queue[EngineEvent] = queue.Queue()
         self.pid: int | None = None
         self.done = False
-        self.started: float | None = None  # time.monotonic() at its fork
+        self.started: float | None = None  # the clock's reading at its fork
         self.error: str | None = None
         self.cheapest: int | None = None  # the cheapest plan it reported (fitting or not)
         self._readers: list[threading.Thread] = []
@@ -94,7 +95,7 @@ class EngineWorker:
         """Fork the child and start reading what it reports."""
         events_read, events_write = os.pipe()
         text_read, text_write = os.pipe() if self.prints else (None, None)
-        self.started = time.monotonic()
+        self.started = self.clock()
         self.pid = fork_child(lambda: _child(self, events_write, text_write), [events_read, text_read],
                               [events_write, text_write])
         self._readers = [threading.Thread(target=self._read_events, args=(events_read,), daemon=True)]
@@ -106,14 +107,14 @@ class EngineWorker:
 
     def stop(self, until: float | None = None) -> None:
         """Kill the child (if still running); wait for the readers to take in what the child said
-        last, but not past ``until`` (time.monotonic; a killed child's pipe closes only once the
-        kernel has freed its memory, which takes a while for gigabytes)."""
+        last, but not past ``until`` (a reading of its clock; a killed child's pipe closes only
+        once the kernel has freed its memory, which takes a while for gigabytes)."""
         if self.pid is None:
             return
         kill_and_reap(self.pid)
         self.pid = None
         for reader in self._readers:
-            reader.join(1.0 if until is None else max(0.0, min(1.0, until - time.monotonic())))
+            reader.join(1.0 if until is None else max(0.0, min(1.0, until - self.clock())))
 
     def poll(self, timeout: float) -> list[EngineEvent]:
         """Events available within ``timeout`` seconds (one wait, then whatever is queued)."""
