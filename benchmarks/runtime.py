@@ -1,0 +1,258 @@
+"""The runtime on CPU: per-step overhead against the plain model, and how much hidden communication hides.
+
+    .venv/bin/python benchmarks/runtime.py [--steps 10] [--no-compile] [--no-overlap-rows]
+
+Overhead (world size 1, gloo, one CPU thread): each model's training step (forward, a mean-square
+loss of its first floating output, backward) as the plain module and as the
+:class:`~autoshard.runtime.executor.ParallelModule` running its plan on a mesh of one device
+(no collective: what is left is the runtime's own cost), eager and under ``torch.compile``
+(inductor; the parallel module is compiled by dynamo through the executor's per-node loop, with
+dynamo's default recompile limit). Models: the small examples and a 2-layer LLaMA (hidden 512,
+2 x 256 tokens). Median of ``--steps`` steps after warm-up.
+
+Overlap (2 and 4 forked gloo ranks, one thread each, on however many cores the machine has): a
+4-layer LLaMA (hidden 512, 2 x 128 tokens per rank) under torchtitan's plan on a 1-D mesh (FSDP:
+parameters stored split, gathered before use, gradients reduce-scattered), priced with overlap
+on, so every layer's parameter traffic is a hidden edge (``cost/overlap.py``). Per rank, median
+step of: the plan as priced (hidden collectives issued ahead, ``runtime/overlap.py``); the same
+plan blocking (every ``hidden`` flag cleared); compute alone (the hidden collectives replaced
+by local copies of their results); communication alone (the hidden collectives alone, blocking,
+in the step's order). Hidden = (compute + communication - overlapped step) / communication: the
+share of the hideable communication that the overlapped step did not pay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils import _pytree as pytree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoshard.api import build_model_problem  # noqa: E402
+from autoshard.frontend.graph import OpGraph  # noqa: E402
+from autoshard.frontend.load import load_model  # noqa: E402
+from autoshard.frontend.trace import trace  # noqa: E402
+from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
+from autoshard.problem.plan import Plan  # noqa: E402
+from autoshard.problem.readback import make_plan  # noqa: E402
+from autoshard.runtime import overlap as overlap_module  # noqa: E402
+from autoshard.runtime.collectives import Pending, run_steps  # noqa: E402
+from autoshard.runtime.executor import ParallelModule, parallelize  # noqa: E402
+from autoshard.runtime.groups import MeshGroups, destroy_gloo, init_gloo  # noqa: E402
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, SLICE, Step  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+OVERHEAD_MODELS = ("attention", "cnn", "gpt2", "llama", "llama-2L")
+"""The default overhead rows (``--models mlp`` adds the seed MLP: seconds per step on one thread)."""
+OVERLAP_WORLDS = (2, 4)
+
+
+class WithLoss(torch.nn.Module):
+    """The model's first floating output, squared and averaged: a step that ends in a scalar."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        first = next(t for t in pytree.tree_leaves(self.model(*inputs))
+                     if isinstance(t, torch.Tensor) and t.is_floating_point())
+        return first.float().pow(2).mean()
+
+
+def llama(layers: int, hidden: int, batch: int, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A Hugging Face LLaMA from a config (fused attention), wrapped with its loss, and its tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=8, num_key_value_heads=8,
+                         intermediate_size=hidden * 8 // 3, vocab_size=1024, max_position_embeddings=seq,
+                         use_cache=False, attn_implementation="sdpa")
+    return WithLoss(LlamaForCausalLM(config).eval()), (torch.randint(0, 1024, (batch, seq)),)
+
+
+def model_of(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """An overhead row's model and inputs."""
+    if name == "llama-2L":
+        return llama(2, 512, 2, 256)
+    loaded = load_model(str(EXAMPLES / f"{name}.py"))
+    return WithLoss(loaded.model), tuple(loaded.example_inputs)
+
+
+Variant = tuple[Callable[..., torch.Tensor], Callable[[], None], Callable[[], Any]]
+"""A way to run the step: the module, how to drop its gradients, and a context to run it in."""
+
+
+def step_times(variants: dict[str, Variant], inputs: tuple[torch.Tensor, ...], steps: int) -> dict[str, float]:
+    """Median seconds of one training step (forward, backward) of each variant, after two warm-up
+    steps. The variants take turns step by step, so a load that comes and goes on the machine
+    (other processes on its cores) weighs on each alike."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for k in range(steps + 2):
+        for name, (module, zero, context) in variants.items():
+            with context():
+                start = time.perf_counter()
+                module(*inputs).backward()
+                zero()
+                if k >= 2:
+                    times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _forked(world: int, fn: Callable[[int, int], Any]) -> list[Any]:
+    """``fn(rank, world)`` on ``world`` forked gloo ranks (one thread each); results by rank."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+
+    def run(rank: int) -> None:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+        init_gloo(rank, world, port)
+        try:
+            queue.put((rank, fn(rank, world)))
+        finally:
+            destroy_gloo()
+
+    procs = [ctx.Process(target=run, args=(r,)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=1800) for _ in procs)
+    for p in procs:
+        p.join()
+    return [results[r] for r in range(world)]
+
+
+def overhead_row(name: str, steps: int, compile_too: bool) -> dict[str, float]:
+    """Plain and parallel step times of one model on a mesh of one device."""
+    model, inputs = model_of(name)
+    graph = trace(model, inputs)
+    mp_ = build_model_problem(graph, "1", mode="training")
+    plan = make_plan(mp_, mp_.complete([0] * len(mp_.names)))
+
+    def measure(rank: int, world: int) -> dict[str, float]:
+        parallel = parallelize(model, plan, MeshGroups.create(plan.mesh), graph=graph)
+        variants = {"plain": (model, model.zero_grad, nullcontext), "parallel": (parallel, parallel.zero_grad, nullcontext)}
+        if compile_too:
+            variants["plain compiled"] = (torch.compile(model), model.zero_grad, nullcontext)
+            variants["parallel compiled"] = (torch.compile(parallel), parallel.zero_grad, nullcontext)
+        return step_times(variants, inputs, steps)
+
+    return _forked(1, measure)[0]
+
+
+def _local_steps(piece: torch.Tensor, steps: tuple[Step, ...], groups: MeshGroups, *_: Any, **__: Any) -> Pending:
+    """A reshard's result computed locally (no communication): gathers copy the piece, reductions slice it."""
+    x = piece
+    for step in steps:
+        n = groups.axis_size(step.axis)
+        if step.kind == ALL_GATHER:
+            x = torch.cat([x] * n, dim=step.dim)
+        elif step.kind in (REDUCE_SCATTER, SLICE):
+            x = x.chunk(n, dim=step.dim)[groups.coords[step.axis]].clone()
+        elif step.kind == ALL_REDUCE:
+            x = x.clone()
+    return Pending(x, None, groups)
+
+
+@contextmanager
+def _communication_free() -> Iterator[None]:
+    """The hidden edges' collectives replaced by local copies of their results (compute alone)."""
+    issue = overlap_module.start_steps
+    overlap_module.start_steps = _local_steps
+    try:
+        yield
+    finally:
+        overlap_module.start_steps = issue
+
+
+def _hidden_alone(parallel: ParallelModule, plan: Plan, graph: OpGraph, repeats: int) -> float:
+    """Median seconds of the plan's hidden collectives alone: forward gathers, then gradient reductions."""
+    hidden = [e for e in plan.edges if e.hidden and e.grad_src_spec is not None]
+    names = {n.name: n.qualname for n in graph}
+    pieces = [parallel.local_value(names[e.src]).detach() for e in hidden]
+    grads = [torch.zeros(e.grad_src_spec.local_shape(tuple(parallel.get_parameter(names[e.src]).shape),
+                                                     plan.mesh.shape)) for e in hidden]
+    times = []
+    for k in range(repeats + 1):
+        start = time.perf_counter()
+        for e, piece in zip(hidden, pieces):
+            run_steps(piece, e.steps, parallel.groups)
+        for e, grad in zip(reversed(hidden), reversed(grads)):
+            run_steps(grad, e.grad_steps, parallel.groups)
+        if k:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def overlap_row(world: int, steps: int, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                graph: OpGraph) -> dict[str, float]:
+    """The four timings of the overlap table on ``world`` ranks (rank 0's; every rank runs the same)."""
+    problem = build_model_problem(graph, world, mode="training", overlap=True)
+    plan = make_plan(problem, torchtitan_choice(problem))
+    blocking = replace(plan, edges=[replace(e, hidden=False) for e in plan.edges])
+
+    def measure(rank: int, world_size: int) -> dict[str, float]:
+        groups = MeshGroups.create(plan.mesh)
+        ahead = parallelize(model, plan, groups, graph=graph)
+        plain = parallelize(model, blocking, groups, graph=graph)
+        row = step_times({"overlapped": (ahead, ahead.zero_grad, nullcontext),
+                          "blocking": (plain, plain.zero_grad, nullcontext),
+                          "compute": (ahead, ahead.zero_grad, _communication_free)}, inputs, steps)
+        row["communication"] = _hidden_alone(ahead, plan, graph, steps)
+        row["hidden edges"] = sum(e.hidden for e in plan.edges)
+        return row
+
+    return _forked(world, measure)[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile columns")
+    parser.add_argument("--no-overlap-rows", action="store_true", help="skip the multi-rank overlap table")
+    parser.add_argument("--models", default=",".join(OVERHEAD_MODELS), help="overhead rows, comma-separated")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ms = 1e3
+    print("Per-step overhead, world size 1 (gloo, CPU, 1 thread), median ms of a training step")
+    print("| model | plain | parallel | ratio | plain compiled | parallel compiled | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.models.split(","):
+        r = overhead_row(name, args.steps, not args.no_compile)
+        compiled = (f"{r['plain compiled'] * ms:.2f} | {r['parallel compiled'] * ms:.2f} | "
+                    f"{r['parallel compiled'] / r['plain compiled']:.2f}x") if "plain compiled" in r else "- | - | -"
+        print(f"| {name} | {r['plain'] * ms:.2f} | {r['parallel'] * ms:.2f} | {r['parallel'] / r['plain']:.2f}x | "
+              f"{compiled} |", flush=True)
+    if args.no_overlap_rows:
+        return
+    print()
+    print("Overlap: 4-layer LLaMA (hidden 512, 2 x 128 tokens per rank), torchtitan's FSDP plan priced with overlap")
+    print("| ranks | hidden edges | compute alone | communication alone | blocking step | overlapped step | hidden |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for world in OVERLAP_WORLDS:
+        model, inputs = llama(4, 512, 2 * world, 128)
+        graph = trace(model, inputs)
+        r = overlap_row(world, args.steps, model, inputs, graph)
+        hidden = (r["compute"] + r["communication"] - r["overlapped"]) / r["communication"]
+        print(f"| {world} | {r['hidden edges']} | {r['compute'] * ms:.1f} | {r['communication'] * ms:.1f} | "
+              f"{r['blocking'] * ms:.1f} | {r['overlapped'] * ms:.1f} | {hidden:.0%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
