@@ -137,11 +137,11 @@ def test_prints_pytorch_tensor_parallel_export(capsys):
     assert 'sch["fc2"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")' in out and "gradient of" not in out
 
 
-def test_says_why_a_plan_has_no_pytorch_tensor_parallel_form(capsys):
+def test_says_which_choices_have_no_pytorch_form(capsys):
     code, out, _ = run_cli(capsys, MLP, "--mesh", "2x4", "--tables", "none", "--quiet")
     assert code == 0
-    assert ("PyTorch-native (torchtitan style): not expressible: input x reaches linear as RSR along mesh axis 0, "
-            "which shards no weight: only data parallelism maps there") in out
+    assert ("# not exported: mesh axis 0 (2 devices): input x reaches linear as RSR, where the axis shards no "
+            "weight: only data parallelism maps there") in out
 
 
 def test_piped_model_solve_prints_its_status_after_silence():
