@@ -35,19 +35,18 @@ ids, masks and rotary tables from what it is fed (``lower.project``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import nn
 
 from autoshard.frontend.graph import NodeKind, OpGraph
-from autoshard.lower.blocks import Units, memory_units
+from autoshard.lower.blocks import memory_units
+from autoshard.lower.native_source import render
 from autoshard.lower.project import parameter_dependent, project
-from autoshard.lower.tp_styles import NotMappable, Style, batch_cut, tp_styles
+from autoshard.lower.roles import DP, REPLICA, TP, NativeLayout
+from autoshard.lower.tp_styles import NotMappable, batch_cut, tp_styles
 from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import ALL_GATHER, SLICE
-
-TP, DP, REPLICA = "tp", "dp", "replica"
-
 
 @dataclass(frozen=True)
 class DTensorExport:
@@ -56,21 +55,6 @@ class DTensorExport:
 
     source: str
     notes: tuple[str, ...] = ()
-
-
-@dataclass
-class NativeLayout:
-    """What the export emits: each axis's role, the styles of the tensor-parallel axis and which model
-    inputs it cuts to the rank's batch slice on entry (``PrepareModuleInput`` on the root), the axes
-    ``fully_shard`` runs on, the memory units, the batch slices a rank's loss covers, and notes."""
-
-    roles: list[str]
-    styles: dict[str, Style] = field(default_factory=dict)
-    sliced_inputs: tuple[bool, ...] = ()
-    fsdp_axes: list[int] = field(default_factory=list)
-    units: Units | None = None
-    loss_slices: int = 1
-    notes: list[str] = field(default_factory=list)
 
 
 def _is_idle(view: Plan, dependent: frozenset[str]) -> bool:
@@ -193,7 +177,5 @@ def native_layout(plan: Plan, graph: OpGraph, model: nn.Module) -> NativeLayout:
 
 def export_dtensor(plan: Plan, graph: OpGraph, model: nn.Module) -> DTensorExport:
     """The plan as torchtitan-style source; choices PyTorch has no API for are notes (comments in it)."""
-    from autoshard.lower.native_source import render
-
     layout = native_layout(plan, graph, model)
-    return DTensorExport(render(plan, layout, graph, model), tuple(layout.notes))
+    return DTensorExport(render(plan, layout), tuple(layout.notes))

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import textwrap
 
-from torch import nn
-
-from autoshard.frontend.graph import OpGraph
-from autoshard.lower.blocks import FULL, NONE, SELECTIVE, Unit
-from autoshard.lower.dtensor import DP, TP, NativeLayout
+from autoshard.lower.blocks import FULL, NONE, SELECTIVE
+from autoshard.lower.roles import DP, TP, NativeLayout
 from autoshard.lower.tp_styles import style_arguments
 from autoshard.problem.plan import Plan
 
@@ -172,7 +169,7 @@ def _imports(text: str, layout: NativeLayout) -> list[str]:
     return lines
 
 
-def render(plan: Plan, layout: NativeLayout, graph: OpGraph, model: nn.Module) -> str:
+def render(plan: Plan, layout: NativeLayout) -> str:
     """The source of ``layout`` (see module doc)."""
     names = mesh_names(layout.roles)
     steps: list[list[str]] = []
