@@ -180,7 +180,8 @@ class LpCounts:
 
     def __init__(self, highs: highspy.Highs, comp: FrozenCore, lin: Linearised, known: int | None,
                  deadline: float | None, region: Region) -> None:
-        self.highs, self.comp, self.lin, self.known, self.deadline, self.region = highs, comp, lin, known, deadline, region
+        self.highs, self.comp, self.lin, self.deadline, self.region = highs, comp, lin, deadline, region
+        self.known = known  # the cheapest plan's cost, lowered by each rounded optimum that beats it
         self.columns = tally_columns(comp, lin.offsets)
         self.rounds = 4 * len(self.columns) + 8
 

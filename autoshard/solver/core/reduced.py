@@ -207,7 +207,7 @@ class FrozenCore:
     def __getstate__(self) -> dict:
         """Pickled without what is derived (the neighbour lists hold a transposed copy of every
         edge matrix, ``arrays`` the whole core again): neighbourhood search sends restricted
-        cores to another process (call_server.py) several times a second."""
+        cores to another process (procs/call_server.py) several times a second."""
         return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays")}
 
     def __setstate__(self, state: dict) -> None:

@@ -1,6 +1,6 @@
 """The core's ILP (ilp.py) solved by HiGHS (highspy): the reference optimum the tests and
 the benchmark compare against (``solve_problem_milp``), the exact engine beside toulbar2
-(workers.py); its LP relaxation is what ``lp.py`` turns into a proven lower bound.
+(run/workers.py); its LP relaxation is what ``bounds/lp.py`` turns into a proven lower bound.
 """
 
 from __future__ import annotations

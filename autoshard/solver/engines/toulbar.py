@@ -12,7 +12,7 @@ elimination, variable elimination of small degree) is what our TRW-S / eliminati
 approximates, and it is much faster on every core that fits (measured: see benchmarks/README.md,
 "Measurements behind the design").
 
-It runs in a child process (workers.py), which calls ``solve_cfn``; the second-search engine there
+It runs in a child process (run/workers.py), which calls ``solve_cfn``; the second-search engine there
 also calls ``solve_penalised`` on its Lagrangian subproblems (costs plus multipliers times
 usage, no rows), which toulbar2 minimises far better than TRW-S's rounded plan on wide cores.
 Large-neighbourhood search (lns.py, in either process) calls ``improve`` on restricted problems.

@@ -86,7 +86,7 @@ class LowerBound:
 
 @dataclass(frozen=True)
 class EngineFailed:
-    """A child-process engine (workers.py) died with ``error``; the search goes on without it."""
+    """A child-process engine (run/workers.py) died with ``error``; the search goes on without it."""
 
     method: str
     error: str

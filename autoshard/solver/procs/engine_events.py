@@ -1,6 +1,6 @@
 """What an engine child tells the portfolio, and how it reaches the parent.
 
-Every engine (workers.py) reports typed ``EngineEvent``s, pickled one per length-prefixed frame
+Every engine (run/workers.py) reports typed ``EngineEvent``s, pickled one per length-prefixed frame
 (forks.py) on a pipe of its own (``send`` in the child, ``receive`` in the parent). Costs are whole costs
 of the core (``FrozenCore.const`` included). toulbar2 is the one engine whose progress exists only
 as the text its C++ search prints; ``ToulbarText`` turns those lines into the same events on the

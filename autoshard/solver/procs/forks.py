@@ -3,7 +3,7 @@
 C code (toulbar2, HiGHS) holds the GIL, runs past its own limits and prints to the C stdout; in
 a forked child it can be killed at a wall-clock deadline and its prints sent nowhere. Every
 fork is ``fork_child``'s; its users: ``call_forked`` (one call, abandoned at a deadline),
-call_server.py (a child kept for call after call) and workers.py (the engines). Messages on a
+call_server.py (a child kept for call after call) and run/workers.py (the engines). Messages on a
 pipe are pickles behind their length (8 bytes, little endian): ``send_frame`` and ``read_frame``.
 """
 

@@ -90,7 +90,7 @@ class NeighbourhoodSearch:
         """Neighbourhood after neighbourhood until ``deadline`` or until ``stop()`` (asked between
         neighbourhoods) is True; the best plan found (x if none), each better one also handed to
         ``found`` as it comes. The solvers run in one child process for the whole call
-        (call_server.py), which ends with it."""
+        (procs/call_server.py), which ends with it."""
         with self.server:
             return self._run(x, deadline, found, stop)
 

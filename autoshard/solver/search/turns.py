@@ -1,4 +1,4 @@
-"""The second-search engine (workers.py; run where no exact engine takes the core): two
+"""The second-search engine (run/workers.py; run where no exact engine takes the core): two
 generators of fitting plans taking turns on one processor, sharing the best plan, each better
 one reported as an event.
 
