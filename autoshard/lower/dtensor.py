@@ -94,7 +94,7 @@ def _role(view: Plan, graph: OpGraph, model: nn.Module, dependent: frozenset[str
           axis: int) -> str:
     """The axis's role; a tensor-parallel axis records its styles, its FSDP use and its loss slices in
     ``layout``. Raises NotMappable."""
-    if any(axis == a for a in view_expert_axes(view)):
+    if any(n.op == "moe_experts" and n.in_specs[3].dims[0] for n in view.nodes.values()):
         raise NotMappable("it runs experts split over devices (expert routing), which no parallelize_module style "
                           "expresses for transformers' experts modules")
     used_sharded = any(graph[e.src].kind == NodeKind.PARAM and not e.dst_spec.is_replicated for e in view.edges)
@@ -107,8 +107,8 @@ def _role(view: Plan, graph: OpGraph, model: nn.Module, dependent: frozenset[str
     if TP in layout.roles:
         raise NotMappable(f"it shards weights for use ({', '.join(axis_styles.styles)}) as mesh axis "
                           f"{layout.roles.index(TP)} does; parallelize_module shards over one tensor-parallel axis")
-    layout.styles = axis_styles.styles
     layout.sliced_inputs = _sliced_inputs(view, graph, dependent)
+    layout.styles = axis_styles.styles
     batch = any(batch_cut(view.nodes[n].out_spec) for n in dependent
                 if n in view.nodes and graph[n].kind == NodeKind.OP)
     if batch or axis_styles.gathered:
@@ -140,11 +140,6 @@ def _sliced_inputs(view: Plan, graph: OpGraph, dependent: frozenset[str]) -> tup
     return tuple(sliced)
 
 
-def view_expert_axes(view: Plan) -> list[int]:
-    """The axes (0 in a 1-D view) over which an expert-parallel op exchanges tokens."""
-    return [0 for n in view.nodes.values() if n.op == "moe_experts" and n.in_specs[3].dims[0]]
-
-
 def native_layout(plan: Plan, graph: OpGraph, model: nn.Module) -> NativeLayout:
     """Each axis's role (an axis with no PyTorch form becomes a replica, with a note), styles, FSDP axes,
     memory units and loss slices."""
@@ -167,7 +162,9 @@ def native_layout(plan: Plan, graph: OpGraph, model: nn.Module) -> NativeLayout:
             layout.loss_slices *= size
         layout.roles.append(role)
     styled = {f"{path}.{name}" for path in layout.styles for name, _ in model.get_submodule(path).named_parameters()}
-    sharded = {n.qualname for n in graph if n.kind == NodeKind.PARAM} - styled if layout.fsdp_axes else set()
+    fsdp_on_tp = TP in layout.roles and layout.roles.index(TP) in layout.fsdp_axes  # styled ones left out
+    sharded = {n.qualname for n in graph if n.kind == NodeKind.PARAM} - (styled if fsdp_on_tp else set())
+    sharded = sharded if layout.fsdp_axes else set()
     layout.units = memory_units(plan, graph, sharded)
     if not layout.fsdp_axes and any(e.regather for e in plan.edges):
         layout.notes.append("the plan re-gathers parameters for backward, which only fully_shard does, and no axis "
