@@ -116,3 +116,22 @@ def lifetimes(graph: OpGraph, training: bool) -> Lifetimes:
             gradient[name] = (2 * horizon - 1 - last_use[name], 2 * horizon - order[name])
     return Lifetimes(order, horizon, base, value, read, gradient, first_reader, last_reader,
                      {root: tuple(names) for root, names in savers.items()})
+
+
+def view_spans(graph: OpGraph, life: Lifetimes, training: bool) -> dict[str, int]:
+    """For each view: one past the last slot its storage is needed through it, by its own readers
+    and those of the views of it, and (training) until the backward of those that save it."""
+    spans: dict[str, int] = {}
+    for node in graph:
+        t = life.order[node.name]
+        saved = node.work.saved_operands if training and _runs_backward(node) and node.work is not None else ()
+        for k, src in enumerate(node.inputs):
+            end = 2 * life.horizon - t if k in saved else t + 1
+            view = src
+            while view in life.base and life.base[view] != view:
+                spans[view] = max(spans.get(view, life.order[view] + 1), end)
+                alias = graph[view].work
+                view = graph[view].inputs[alias.alias_of] if alias is not None and alias.alias_of is not None else view
+                if view == src:
+                    break
+    return spans

@@ -33,10 +33,11 @@ import numpy as np
 from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
 from autoshard.problem.edges import EdgePrices
 from autoshard.problem.memory_nodes import memory_nodes
-from autoshard.problem.reshard_copies import ReshardCopies, handed_savers, reshard_copies, without_handed
+from autoshard.problem.reshard_copies import (ReshardCopies, StepTimes, handed_savers, negligible, reshard_copies,
+                                              without_handed)
 from autoshard.problem.tallies import recompute_tally
 from autoshard.cost.communication import CostModel
-from autoshard.cost.lifetimes import Lifetimes, lifetimes
+from autoshard.cost.lifetimes import Lifetimes, lifetimes, view_spans
 from autoshard.cost.memory import PRECISIONS, MemoryItem, microbatched_items, out_metas
 from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
 from autoshard.errors import AutoshardError
@@ -291,8 +292,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--recompute {options.recompute!r} is unknown: use one of {', '.join(RECOMPUTE_POLICIES)}")
     blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \
         if training and options.memory_budget is not None else NO_BLOCKS
-    full_life, handed = life, handed_savers(graph, life, blocks) if training else {}
-    life = without_handed(life, handed)  # what a handed saver keeps, its edge's copies' node charges
+    handed = handed_savers(graph, life, blocks) if training else {}
+    times = StepTimes(life, without_handed(life, handed), blocks, handed, view_spans(graph, life, training), mesh,
+                      training, negligible(graph))
+    life = times.base  # what a handed saver keeps, its edge's copies' node charges
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
                                options.slapo_space, local_flops, blocks, options.capacity_factor,
                                options.receive_link)
@@ -336,8 +339,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)
-            reduced = reshard_copies(candidates[src], dst, operand, meta, full_life, life, blocks, handed, mesh,
-                                     training)
+            reduced = reshard_copies(candidates[src], dst, operand, meta, times)
             if reduced is not None and (options.in_flight != 1 or options.accumulate):
                 reduced = replace(reduced, items=tuple(microbatched_items(reduced.items, life, options.in_flight - 1,
                                                                           False)))

@@ -69,6 +69,16 @@ class ReshardCopies:
         return int(np.flatnonzero(allowed)[0])
 
 
+NEGLIGIBLE = 0.01
+"""Edges of tensors under this fraction of the graph's largest tensor get no copies' node: their
+copies (norm statistics, rotary tables) cannot move a peak, and each node costs the solver."""
+
+
+def negligible(graph: OpGraph) -> int:
+    """Bytes below which a tensor's copies are not charged (``NEGLIGIBLE`` of the largest tensor)."""
+    return int(NEGLIGIBLE * max((n.tensor.nbytes for n in graph if n.tensor is not None), default=0))
+
+
 def handed_savers(graph: OpGraph, life: Lifetimes, blocks: Blocks) -> dict[str, tuple[str, int]]:
     """Op outputs whose last keeper is one reader that saves it (the saver with the latest backward,
     reading it, or a view of it of the same size, in one operand, in the producer's block or both
@@ -83,7 +93,7 @@ def handed_savers(graph: OpGraph, life: Lifetimes, blocks: Blocks) -> dict[str, 
         reads = [k for k, src in enumerate(graph[latest].inputs) if life.base.get(src) == root
                  and graph[src].tensor is not None and graph[src].tensor.numel == node.tensor.numel]
         same = blocks.block_of.get(root) == blocks.block_of.get(latest)
-        if savers.count(latest) == 1 and len(reads) == 1 and same:
+        if savers.count(latest) == 1 and len(reads) == 1 and same and node.tensor.nbytes >= negligible(graph):
             handed[root] = (latest, reads[0])
     return handed
 
@@ -108,8 +118,26 @@ def _copy(a: TensorSpec, b: TensorSpec, meta: TensorMeta, mesh: Mesh) -> tuple[i
 
 
 @dataclass(frozen=True)
+class StepTimes:
+    """The timeline the copies' windows are read from: the lifetimes with and without the handed
+    savers (``life``, ``base``), the recomputable blocks, the handed savers, the views' spans
+    (``lifetimes.view_spans``), the mesh, whether the step trains, and the bytes of the smallest
+    tensor whose copies are charged (:func:`negligible`)."""
+
+    life: Lifetimes
+    base: Lifetimes
+    blocks: Blocks
+    handed: dict[str, tuple[str, int]]
+    spans: dict[str, int]
+    mesh: Mesh
+    training: bool
+    least: int = 0
+
+
+@dataclass(frozen=True)
 class _Edge:
-    """What decides the windows of one edge's copies."""
+    """What decides the windows of one edge's copies (``view_end``: the reader is a view of the
+    operand, so the copy lives as long as the view's storage is needed)."""
 
     root: str
     dst: str
@@ -117,14 +145,14 @@ class _Edge:
     reruns: bool
     handed: bool
     meta: TensorMeta
+    view_end: int | None
 
 
-def _windows(key: Key, edge: _Edge, life: Lifetimes, base: Lifetimes, blocks: Blocks, mesh: Mesh,
-             ) -> dict[tuple[int, int], int]:
-    """Bytes per window that strategy ``key`` of an edge's copies' node holds (``base``: the
-    lifetimes without the handed savers, ``life``: with them)."""
+def _windows(key: Key, edge: _Edge, times: StepTimes) -> dict[tuple[int, int], int]:
+    """Bytes per window that strategy ``key`` of an edge's copies' node holds."""
     if key is None:
         return {}
+    life, base, blocks = times.life, times.base, times.blocks
     a, peak, kept, recomputed = key
     reader = edge.dst
     forward, back = life.forward_window(reader), life.backward(reader) + 1
@@ -136,7 +164,10 @@ def _windows(key: Key, edge: _Edge, life: Lifetimes, base: Lifetimes, blocks: Bl
 
     rerun = recomputed and edge.reruns
     again = blocks.recompute_start(life, reader) if recomputed else None
-    if rerun:
+    if edge.view_end is not None:
+        add(forward, peak - kept)
+        add((forward[0], edge.view_end), kept)
+    elif rerun:
         add(forward, peak)
         add((again, again + 1), peak - (kept if edge.saves else 0))
         if edge.saves:
@@ -148,24 +179,25 @@ def _windows(key: Key, edge: _Edge, life: Lifetimes, base: Lifetimes, blocks: Bl
     if edge.handed and peak == 0:  # the reader keeps the producer's own output
         ends = [w[1] for w in (value_windows(edge.root, base, blocks) if recomputed else [base.value[edge.root]])]
         start = max([*ends, *([again] if recomputed else [])])
-        add((start, back), local_bytes(a, edge.meta, mesh))
+        add((start, back), local_bytes(a, edge.meta, times.mesh))
     return out
-def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, life: Lifetimes,
-                   base: Lifetimes, blocks: Blocks, handed: dict[str, tuple[str, int]], mesh: Mesh,
-                   training: bool) -> ReshardCopies | None:
+def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
+                   times: StepTimes) -> ReshardCopies | None:
     """The copies' node of the activation edge ``src -> dst`` (operand ``operand``), or None when
     nothing is charged on it: the producer layouts charged are its partial ones, and all of them
     where the reader saves the operand for backward (it keeps a copy, or for a handed saver
-    possibly the producer's own output, ``handed_savers``)."""
-    reader = dst.node
-    saves = training and reader.requires_grad and reader.work is not None and operand in reader.work.saved_operands
+    possibly the producer's own output, ``handed_savers``) or is a view of it."""
+    reader, life, mesh = dst.node, times.life, times.mesh
+    view = reader.work is not None and reader.work.alias_of == operand
+    saves = times.training and reader.requires_grad and reader.work is not None and operand in reader.work.saved_operands
     if src.node.kind not in (NodeKind.OP, NodeKind.INPUT):
         return None
     root = life.base[src.node.name]
-    edge = _Edge(root, reader.name, saves, blocks.reruns(reader.name), handed.get(root) == (reader.name, operand),
-                 meta)
+    edge = _Edge(root, reader.name, saves, times.blocks.reruns(reader.name),
+                 times.handed.get(root) == (reader.name, operand), meta,
+                 times.spans.get(reader.name, life.order[reader.name] + 1) if view else None)
     outs = [s.out_spec if isinstance(s.out_spec, TensorSpec) else None for s in src.strategies]
-    charged = {o for o in outs if o is not None and (saves or o.partial)}
+    charged = {o for o in outs if o is not None and (saves or view or o.partial) and meta.nbytes >= times.least}
     if not charged:
         return None
     ins = [s.in_specs[operand] for s in dst.strategies]
@@ -184,7 +216,7 @@ def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMet
         for a in charged:
             if (a, b) in copies:
                 to_dst[position[(a, *copies[a, b], r)], j] = 0
-    held = [_windows(k, edge, life, base, blocks, mesh) for k in keys]
+    held = [_windows(k, edge, times) for k in keys]
     windows = sorted({w for h in held for w in h})
     items = [MemoryItem(reader.name, "reshard copy", w, tuple(h.get(w, 0) for h in held)) for w in windows]
     if not items:
