@@ -73,11 +73,12 @@ def _tp_lines(layout: NativeLayout, names: list[str]) -> list[str]:
               for path, style in layout.styles.items()]
     lines.append("    })")
     if any(layout.sliced_inputs):
-        whole = ", ".join("Replicate()" for _ in layout.sliced_inputs)
-        wanted = ", ".join("Shard(0)" if cut else "Replicate()" for cut in layout.sliced_inputs)
+        comma = "," if len(layout.sliced_inputs) == 1 else ""
+        whole = ", ".join("Replicate()" for _ in layout.sliced_inputs) + comma
+        wanted = ", ".join("Shard(0)" if cut else "Replicate()" for cut in layout.sliced_inputs) + comma
         lines += ["    # the inputs the plan reads as each rank's batch slice (the labels of a batch-cut loss)",
                   f'    parallelize_module(model, mesh["{names[layout.roles.index(TP)]}"], PrepareModuleInput(',
-                  f"        input_layouts=({whole},), desired_input_layouts=({wanted},), use_local_output=True))"]
+                  f"        input_layouts=({whole}), desired_input_layouts=({wanted}), use_local_output=True))"]
     return lines
 
 

@@ -106,6 +106,8 @@ def test_llama3_8b_optima_on_mesh_8_export_whole_and_run_equal() -> None:
         assert '"model.embed_tokens": ColwiseParallel(output_layouts=Shard(0)),' in export.source
         assert '"lm_head": ColwiseParallel(input_layouts=Shard(0), output_layouts=Shard(0)),' in export.source
         assert "return loss / 4" in export.source
+        # the labels meet the loss as each rank's batch slice; the tokens enter the embedding whole
+        assert "input_layouts=(Replicate(), Replicate()), desired_input_layouts=(Replicate(), Shard(0))" in export.source
     assert "checkpoint_wrapper" not in fused.source and "reshard_after_forward=False, ignored" in fused.source
     # 8B layer 1 (recomputed) is layer 0 here; 8B layer 9 re-gathers its up and down projections.
     assert "for i in (0,):\n        blocks.register_module(str(i), checkpoint_wrapper(blocks[i], preserve_rng_state" \
