@@ -5,9 +5,11 @@ With overlap on (``BuildOptions.overlap``: the device presets', as FSDP2 and DDP
 operand) hides when the owner is an op of a repeated layer (``sharding/layers.py``):
 
 - the forward gather is issued one layer ahead, during the previous layer's compute (layer 0's
-  at the first layer's start), and waited where the owner reads it;
-- its gradient's reduction is issued as soon as the gradient is ready and waited at the end of
-  the backward, under the backward of the layers before it.
+  at the first layer's start), and waited where the owner reads it; the backward's gathers
+  (recomputation, re-gather) likewise one layer ahead in the backward's order;
+- its gradient's reduction is issued as soon as the gradient is ready and waited when the
+  backward of the layer before it starts reducing (the last at the end of the backward), so it
+  travels under that layer's backward.
 
 The cost model (``problem/edges.py``) charges such an edge only what the owner's twin in the
 neighbouring layer cannot hide, ``max(0, F - fwd) + max(0, B - bwd)``; every other collective

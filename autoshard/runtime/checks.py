@@ -62,8 +62,9 @@ def count_label(node: str) -> str:
 def expected_collectives(plan: Plan) -> list[Collective]:
     """The collectives one forward (and, for a training plan, one backward) must run, by plan edge:
     forward, then the recomputation's (:func:`replayed_edges`), the re-gather's (a
-    parameter gathered again for backward), then the gradient's. A hidden edge's forward and
-    gradient collectives are issued ahead (``runtime/overlap.py``); its backward gathers are not.
+    parameter gathered again for backward), then the gradient's. A hidden edge's gathers
+    (forward, recomputation, re-gather) and gradient collectives are issued ahead
+    (``runtime/overlap.py``).
 
     Bytes are ``Step.sent_bytes``, the quantity the cost model prices; slices are local and omitted.
     """
@@ -74,9 +75,9 @@ def expected_collectives(plan: Plan) -> list[Collective]:
         passes = [(FORWARD, edge.steps, edge.hidden)]
         if plan.mode == "training":
             if edge_label(edge) in replayed:
-                passes.append((RECOMPUTE, edge.steps, False))
+                passes.append((RECOMPUTE, edge.steps, edge.hidden))
             if edge.regather:
-                passes.append((BACKWARD, edge.steps, False))
+                passes.append((BACKWARD, edge.steps, edge.hidden))
             passes.append((BACKWARD, edge.grad_steps, edge.hidden))
         for phase, steps, ahead in passes:
             for step in steps:

@@ -21,7 +21,7 @@ out by ``plan.param_specs``) and whose ``forward`` interprets the traced graph n
 
 The plan's hidden edges (``EdgeReshard.hidden``, ``cost/overlap.py``'s rule) run through
 ``runtime/overlap.py``: their gathers issued a layer ahead, their gradient reductions in flight
-until the end of the backward; every other collective is blocking. Recomputed segments and
+during the next layer's backward; every other collective is blocking. Recomputed segments and
 selective recomputation run through ``runtime/recompute.py``.
 
 A mixture-of-experts node runs through ``runtime/experts.py``: its local experts, and for an
@@ -38,6 +38,7 @@ without autograd rather than produce gradients nobody planned.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -53,7 +54,7 @@ from autoshard.problem.plan import EdgeReshard, Plan
 from autoshard.sharding.reshard import Step
 from autoshard.runtime.checks import (Collective, check_backend, check_layouts, check_model, check_world, count_label,
                                       edge_label, replayed_edges)
-from autoshard.runtime.collectives import FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
+from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, mask_to_first, reshard, run_steps
 from autoshard.runtime.experts import exchange_label, run_experts
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.placements import as_dtensor, distribute, local_of
@@ -94,8 +95,8 @@ class ParallelModule(nn.Module):
         self._segments = {segment[0]: segment for segment in plan.recompute} if plan.mode == "training" else {}
         self._kept, self._replayed = frozenset(plan.recompute_kept), replayed_edges(plan)
         self._policy = KeptOps() if self._kept and self._segments else None
-        self._overlap = Overlap(graph, plan, groups, self._logs, edge_label) if any(e.hidden for e in plan.edges) \
-            else None
+        self._overlap = Overlap(graph, plan, groups, self._logs, edge_label, self._replayed) \
+            if any(e.hidden for e in plan.edges) else None
         self._read_outside: dict[str, set[str]] = {}
         for node in graph:
             for src in node.inputs:
@@ -193,7 +194,7 @@ class ParallelModule(nn.Module):
         (but those in ``keep``). ``kept``: the segment's store of reshards into kept ops."""
         place = self.plan.nodes.get(node.name)
         if self._overlap is not None and phase == FORWARD:
-            self._overlap.reached(node.name, lambda src: self.local_value(self._state_names[src]))
+            self._overlap.reached(node.name, self._piece)
         if node.kind == NodeKind.INPUT and node.attrs.get(RECEIVED):  # a pipeline stage's input: its piece
             values[node.name] = self._checked_input(node, fed[node.name], place.out_spec)
         elif node.kind == NodeKind.INPUT:
@@ -230,8 +231,15 @@ class ParallelModule(nn.Module):
             return nullcontext()
         hooks = Regathering(self.groups)
         for k, edge in edges:
-            hooks.add(operands[k], values[node.inputs[k]], edge.steps, self._logs[edge_label(edge)])
+            again = None
+            if self._overlap is not None and edge.hidden:
+                again = partial(self._overlap.again, edge, BACKWARD, self._piece)
+            hooks.add(operands[k], values[node.inputs[k]], edge.steps, self._logs[edge_label(edge)], again)
         return hooks
+
+    def _piece(self, src: str) -> torch.Tensor:
+        """This rank's piece of parameter or buffer node ``src``."""
+        return self.local_value(self._state_names[src])
 
     def _mean_over_global_count(self, node: OpNode, operands: list[Any], steps: tuple[Step, ...],
                                 phase: str = FORWARD) -> torch.Tensor:
@@ -272,7 +280,10 @@ class ParallelModule(nn.Module):
         if edge is None or not (edge.steps or edge.grad_steps):
             return value
         label = edge_label(edge)
-        if self._overlap is not None and edge.hidden and phase == FORWARD:  # runtime/overlap.py
+        if self._overlap is not None and edge.hidden:  # issued ahead: runtime/overlap.py
+            if phase == RECOMPUTE:
+                ready = self._overlap.again(edge, RECOMPUTE, self._piece)
+                return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[label], phase, ready)
             param = self.get_parameter(self._state_names[edge.src])
             return reshard(value, edge.steps, edge.grad_steps, self.groups, self._logs[label], phase,
                            self._overlap.ready(edge), self._overlap.reducer(edge, param))

@@ -18,7 +18,8 @@
   gathered weight, and ``replayed_edges`` in ``runtime/checks.py`` lists them).
 - A re-gathered parameter (``EdgeReshard.regather``): the gathered copy an op saves for backward
   is replaced, through saved-tensor hooks, by the parameter's own piece, and gathered again (the
-  edge's forward steps, logged in the backward pass) when the backward unpacks it.
+  edge's forward steps, logged in the backward pass) when the backward unpacks it, or waited
+  there when a hidden edge's gather was issued ahead (``runtime/overlap.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext, checkpoint,
                                    create_selective_checkpoint_contexts, set_checkpoint_early_stop)
 
-from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, run_steps
+from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, Pending, run_steps
 from autoshard.runtime.groups import MeshGroups
 from autoshard.sharding.reshard import Step
 
@@ -94,6 +95,7 @@ class _Gathered:
     size: torch.Size
     stride: tuple[int, ...]
     offset: int
+    again: Callable[[], Pending] | None
 
 
 class Regathering(AbstractContextManager):
@@ -101,25 +103,31 @@ class Regathering(AbstractContextManager):
 
     def __init__(self, groups: MeshGroups) -> None:
         self.groups = groups
-        self.gathered: dict[StorageWeakRef, tuple[torch.Tensor, tuple[Step, ...], CommLog]] = {}
+        self.gathered: dict[StorageWeakRef, tuple[torch.Tensor, tuple[Step, ...], CommLog,
+                                                  Callable[[], Pending] | None]] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
-    def add(self, gathered: torch.Tensor, piece: torch.Tensor, steps: tuple[Step, ...], log: CommLog) -> None:
-        """``gathered`` (what the op reads) is ``piece`` after ``steps``: save the piece instead."""
-        self.gathered[StorageWeakRef(gathered.untyped_storage())] = (piece.detach(), steps, log)
+    def add(self, gathered: torch.Tensor, piece: torch.Tensor, steps: tuple[Step, ...], log: CommLog,
+            again: Callable[[], Pending] | None = None) -> None:
+        """``gathered`` (what the op reads) is ``piece`` after ``steps``: save the piece instead
+        (``again``: the gather issued ahead for the backward, ``runtime/overlap.py``; else run then)."""
+        self.gathered[StorageWeakRef(gathered.untyped_storage())] = (piece.detach(), steps, log, again)
 
     def _pack(self, t: torch.Tensor) -> Any:
         found = self.gathered.get(StorageWeakRef(t.untyped_storage()))
         if found is None:
             return t
-        piece, steps, log = found
-        return _Gathered(piece, steps, log, t.size(), t.stride(), t.storage_offset())
+        piece, steps, log, again = found
+        return _Gathered(piece, steps, log, t.size(), t.stride(), t.storage_offset(), again)
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Gathered):
             return saved
         with torch.no_grad():
-            whole = run_steps(saved.piece, saved.steps, self.groups, saved.log, BACKWARD)
+            if saved.again is not None:
+                whole = saved.again().wait()
+            else:
+                whole = run_steps(saved.piece, saved.steps, self.groups, saved.log, BACKWARD)
         return whole.as_strided(saved.size, saved.stride, saved.offset)
 
     def __enter__(self) -> "Regathering":
