@@ -21,12 +21,12 @@ The items follow what one training (or inference) step really allocates, on the 
   and what its backward allocates and frees (beyond the operand gradients) over its backward, all
   divided by the strategy's degree, and the output's gradient over its gradient interval.
 
-What resharding an activation on an edge allocates is charged by the edge's own node
-(``problem/reshard_copies.py``, the buffers of ``cost/reshard_memory.py``): the copy a saving
-reader keeps, and the buffers of reducing a partial sum. Known simplifications: a producer that
-several readers save is kept until the last of them has run backward even where that reader
-saves a resharded copy instead; the copy a view makes of a reshard into it lives only during the
-view's forward; readers of a parameter other than its owner read it without a copy.
+What resharding a tensor on an edge allocates is charged by the edge's own node
+(``problem/reshard_copies.py``, the buffers of ``cost/reshard_memory.py``): the buffers of
+reducing a partial sum, and the copy a reader saves for backward or a view keeps, of an
+activation or of a parameter read by an op other than its owner (a tied weight). Known
+simplification: a producer that several readers save is kept until the last of them has run
+backward even where that reader saves a resharded copy instead.
 """
 
 from __future__ import annotations

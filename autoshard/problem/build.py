@@ -339,7 +339,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)
-            reduced = reshard_copies(candidates[src], dst, operand, meta, times)
+            reduced = None if owner else reshard_copies(candidates[src], dst, operand, meta, times)
             if reduced is not None and (options.in_flight != 1 or options.accumulate):
                 reduced = replace(reduced, items=tuple(microbatched_items(reduced.items, life, options.in_flight - 1,
                                                                           False)))

@@ -183,14 +183,15 @@ def _windows(key: Key, edge: _Edge, times: StepTimes) -> dict[tuple[int, int], i
     return out
 def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
                    times: StepTimes) -> ReshardCopies | None:
-    """The copies' node of the activation edge ``src -> dst`` (operand ``operand``), or None when
+    """The copies' node of the edge ``src -> dst`` (operand ``operand``; an activation, or a parameter
+    read by another op than its owner, whose copies ``cost/memory.param_items`` charges), or None when
     nothing is charged on it: the producer layouts charged are its partial ones, and all of them
     where the reader saves the operand for backward (it keeps a copy, or for a handed saver
     possibly the producer's own output, ``handed_savers``) or is a view of it."""
     reader, life, mesh = dst.node, times.life, times.mesh
     view = reader.work is not None and reader.work.alias_of == operand
     saves = times.training and reader.requires_grad and reader.work is not None and operand in reader.work.saved_operands
-    if src.node.kind not in (NodeKind.OP, NodeKind.INPUT):
+    if src.node.kind not in (NodeKind.OP, NodeKind.INPUT, NodeKind.PARAM):
         return None
     root = life.base[src.node.name]
     edge = _Edge(root, reader.name, saves, times.blocks.reruns(reader.name),
