@@ -24,7 +24,9 @@ weight decay of this command line (the banner names the checkpoint's where they 
 the same flags it reproduces the uninterrupted run. A checkpoint of another model, or one that
 cannot be read, is refused in one line before anything is written. The graph is traced in eval
 mode, so dropout is off. A pipelined plan (``autoshard.solve --pipeline --out``) trains through
-``cli/train_pipeline.py``, with the same flags and checkpoints.
+``cli/train_pipeline.py``, with the same flags and checkpoints. ``--compile`` runs the parallel
+module under ``torch.compile``: dynamo compiles through the executor, the graphs between its
+breaks (the losses equal the eager run's within 1e-4, ``tests/runtime/test_train_compile.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=100, metavar="K",
                    help="save every K steps, and after the last step (default 100)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint DIR")
+    p.add_argument("--compile", action="store_true",
+                   help="run the parallel module under torch.compile (inductor; dynamo compiles through the "
+                        "executor's per-node loop, so expect long first steps and no speed-up yet)")
     p.add_argument("--backend", choices=sorted(BACKEND_COLLECTIVES), default="gloo",
                    help="torch.distributed backend: gloo (CPU, default), nccl (one GPU per rank), mpi")
     return p
@@ -163,7 +168,8 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
                           f"AdamW lr {args.lr:g}{was}"
                           + (f", resumed from {resumed}" if resumed is not None else ""))
         loss_of = whole_loss(module.output_specs[0], groups)
-        steps = training_steps(module, optimizer, loaded, done + 1, args.steps, args.max_grad_norm,
+        runner = torch.compile(module) if args.compile else module
+        steps = training_steps(runner, optimizer, loaded, done + 1, args.steps, args.max_grad_norm,
                                lambda local: float(loss_of(local)), training.device)
         for step, loss, seconds in steps:
             losses.append(loss)
