@@ -66,8 +66,14 @@ class NodeCall:
                 kwargs[slot] = _python_form(name, kwargs.get(slot), value, python)
         with torch.set_grad_enabled(self.grad_enabled and torch.is_grad_enabled()):
             if self.method:
-                return getattr(args[0], self.target)(*args[1:], **kwargs)
-            return self.target(*args, **kwargs)
+                return getattr(args[0], _VIEWS.get(self.target, self.target))(*args[1:], **kwargs)
+            return _VIEWS.get(self.target, self.target)(*args, **kwargs)
+
+
+_VIEWS: dict[Any, Any] = {torch.ops.aten.view.default: torch.ops.aten.reshape.default, "view": "reshape"}
+"""A traced ``view`` runs as ``reshape``: the same view wherever the trace's strides allow one, and a
+copy where a sharded piece is laid out otherwise (a fused kernel's output on a local shape), where
+``view`` would raise."""
 
 
 def _fill(value: Any, operands: Sequence[Any]) -> Any:

@@ -52,3 +52,18 @@ def test_parameters_come_back_live_and_inputs_are_not_callable() -> None:
     linear = next(node for node in graph if node.op == "linear")
     with pytest.raises(KeyError, match="'size' cannot be passed"):
         node_caller(graph, linear.name)([torch.ones(1, 1024)] + [example.model.fc1.weight] * 2, {"size": [1]})
+
+
+def test_a_traced_view_of_a_piece_laid_out_otherwise_runs_as_reshape() -> None:
+    """A view traced on contiguous strides may meet a local piece a kernel laid out otherwise (a
+    sharded attention's output): it runs as reshape, the same values, a view wherever one exists."""
+    from autoshard.frontend.call import NodeCall, Operand
+
+    for call in (NodeCall(torch.ops.aten.view.default, (Operand(0), [4, 256, 64])),
+                 NodeCall("view", (Operand(0), 4, 256, 64), method=True)):
+        piece = torch.randn(4, 8, 256, 8).transpose(1, 2)  # [4, 256, 8, 8], not viewable as [4, 256, 64]
+        with pytest.raises(RuntimeError):
+            piece.view(4, 256, 64)
+        torch.testing.assert_close(call([piece], {}), piece.reshape(4, 256, 64))
+        whole = torch.randn(4, 256, 8, 8)
+        assert call([whole], {}).data_ptr() == whole.data_ptr()  # still a view where one exists
