@@ -177,8 +177,13 @@ def _windows(key: Key, edge: _Edge, times: StepTimes) -> dict[tuple[int, int], i
         if edge.saves:
             add((forward[0], back), kept)
     if edge.handed and peak == 0:  # the reader keeps the producer's own output
-        ends = [w[1] for w in (value_windows(edge.root, base, blocks) if recomputed else [base.value[edge.root]])]
-        start = max([*ends, *([again] if recomputed else [])])
+        if recomputed and blocks.reruns(edge.root):  # the producer runs again: its windows once recomputed
+            ends = [w[1] for w in value_windows(edge.root, base, blocks)] + [again]
+        elif recomputed:  # a kept producer holds its output from its forward to the recomputation
+            ends = [base.value[edge.root][1], blocks.recompute_start(life, edge.root) + 1]
+        else:
+            ends = [base.value[edge.root][1]]
+        start = max(ends)
         add((start, back), local_bytes(a, edge.meta, times.mesh))
     return out
 def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
