@@ -203,7 +203,7 @@ def recompute(tmp: Path) -> dict[str, str]:
 def pipeline(tmp: Path) -> dict[str, str]:
     """The small LLaMA example pipelined over the first axis of 2x2: the search and the stages' plans."""
     text = run("autoshard.solve", example("llama"), "--mesh", "2x2", "--pipeline", "0", "--mode", "training",
-               "--microbatches", "2", "--quiet", "--tables", "none", cwd=tmp)
+               "--microbatches", "2", "--quiet", cwd=tmp)
     return {"pipeline": text}
 
 

@@ -140,7 +140,7 @@ class ModelProblem:
         head = list(choice[: len(self.names)])
         full = head + [head[owner] for owner in self.aux_owner]
         for c in self.reshards:
-            full += [self._reduced(c, head)] * len(c.items)
+            full += [self._reduced(c, head)] * len({item.interval for item in c.items})
         return full
 
     def _reduced(self, copies: ReshardCopies, head: list[int]) -> int:

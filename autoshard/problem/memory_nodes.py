@@ -79,8 +79,11 @@ def memory_nodes(names: list[str], candidates: dict[str, Candidate], copies: lis
     index = {n: i for i, n in enumerate(names)}
     for c in copies:
         first = None
-        for n, item in enumerate(c.items):
-            node = out.add(c.name if n == 0 else f"{c.name}#{n}", np.asarray(item.usage, dtype=np.int64), item.interval)
+        merged: dict[tuple[int, int], np.ndarray] = {}
+        for item in c.items:
+            merged[item.interval] = merged.get(item.interval, 0) + np.asarray(item.usage, dtype=np.int64)
+        for n, (interval, usage) in enumerate(merged.items()):
+            node = out.add(c.name if n == 0 else f"{c.name}#{n}", usage, interval)
             if first is None:
                 first = node
                 out.edges += [(index[c.src], node), (node, index[c.dst])]

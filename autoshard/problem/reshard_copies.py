@@ -148,19 +148,20 @@ class _Edge:
     view_end: int | None
 
 
-def _windows(key: Key, edge: _Edge, times: StepTimes) -> dict[tuple[int, int], int]:
-    """Bytes per window that strategy ``key`` of an edge's copies' node holds."""
+def _windows(key: Key, edge: _Edge, times: StepTimes) -> dict[tuple[str, tuple[int, int]], int]:
+    """Bytes per (what, window) that strategy ``key`` of an edge's copies' node holds: the reshard's
+    buffers, or the producer's own output that the reader keeps (an ``activation``)."""
     if key is None:
         return {}
     life, base, blocks = times.life, times.base, times.blocks
     a, peak, kept, recomputed = key
     reader = edge.dst
     forward, back = life.forward_window(reader), life.backward(reader) + 1
-    out: dict[tuple[int, int], int] = {}
+    out: dict[tuple[str, tuple[int, int]], int] = {}
 
-    def add(window: tuple[int, int], used: int) -> None:
+    def add(window: tuple[int, int], used: int, what: str = "reshard copy") -> None:
         if used and window[0] < window[1]:
-            out[window] = out.get(window, 0) + used
+            out[what, window] = out.get((what, window), 0) + used
 
     rerun = recomputed and edge.reruns
     again = blocks.recompute_start(life, reader) if recomputed else None
@@ -184,7 +185,7 @@ def _windows(key: Key, edge: _Edge, times: StepTimes) -> dict[tuple[int, int], i
         else:
             ends = [base.value[edge.root][1]]
         start = max(ends)
-        add((start, back), local_bytes(a, edge.meta, times.mesh))
+        add((start, back), local_bytes(a, edge.meta, times.mesh), "activation")
     return out
 def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
                    times: StepTimes) -> ReshardCopies | None:
@@ -224,7 +225,7 @@ def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMet
                 to_dst[position[(a, *copies[a, b], r)], j] = 0
     held = [_windows(k, edge, times) for k in keys]
     windows = sorted({w for h in held for w in h})
-    items = [MemoryItem(reader.name, "reshard copy", w, tuple(h.get(w, 0) for h in held)) for w in windows]
+    items = [MemoryItem(reader.name, what, w, tuple(h.get((what, w), 0) for h in held)) for what, w in windows]
     if not items:
         return None
     return ReshardCopies(src.node.name, reader.name, operand, tuple(keys), to_src, to_dst, tuple(items))
