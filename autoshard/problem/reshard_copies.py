@@ -26,7 +26,7 @@ edge's ends, producer strategy ``i`` and reader strategy ``j``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -122,7 +122,7 @@ class StepTimes:
     """The timeline the copies' windows are read from: the lifetimes with and without the handed
     savers (``life``, ``base``), the recomputable blocks, the handed savers, the views' spans
     (``lifetimes.view_spans``), the mesh, whether the step trains, and the bytes of the smallest
-    tensor whose copies are charged (:func:`negligible`)."""
+    tensor whose copies are charged (:func:`negligible`); ``ties`` memoises :func:`_ties` per kind of edge."""
 
     life: Lifetimes
     base: Lifetimes
@@ -132,6 +132,28 @@ class StepTimes:
     mesh: Mesh
     training: bool
     least: int = 0
+    ties: dict = field(default_factory=dict)
+
+
+def _ties(outs: list[TensorSpec | None], ins: tuple[TensorSpec, ...], flags: tuple[bool, ...],
+          charged: set[TensorSpec], meta: TensorMeta, mesh: Mesh) -> tuple[tuple[Key, ...], np.ndarray, np.ndarray]:
+    """The keys of an edge's copies' node and its ties to the producer's and the reader's strategies."""
+    copies = {(a, b): _copy(a, b, meta, mesh) for a in charged for b in set(ins)
+              if b is not None and b.partial <= a.partial}
+    keys: list[Key] = [None] + sorted({(a, *copies[a, b], r) for a in charged for b, r in set(zip(ins, flags))
+                                       if (a, b) in copies}, key=repr)
+    position = {k: n for n, k in enumerate(keys)}
+    to_src = np.full((len(outs), len(keys)), FORBIDDEN, dtype=np.int64)
+    for i, a in enumerate(outs):
+        to_src[i, [position[k] for k in keys[1:] if k[0] == a] if a in charged else 0] = 0
+    to_dst = np.full((len(keys), len(ins)), FORBIDDEN, dtype=np.int64)
+    to_dst[0, :] = 0
+    for j, (b, r) in enumerate(zip(ins, flags)):
+        for a in charged:
+            if (a, b) in copies:
+                to_dst[position[(a, *copies[a, b], r)], j] = 0
+    to_src.flags.writeable = to_dst.flags.writeable = False
+    return tuple(keys), to_src, to_dst
 
 
 @dataclass(frozen=True)
@@ -207,22 +229,12 @@ def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMet
     charged = {o for o in outs if o is not None and (saves or view or o.partial) and meta.nbytes >= times.least}
     if not charged:
         return None
-    ins = [s.in_specs[operand] for s in dst.strategies]
-    flags = dst.recompute or [False] * len(ins)
-    copies = {(a, b): _copy(a, b, meta, mesh) for a in charged for b in set(ins)
-              if b is not None and b.partial <= a.partial}
-    keys: list[Key] = [None] + sorted({(a, *copies[a, b], r) for a in charged for b, r in set(zip(ins, flags))
-                                       if (a, b) in copies}, key=repr)
-    position = {k: n for n, k in enumerate(keys)}
-    to_src = np.full((len(outs), len(keys)), FORBIDDEN, dtype=np.int64)
-    for i, a in enumerate(outs):
-        to_src[i, [position[k] for k in keys[1:] if k[0] == a] if a in charged else 0] = 0
-    to_dst = np.full((len(keys), len(ins)), FORBIDDEN, dtype=np.int64)
-    to_dst[0, :] = 0
-    for j, (b, r) in enumerate(zip(ins, flags)):
-        for a in charged:
-            if (a, b) in copies:
-                to_dst[position[(a, *copies[a, b], r)], j] = 0
+    ins = tuple(s.in_specs[operand] for s in dst.strategies)
+    flags = tuple(dst.recompute or [False] * len(ins))
+    memo = (tuple(outs), ins, flags, meta, frozenset(charged))
+    if memo not in times.ties:  # identical edges (repeated layers) share their keys and ties
+        times.ties[memo] = _ties(outs, ins, flags, charged, meta, mesh)
+    keys, to_src, to_dst = times.ties[memo]
     held = [_windows(k, edge, times) for k in keys]
     windows = sorted({w for h in held for w in h})
     items = [MemoryItem(reader.name, what, w, tuple(h.get((what, w), 0) for h in held)) for what, w in windows]
