@@ -257,7 +257,10 @@ class PipelineSearch:
             stage = stages[searched.groups[sig][0]]
             searched.solutions[sig] = self.solve_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
                                                        boundary_of(stage, sent), recipe)
-            lower[sig] = _seconds(self.solve_stage(option, stage, held[sig], False, 4), lower=True)
+            try:
+                lower[sig] = _seconds(self.solve_stage(option, stage, held[sig], False, 4), lower=True)
+            except AutoshardError:  # its free problem found no plan in time: nothing bounds it from below
+                lower[sig] = 0.0
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
         searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
         searched.bound = critical_path(option, stages, orders, [lower[st.signature] for st in stages])
@@ -336,13 +339,19 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
     bound first until no bound is below the best. Options left without a bound are solved after the
     bounded ones while time remains, and leave the claim without a bound."""
     bounds: list[Searched] = []
-    for option in options:
+    unbounded: list[Searched] = []
+    for k, option in enumerate(options):
         if bounds and engine.timeout is not None and time.monotonic() - engine.start > bounding_share * engine.timeout:
-            engine.progress(f"no time to bound {len(options) - len(bounds)} more options")
+            engine.progress(f"no time to bound {len(options) - k} more options")
+            unbounded += [Searched(o, 0.0, bounded=False) for o in options[k:]]
             break
-        bounds.append(engine.evaluate(option, bounded=False))
+        try:
+            bounds.append(engine.evaluate(option, bounded=False))
+        except AutoshardError:  # its stages found no plan in their share of the time: no bound
+            engine.progress(f"not bounded in time: {option.label}")
+            unbounded.append(Searched(option, 0.0, bounded=False))
+            continue
         engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
-    unbounded = [Searched(option, 0.0, bounded=False) for option in options[len(bounds):]]
     best = _seeded(engine, seeds, {b.option: b.bound for b in bounds})
     searched: list[Searched] = []
     for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:

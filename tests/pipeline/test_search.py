@@ -101,6 +101,28 @@ def test_interleaved_devices_agree_on_every_boundary(engine) -> None:
     assert engine.evaluate(option, bounded=True).mismatches == []
 
 
+def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -> None:
+    """A stage solve that ends without a plan leaves its option without a bound, not the search
+    without an answer: the recipe's plans stand (on the seed's option or, as incumbents, on
+    another), and the claim has no lower bound."""
+    import autoshard.pipeline.search as pipeline_search
+
+    def nothing_in_time(*args, **kwargs):
+        raise AutoshardError("no plan found within the time limit of 0.25s: raise the timeout")
+
+    device = get_device("h100")
+    mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
+    model = tiny_llama(4)
+    build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
+    seed = torchtitan_options(4, 2, 2, BATCH)[0]
+    monkeypatch.setattr(pipeline_search, "solve_model_problem", nothing_in_time)
+    engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=60)
+    options = options_for(4, 2, [2, 4], ("1f1b",))
+    result = search(engine, options, [seed])
+    assert result.best.step <= torchtitan_pipeline(engine, seed).step
+    assert result.unbounded == len(options) and result.lower_bound == 0.0
+
+
 def test_the_recipe_seeds_the_search_and_stands_when_nothing_beats_it_in_time() -> None:
     """With no time to solve, the best plan is torchtitan's recipe on its own option, costed as
     the baseline module costs it; with time, the search's best is never worse than it."""
