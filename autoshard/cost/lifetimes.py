@@ -128,10 +128,7 @@ def view_spans(graph: OpGraph, life: Lifetimes, training: bool) -> dict[str, int
         for k, src in enumerate(node.inputs):
             end = 2 * life.horizon - t if k in saved else t + 1
             view = src
-            while view in life.base and life.base[view] != view:
+            while life.base.get(view, view) != view:  # up the chain ``alias_base`` followed
                 spans[view] = max(spans.get(view, life.order[view] + 1), end)
-                alias = graph[view].work
-                view = graph[view].inputs[alias.alias_of] if alias is not None and alias.alias_of is not None else view
-                if view == src:
-                    break
+                view = graph[view].inputs[graph[view].work.alias_of]
     return spans

@@ -140,7 +140,7 @@ class ModelProblem:
         head = list(choice[: len(self.names)])
         full = head + [head[owner] for owner in self.aux_owner]
         for c in self.reshards:
-            full += [self._reduced(c, head)] * len({item.interval for item in c.items})
+            full += [self._reduced(c, head)] * len(c.intervals)
         return full
 
     def _reduced(self, copies: ReshardCopies, head: list[int]) -> int:
@@ -202,10 +202,10 @@ class ModelProblem:
             if item.interval[0] <= time < item.interval[1]:
                 totals[item.what] = totals.get(item.what, 0) + item.usage[choice[index[item.owner]]]
         for copies in self.reshards:
+            key = self._reduced(copies, list(choice))
             for item in copies.items:
                 if item.interval[0] <= time < item.interval[1]:
-                    used = item.usage[self._reduced(copies, list(choice))]
-                    totals[item.what] = totals.get(item.what, 0) + used
+                    totals[item.what] = totals.get(item.what, 0) + item.usage[key]
         return totals
 
 
@@ -292,9 +292,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         raise AutoshardError(f"--recompute {options.recompute!r} is unknown: use one of {', '.join(RECOMPUTE_POLICIES)}")
     blocks = layer_blocks(graph, repeated, frozenset({EXPERTS_OP}), options.recompute) \
         if training and options.memory_budget is not None else NO_BLOCKS
-    handed = handed_savers(graph, life, blocks) if training else {}
+    least = negligible(graph)
+    handed = handed_savers(graph, life, blocks, least) if training else {}
     times = StepTimes(life, without_handed(life, handed), blocks, handed, view_spans(graph, life, training), mesh,
-                      training, negligible(graph))
+                      training, least)
     life = times.base  # what a handed saver keeps, its edge's copies' node charges
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
                                options.slapo_space, local_flops, blocks, options.capacity_factor,

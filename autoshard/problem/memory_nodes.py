@@ -79,10 +79,8 @@ def memory_nodes(names: list[str], candidates: dict[str, Candidate], copies: lis
     index = {n: i for i, n in enumerate(names)}
     for c in copies:
         first = None
-        merged: dict[tuple[int, int], np.ndarray] = {}
-        for item in c.items:
-            merged[item.interval] = merged.get(item.interval, 0) + np.asarray(item.usage, dtype=np.int64)
-        for n, (interval, usage) in enumerate(merged.items()):
+        for n, interval in enumerate(c.intervals):
+            usage = sum(np.asarray(item.usage, dtype=np.int64) for item in c.items if item.interval == interval)
             node = out.add(c.name if n == 0 else f"{c.name}#{n}", usage, interval)
             if first is None:
                 first = node

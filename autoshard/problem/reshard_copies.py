@@ -63,6 +63,11 @@ class ReshardCopies:
         """The node's name in the problem."""
         return f"{self.dst}#copy{self.operand}"
 
+    @property
+    def intervals(self) -> tuple[tuple[int, int], ...]:
+        """The distinct windows of its items, in order: one problem node each (``memory_nodes``)."""
+        return tuple(dict.fromkeys(item.interval for item in self.items))
+
     def choose(self, src_strategy: int, dst_strategy: int) -> int:
         """The strategy the edge's ends leave this node (the one both ties allow)."""
         allowed = (self.to_src[src_strategy] == 0) & (self.to_dst[:, dst_strategy] == 0)
@@ -79,10 +84,10 @@ def negligible(graph: OpGraph) -> int:
     return int(NEGLIGIBLE * max((n.tensor.nbytes for n in graph if n.tensor is not None), default=0))
 
 
-def handed_savers(graph: OpGraph, life: Lifetimes, blocks: Blocks) -> dict[str, tuple[str, int]]:
+def handed_savers(graph: OpGraph, life: Lifetimes, blocks: Blocks, least: int) -> dict[str, tuple[str, int]]:
     """Op outputs whose last keeper is one reader that saves it (the saver with the latest backward,
     reading it, or a view of it of the same size, in one operand, in the producer's block or both
-    in none): producer -> (reader, operand). Whether that reader keeps the output or a resharded
+    in none; of ``least`` bytes or more): producer -> (reader, operand). Whether that reader keeps the output or a resharded
     copy of it depends on both layouts, so its copies' node charges the keeping (:func:`without_handed`)."""
     handed = {}
     for root, savers in life.savers.items():
@@ -93,7 +98,7 @@ def handed_savers(graph: OpGraph, life: Lifetimes, blocks: Blocks) -> dict[str, 
         reads = [k for k, src in enumerate(graph[latest].inputs) if life.base.get(src) == root
                  and graph[src].tensor is not None and graph[src].tensor.numel == node.tensor.numel]
         same = blocks.block_of.get(root) == blocks.block_of.get(latest)
-        if savers.count(latest) == 1 and len(reads) == 1 and same and node.tensor.nbytes >= negligible(graph):
+        if savers.count(latest) == 1 and len(reads) == 1 and same and node.tensor.nbytes >= least:
             handed[root] = (latest, reads[0])
     return handed
 
