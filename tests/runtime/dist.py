@@ -2,10 +2,11 @@
 
 Forked workers start in ~0.1 s where torchrun / mp.spawn cost seconds, so a test can afford a
 fresh process group per case batch. Each worker pins torch to one thread (two cores, up to 8
-ranks: more threads oversubscribe and collectives stall), joins gloo through a TCP store on a
-free localhost port, and sends back its result or its traceback. When a rank fails its peers
-are killed at once (they would only wait in a collective), and a run over ``timeout`` kills
-everything, so a hang fails fast with the names of the ranks that were stuck.
+ranks: more threads oversubscribe and collectives stall), joins gloo through a TCP store the parent serves on
+a localhost port the OS picked, and sends back its result or its traceback. When a rank fails its peers
+get a few seconds to report and are then killed (they would only wait in a collective); the error
+leads with the ranks that failed on their own, ahead of peers that only saw a rank leave. A run
+over ``timeout`` kills everything, so a hang fails fast with the names of the ranks that were stuck.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import os
 import socket
 import time
 import traceback
+from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 # Tensor.backward(grad) imports this (and sympy) lazily, ~1 s of CPU; importing it once here
 # means forked workers inherit it instead of each paying for it on two shared cores.
 import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
-from autoshard.runtime.groups import destroy_gloo, init_gloo
+from autoshard.runtime.groups import destroy_gloo
 
 
 class RankError(RuntimeError):
@@ -43,7 +46,9 @@ def _worker(rank: int, world_size: int, port: int | None, timeout: float, conn: 
     torch.set_num_threads(1)
     try:
         if port is not None:
-            init_gloo(rank, world_size, port, timeout_s=timeout)
+            store = dist.TCPStore(_HOST, port, world_size, is_master=False, timeout=timedelta(seconds=timeout))
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=timeout))
         result = fn(rank, world_size, *args)
         destroy_gloo()
         conn.send(("ok", result))
@@ -51,6 +56,28 @@ def _worker(rank: int, world_size: int, port: int | None, timeout: float, conn: 
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+_HOST = "127.0.0.1"
+_GRACE_S = 3.0
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _receive(conn: Connection, proc: mp.process.BaseProcess, rank: int) -> tuple[str, Any]:
+    """One worker's ``(status, value)``; a worker that closed its pipe without a word died."""
+    try:
+        return conn.recv()
+    except EOFError:
+        proc.join(1)
+        return "error", f"rank {rank} died with exit code {proc.exitcode}"
+
+
+def _failure_report(failures: dict[int, str]) -> str:
+    """Every failed rank's traceback, those that failed on their own first, peers that only saw a rank leave last."""
+    def secondary(item: tuple[int, str]) -> bool:
+        return any(sign in item[1] for sign in _PEER_GONE)
+    ordered = sorted(failures.items(), key=lambda item: (secondary(item), item[0]))
+    return "\n".join(value if rank < 0 else f"rank {rank} failed:\n{value}" for rank, value in ordered)
 
 
 def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
@@ -62,7 +89,11 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     Raises :class:`RankError` with the worker traceback if any rank fails, dies or times out.
     """
     ctx = mp.get_context("fork")
-    port = free_port() if connect else None
+    # The parent serves the TCP store on a port the OS picks and holds, so no other test running
+    # at the same time can take it between choosing and binding (as a port from free_port() can).
+    store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout)) if connect else None
+    port = store.port if store is not None else None
     procs, conns = [], {}
     for rank in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
@@ -72,32 +103,33 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
         procs.append(p)
         conns[recv] = rank
     results: dict[int, Any] = {}
-    failure: str | None = None
+    failures: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     try:
-        while conns and failure is None:
+        while conns:
             left = deadline - time.monotonic()
             if left <= 0:
-                failure = f"ranks {sorted(conns.values())} of {world_size} did not finish within {timeout:.0f} s"
+                if not failures:
+                    failures[-1] = f"ranks {sorted(conns.values())} of {world_size} did not finish within {timeout:.0f} s"
                 break
             for conn in wait(list(conns), timeout=left):
                 rank = conns.pop(conn)
-                try:
-                    status, value = conn.recv()
-                except EOFError:
-                    procs[rank].join(1)
-                    status, value = "error", f"rank {rank} died with exit code {procs[rank].exitcode}"
+                status, value = _receive(conn, procs[rank], rank)
                 if status == "ok":
                     results[rank] = value
                 else:
-                    failure = f"rank {rank} failed:\n{value}"
-                    break
+                    failures[rank] = value
+            if failures:
+                # The first rank to fail often only saw a peer leave; give the others a moment to
+                # report, so the message leads with the rank that failed for a reason of its own.
+                deadline = min(deadline, time.monotonic() + _GRACE_S)
     finally:
         for p in procs:
-            p.join(0 if failure is not None else 5)
+            p.join(0 if failures else 5)
             if p.is_alive():
                 p.kill()
                 p.join()
-    if failure is not None:
-        raise RankError(failure)
+        del store
+    if failures:
+        raise RankError(_failure_report(failures))
     return [results[r] for r in range(world_size)]
