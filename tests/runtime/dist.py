@@ -2,8 +2,8 @@
 
 Forked workers start in ~0.1 s where torchrun / mp.spawn cost seconds, so a test can afford a
 fresh process group per case batch. Each worker pins torch to one thread (two cores, up to 8
-ranks: more threads oversubscribe and collectives stall), joins gloo through a TCP store the parent serves on
-a localhost port the OS picked, and sends back its result or its traceback. When a rank fails its peers
+ranks: more threads oversubscribe and collectives stall), joins gloo through a TCP store that rank 0 serves on a
+socket the parent bound before forking, and sends back its result or its traceback. When a rank fails its peers
 get a few seconds to report and are then killed (they would only wait in a collective); the error
 leads with the ranks that failed on their own, ahead of peers that only saw a rank leave. A run
 over ``timeout`` kills everything, so a hang fails fast with the names of the ranks that were stuck.
@@ -40,13 +40,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int | None, timeout: float, conn: Connection,
+def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout: float, conn: Connection,
             fn: Callable[..., Any], args: tuple) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     try:
-        if port is not None:
-            store = dist.TCPStore(_HOST, port, world_size, is_master=False, timeout=timedelta(seconds=timeout))
+        if listener is not None:
+            port = listener.getsockname()[1]
+            store = dist.TCPStore(_HOST, port, world_size, is_master=rank == 0, wait_for_workers=False,
+                                  timeout=timedelta(seconds=timeout),
+                                  master_listen_fd=listener.fileno() if rank == 0 else None)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout))
         result = fn(rank, world_size, *args)
@@ -61,6 +64,14 @@ def _worker(rank: int, world_size: int, port: int | None, timeout: float, conn: 
 _HOST = "127.0.0.1"
 _GRACE_S = 3.0
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _listener() -> socket.socket:
+    """A localhost socket listening on a port the OS picked, for rank 0's store to serve on."""
+    sock = socket.socket()
+    sock.bind((_HOST, 0))
+    sock.listen(128)
+    return sock
 
 
 def _receive(conn: Connection, proc: mp.process.BaseProcess, rank: int) -> tuple[str, Any]:
@@ -89,15 +100,13 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     Raises :class:`RankError` with the worker traceback if any rank fails, dies or times out.
     """
     ctx = mp.get_context("fork")
-    # The parent serves the TCP store on a port the OS picks and holds, so no other test running
-    # at the same time can take it between choosing and binding (as a port from free_port() can).
-    store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout)) if connect else None
-    port = store.port if store is not None else None
+    # Rank 0 serves the TCP store on a socket the parent bound and listens on before forking, so no
+    # other test running at the same time can take the port between choosing and binding it.
+    listener = _listener() if connect else None
     procs, conns = [], {}
     for rank in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(rank, world_size, port, timeout, send, fn, args), daemon=True)
+        p = ctx.Process(target=_worker, args=(rank, world_size, listener, timeout, send, fn, args), daemon=True)
         p.start()
         send.close()
         procs.append(p)
@@ -129,7 +138,8 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
             if p.is_alive():
                 p.kill()
                 p.join()
-        del store
+        if listener is not None:
+            listener.close()
     if failures:
         raise RankError(_failure_report(failures))
     return [results[r] for r in range(world_size)]

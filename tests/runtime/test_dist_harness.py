@@ -11,7 +11,7 @@ from .dist import RankError, run_ranks
 
 def _rank_one_fails(rank: int, world: int) -> int:
     store = dist.distributed_c10d._get_default_store()
-    if rank == 0:  # reports a peer leaving before rank 1 reports its own failure
+    if rank == 2:  # reports a peer leaving before rank 1 reports its own failure (rank 0 serves the store)
         store.set("zero reported", "1")
         raise RuntimeError("Read error: Connection reset by peer")
     if rank == 1:
