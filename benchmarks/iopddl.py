@@ -79,8 +79,10 @@ def ours(path: str, timeout: float, seed: int) -> dict:
     gap = re.search(r"gap ([0-9.]+%)", summary)
     by = re.search(r"proved by (\S+)", summary)
     proof = f"proved ({by.group(1)})" if by else f"gap {gap.group(1) if gap else '?'}"
+    lower = re.search(r"lower bound (\d+)", summary)
+    bound = ev.cost if by else int(lower.group(1)) if lower else None
     core = re.search(r"-> (\d+) / (\d+)", stdout)
-    return {"cost": ev.cost, "time": wall, "proof": proof, "rss": usage.ru_maxrss / 1024,
+    return {"cost": ev.cost, "time": wall, "proof": proof, "rss": usage.ru_maxrss / 1024, "bound": bound,
             "core": f"{core.group(1)}n/{core.group(2)}e" if core else "-"}
 
 
