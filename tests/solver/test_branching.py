@@ -13,7 +13,8 @@ from autoshard.errors import AutoshardError
 from autoshard.solver.core.reduced import Core
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.core.ilp import linearise
-from autoshard.solver.engines.milp import _highs_lp, solve_core_milp
+from autoshard.solver.core.highs import Highs
+from autoshard.solver.engines.milp import ilp_model, solve_core_milp
 from autoshard.solver.core import branching
 from autoshard.solver.model.problem import ShardingProblem, Tally
 from autoshard.solver.bounds.lp import lp_bound
@@ -61,9 +62,9 @@ def test_the_count_of_recomputing_layers_lifts_the_bound_to_the_whole_number_opt
     assert solve_core_milp(comp, exact=True).cost == optimum
     assert lp_bound(comp, 30.0).bound < optimum  # the LP recomputes 4.5 layers
     lin = linearise(comp)
-    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin, optimum, None)
+    region = dive(ilp_model(lin, len(comp.capacity)), comp, lin, optimum, None)
     assert region.closed and region.bound >= optimum  # <= 4 recompute: too big; >= 5: not cheaper
-    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin, None, None)  # no plan known
+    region = dive(ilp_model(lin, len(comp.capacity)), comp, lin, None, None)  # no plan known
     assert not region.closed and [(row.lower, row.upper) for row in region.rows] == [(5, np.inf)]
     assert region.bound == optimum and region.cost == optimum  # the region's LP is whole: rounding it is the plan
     assert comp.is_feasible(region.plan) and comp.cost(region.plan) == optimum
@@ -127,8 +128,8 @@ class _StatusAfterUnfinishedRun:
 
 
 def test_a_run_that_leaves_no_status_is_repeated_from_scratch() -> None:
-    highs = _StatusAfterUnfinishedRun()
-    assert branching._solve(highs, None) and highs.runs == 2 and highs.cleared
+    raw = _StatusAfterUnfinishedRun()
+    assert Highs(None, raw=raw).run_until(None) and raw.runs == 2 and raw.cleared
 
 
 def test_a_child_set_aside_caps_every_bound_and_takes_the_proof_with_it(monkeypatch) -> None:
@@ -153,7 +154,7 @@ def test_a_child_set_aside_caps_every_bound_and_takes_the_proof_with_it(monkeypa
     monkeypatch.setattr(branching, "ASIDE", 0.19)
     monkeypatch.setattr(branching, "_round", lambda comp, choice, known, region: known)  # it would find the 35
     lin = linearise(comp)
-    region = dive(_highs_lp(lin, len(comp.capacity)), comp, lin, 42, None)
+    region = dive(ilp_model(lin, len(comp.capacity)), comp, lin, 42, None)
     assert region.aside == 35 and [(row.lower, row.upper) for row in region.rows] == [(-np.inf, 4)]
     heard: list[tuple[str, int, list[int] | None]] = []
     result = solve_core_milp(comp, exact=True, start=six, progress=lambda *event: heard.append(event))

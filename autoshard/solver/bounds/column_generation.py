@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-from scipy.optimize import linprog
+from scipy.sparse import csr_array
 
 from autoshard.solver.core.reduced import INF, FrozenCore
 from autoshard.solver.core.local_search import Search
@@ -46,6 +46,7 @@ from autoshard.solver.bounds.lagrangian import row_penalties
 from autoshard.solver.core.branching import Branch, Dive, branch
 from autoshard.solver.bounds.trws import MessagePassing
 from autoshard.solver.core.certify import safe_bound
+from autoshard.solver.core.highs import LpModel, solve_lp
 
 SMOOTHING = 0.5
 """Wentges' weight a of the best multipliers so far in each pricing step's multipliers."""
@@ -145,16 +146,18 @@ class ColumnGeneration:
             counts = np.append(tallies[b.tally], b.k)
             rows.append(b.sense * counts[None, :])
             rhs.append(np.array([b.sense * b.k], dtype=np.float64))
-        res = linprog(cost, A_ub=np.vstack(rows), b_ub=np.concatenate(rhs), A_eq=np.ones((1, len(cost))),
-                      b_eq=[1.0], bounds=(0, None), method="highs")
-        if res.status != 0:
+        upper = np.concatenate(rhs + [[1.0]])  # the <= rows, then sum_j w_j = 1
+        lower = np.concatenate([np.full(len(upper) - 1, -np.inf), [1.0]])
+        a = csr_array(np.vstack(rows + [np.ones((1, len(cost)))]))
+        answer = solve_lp(LpModel(cost, a, lower, upper, np.zeros(len(cost)), np.full(len(cost), np.inf)))
+        if answer.status != "optimal" or answer.duals is None:
             return None
-        duals = -np.asarray(res.ineqlin.marginals) * scale_cost
+        duals = -answer.duals[:-1] * scale_cost
         lam = np.maximum(duals[: len(self.capacity)] / scale_use, 0.0)
         mu = np.maximum(duals[len(self.capacity):], 0.0)
-        w = res.x[:-1]
+        w = answer.x[:-1]
         counts = [float(w @ tallies[t]) for t in range(len(self.marked))]
-        return float(res.fun) * scale_cost, lam, mu, counts
+        return float(answer.value) * scale_cost, lam, mu, counts
 
     def _price(self, branches: list[Branch], lam: np.ndarray, mu: np.ndarray,
                deadline: float) -> tuple[int, np.ndarray] | None:

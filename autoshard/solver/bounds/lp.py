@@ -1,4 +1,4 @@
-"""A proven lower bound from the LP relaxation of the core (HiGHS dual simplex).
+"""A proven lower bound from the LP relaxation of the core (HiGHS dual simplex, core/highs.py).
 
 HiGHS's dual values y are only approximately optimal, so the bound is not HiGHS's objective but
 the Lagrangian dual function evaluated at y, which is a valid bound for *any* y
@@ -24,13 +24,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linprog
 
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.core.dual_cut import DualCut
 from autoshard.solver.core.certify import lagrangian_bound
+from autoshard.solver.core.highs import LpModel, solve_lp
 from autoshard.solver.core.ilp import linearise
-from autoshard.solver.procs.silence import silenced
 
 MAX_COLUMNS = 200_000
 """Cores whose LP has more variables are not relaxed (HiGHS would need minutes)."""
@@ -63,32 +62,19 @@ def lp_bound(comp: FrozenCore, time_limit: float) -> Relaxation:
     left = time_limit - (time.monotonic() - start)
     if left < 0.2:
         return Relaxation(None, None, time.monotonic() - start)
-    with silenced():
-        res = _linprog(lin, left)
-    if res.status == 2:  # the relaxation has no solution, so neither has the problem
+    answer = solve_lp(LpModel(lin.c, lin.a_eq, lin.b_eq, lin.b_eq, np.zeros(lin.columns), lin.upper), left)
+    if answer.status == "infeasible":  # the relaxation has no solution, so neither has the problem
         return Relaxation(None, None, time.monotonic() - start, infeasible=True)
-    if res.status != 0 or res.x is None:
+    if answer.status != "optimal" or answer.duals is None:
         return Relaxation(None, None, time.monotonic() - start)
-    bound, reduced = lagrangian_bound(lin.c, lin.a_eq, np.asarray(res.eqlin.marginals, dtype=np.float64),
-                                      lin.b_eq, lin.b_eq, np.zeros(lin.columns), lin.upper, comp.const)
-    z = res.x[: lin.nx]
+    bound, reduced = lagrangian_bound(lin.c, lin.a_eq, answer.duals, lin.b_eq, lin.b_eq, np.zeros(lin.columns),
+                                      lin.upper, comp.const)
+    z = answer.x[: lin.nx]
     plan = None
     blocks = [z[lin.offsets[i] : lin.offsets[i + 1]] for i in range(comp.n)]
     if all(b.max() > 1 - 1e-6 for b in blocks):
-        plan = lin.choice(res.x)
+        plan = lin.choice(answer.x)
     return Relaxation(bound, plan, time.monotonic() - start, _cut(comp, lin, reduced, bound))
-
-
-def _linprog(lin, time_limit: float):
-    """HiGHS dual simplex on the linearised relaxation."""
-    return linprog(
-        lin.c,
-        A_eq=lin.a_eq,
-        b_eq=lin.b_eq,
-        bounds=np.stack([np.zeros(lin.columns), lin.upper], axis=1),
-        method="highs-ds",
-        options={"time_limit": time_limit},
-    )
 
 
 def _cut(comp: FrozenCore, lin, reduced: np.ndarray, bound: int) -> DualCut:

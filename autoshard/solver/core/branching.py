@@ -34,18 +34,15 @@ duals (core/certify.py).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import highspy
 import numpy as np
-from scipy.sparse import csc_array
 
 from autoshard.solver.core.certify import lagrangian_bound
+from autoshard.solver.core.highs import Highs, LpModel
 from autoshard.solver.core.ilp import Linearised
 from autoshard.solver.core.reduced import FrozenCore
-from autoshard.solver.procs.silence import silenced
 
 INFEASIBLE = 2**62
 """The bound of a child whose LP has no solution."""
@@ -178,7 +175,7 @@ class LpCounts:
     """The LP relaxation of the core's ILP as a ``Relaxation``: HiGHS's LP with the count rows of
     the branches taken, each optimum rounded into a plan on the way (``_round``)."""
 
-    def __init__(self, highs: highspy.Highs, comp: FrozenCore, lin: Linearised, known: int | None,
+    def __init__(self, highs: Highs, comp: FrozenCore, lin: Linearised, known: int | None,
                  deadline: float | None, region: Region) -> None:
         self.highs, self.comp, self.lin, self.deadline, self.region = highs, comp, lin, deadline, region
         self.known = known  # the cheapest plan's cost, lowered by each rounded optimum that beats it
@@ -192,7 +189,7 @@ class LpCounts:
                         bound if branch.sense > 0 else np.inf)
 
     def counts(self) -> list[float]:
-        x = np.asarray(self.highs.getSolution().col_value)
+        x = self.highs.x()
         self.known = _round(self.comp, self.lin.choice(x), self.known, self.region)
         return [float(x[cols].sum()) for cols in self.columns]
 
@@ -203,8 +200,9 @@ class LpCounts:
         return bound
 
     def enter(self, branch: Branch, index: int) -> bool:
-        _add(self.highs, self.row(branch))
-        return _solve(self.highs, self.deadline)
+        row = self.row(branch)
+        self.highs.add_row(row.columns, row.lower, row.upper)
+        return self.highs.run_until(self.deadline)
 
     def ceiling(self) -> float:
         return INFEASIBLE if self.known is None else self.known
@@ -214,23 +212,15 @@ class LpCounts:
         return self.rounds >= 0
 
 
-def dive(model: highspy.HighsLp, comp: FrozenCore, lin: Linearised, known: int | None,
+def dive(model: LpModel, comp: FrozenCore, lin: Linearised, known: int | None,
          deadline: float | None) -> Region:
     """The LP's dive (module docstring) from the cheapest known plan's cost ``known``. ``model``
-    is the core's ILP ``lin`` as HiGHS takes it (milp._highs_lp); its integrality is ignored here."""
+    is the core's ILP ``lin`` as HiGHS takes it (milp.ilp_model); its integrality is ignored here."""
     region = Region()
     if not comp.tallies:
         return region
-    lp = highspy.HighsLp()  # the model without its integrality: the relaxation
-    lp.num_col_, lp.num_row_ = model.num_col_, model.num_row_
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = model.col_cost_, model.col_lower_, model.col_upper_
-    lp.row_lower_, lp.row_upper_ = model.row_lower_, model.row_upper_
-    lp.a_matrix_ = model.a_matrix_
-    with silenced():  # the constructor prints HiGHS's banner
-        highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.passModel(lp)
-    if not _solve(highs, deadline):
+    highs = Highs(model.relaxed())
+    if not highs.run_until(deadline):
         return region
     relaxation = LpCounts(highs, comp, lin, known, deadline, region)
     ended = branch(relaxation, certified_bound(highs, comp.const), ASIDE)
@@ -251,53 +241,27 @@ def _round(comp: FrozenCore, choice: list[int], known: int | None, region: Regio
     return known
 
 
-def certified_bound(highs: highspy.Highs, const: int) -> int:
+def certified_bound(highs: Highs, const: int) -> int:
     """A valid integer lower bound of the LP ``highs`` has just run, plus ``const``, from its row
     duals (certify.py: valid for any duals, so neither HiGHS's tolerances nor an LP cut short
     can inflate it)."""
-    lp = highs.getLp()
-    a = csc_array((np.asarray(lp.a_matrix_.value_), np.asarray(lp.a_matrix_.index_),
-                   np.asarray(lp.a_matrix_.start_)), shape=(lp.num_row_, lp.num_col_))
-    bound, _ = lagrangian_bound(np.asarray(lp.col_cost_, dtype=np.float64), a,
-                                np.asarray(highs.getSolution().row_dual, dtype=np.float64),
-                                np.asarray(lp.row_lower_), np.asarray(lp.row_upper_),
-                                np.asarray(lp.col_lower_), np.asarray(lp.col_upper_), const)
+    lp = highs.model()
+    bound, _ = lagrangian_bound(lp.c, lp.a, highs.duals(), lp.row_lower, lp.row_upper, lp.col_lower,
+                                lp.col_upper, const)
     return bound
 
 
-def _add(highs: highspy.Highs, row: CountRow) -> None:
-    highs.addRow(row.lower, row.upper, len(row.columns), row.columns, np.ones(len(row.columns)))
-
-
-def _child_bound(highs: highspy.Highs, child: CountRow, const: int,
+def _child_bound(highs: Highs, child: CountRow, const: int,
                  deadline: float | None) -> tuple[int | None, np.ndarray | None]:
     """The certified bound of the LP with ``child``'s row added (INFEASIBLE when that LP is
     infeasible; None when no duals came back: the deadline) and its optimum (None if it has
     none), the row taken off again."""
-    _add(highs, child)
-    last = highs.getNumRow() - 1
+    highs.add_row(child.columns, child.lower, child.upper)
     try:
-        optimal = _solve(highs, deadline)
-        if not optimal and highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        optimal = highs.run_until(deadline)
+        if not optimal and highs.infeasible:
             return INFEASIBLE, None
-        bound = certified_bound(highs, const) if highs.getSolution().dual_valid else None
-        return bound, np.asarray(highs.getSolution().col_value) if optimal else None
+        bound = certified_bound(highs, const) if highs.duals() is not None else None
+        return bound, highs.x() if optimal else None
     finally:
-        highs.deleteRows(1, np.array([last], dtype=np.int32))
-
-
-def _solve(highs: highspy.Highs, deadline: float | None) -> bool:
-    """Run HiGHS's LP within the deadline; True when it reached an optimum. A warm start from a
-    run that ended without an optimum (status Unknown) can end with no status at all and no
-    duals; such a run is repeated once from scratch."""
-    for _ in range(2):
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0.1:
-                return False
-            highs.setOptionValue("time_limit", left)
-        highs.run()
-        if highs.getModelStatus() != highspy.HighsModelStatus.kNotset:
-            break
-        highs.clearSolver()
-    return highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        highs.drop_last_row()

@@ -1,4 +1,4 @@
-"""The core's ILP (ilp.py) solved by HiGHS (highspy): the reference optimum the tests and
+"""The core's ILP (ilp.py) solved by HiGHS (core/highs.py): the reference optimum the tests and
 the benchmark compare against (``solve_problem_milp``), the exact engine beside toulbar2
 (run/workers.py); its LP relaxation is what ``bounds/lp.py`` turns into a proven lower bound.
 """
@@ -6,12 +6,10 @@ the benchmark compare against (``solve_problem_milp``), the exact engine beside 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import highspy
 import numpy as np
 from scipy.sparse import diags_array
 
@@ -19,7 +17,7 @@ from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.core.reduced import FrozenCore, Core
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.core.ilp import Linearised, linearise
-from autoshard.solver.procs.silence import silenced
+from autoshard.solver.core.highs import Highs, LpModel
 from autoshard.solver.core.branching import Region, capped, dive
 from autoshard.solver.core.certify import tolerant_bound
 
@@ -29,19 +27,6 @@ LEVEL_BITS = 16
 (capacities near 2**36 beside 0/1 columns) its MIP presolve declared fitting LLaMA-3-8B cores
 infeasible; with capacities near 2**10 its root LP took minutes where it takes seconds near 2**16
 (benchmarks/README.md, "Measurements behind the design")."""
-
-_scheduler_pid: int | None = None
-"""The process whose HiGHS thread pool exists: a forked child inherits the pool's state but not
-its threads, and HiGHS waits on them forever unless the pool is reset first."""
-
-
-def _own_scheduler() -> None:
-    """Reset HiGHS's thread pool when it was started by the process this one was forked from."""
-    global _scheduler_pid
-    if _scheduler_pid is not None and _scheduler_pid != os.getpid():
-        highspy.Highs.resetGlobalScheduler(False)
-    _scheduler_pid = os.getpid()
-
 
 @dataclass(frozen=True)
 class MilpResult:
@@ -104,12 +89,7 @@ def solve_core_milp(
     if compact.capacity is not None and len(compact.capacity) and int(compact.capacity.min()) < 0:
         return MilpResult(None, None, None, False, 0.0)  # unavoidable usage over the limit
     lin = linearise(compact)
-    _own_scheduler()
-    with silenced():  # the constructor prints HiGHS's banner
-        highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.setOptionValue("mip_rel_gap", float(gap) if gap > 0 else 0.0 if exact else 1e-4)
-    model = _highs_lp(lin, 0 if compact.capacity is None else len(compact.capacity))
+    model = ilp_model(lin, 0 if compact.capacity is None else len(compact.capacity))
     known = None if start is None else compact.cost(start)
     region = Region()
     if compact.tallies and compact.has_memory:
@@ -123,37 +103,32 @@ def solve_core_milp(
         if region.closed and start is not None:  # a proof, unless children were set aside
             return MilpResult(list(start), known, None, region.aside is None, time.monotonic() - begun,
                               certified=region.bound)
-    if time_limit is not None:
-        highs.setOptionValue("time_limit", max(1.0, float(time_limit) - (time.monotonic() - begun)))
-    highs.passModel(model)
+    highs = Highs(model, mip_rel_gap=float(gap) if gap > 0 else 0.0 if exact else 1e-4)
     for row in region.rows:
-        highs.addRow(row.lower, row.upper, len(row.columns), row.columns, np.ones(len(row.columns)))
+        highs.add_row(row.columns, row.lower, row.upper)
     if start is not None:
-        picked = lin.offsets[:-1] + np.asarray(start, dtype=np.int64)
-        highs.setSolution(len(picked), picked.astype(np.int32), np.ones(len(picked)))
+        highs.start_from(lin.offsets[:-1] + np.asarray(start, dtype=np.int64))
     if progress is not None:
         _listen(highs, compact, lin, progress, known, region.bound, region.aside)
-    with silenced():
-        highs.run()
+    highs.run(None if time_limit is None else max(1.0, float(time_limit) - (time.monotonic() - begun)))
     elapsed = time.monotonic() - begun
-    status = highs.getModelStatus()
-    info = highs.getInfo()
+    dual = highs.dual_bound()
     # an infeasible verdict (no proof with memory rows: tolerances) sets the dual bound to the cutoff
-    trusted = np.isfinite(info.mip_dual_bound) and status != highspy.HighsModelStatus.kInfeasible
-    bound = capped(float(info.mip_dual_bound) + compact.const, region.aside) if trusted else None
-    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return MilpResult(None, None, bound, False, elapsed, infeasible=status == highspy.HighsModelStatus.kInfeasible
-                          and not region.rows, certified=region.bound)
-    choice = lin.choice(np.asarray(highs.getSolution().col_value))
+    trusted = np.isfinite(dual) and not highs.infeasible
+    bound = capped(dual + compact.const, region.aside) if trusted else None
+    if not highs.has_solution():
+        return MilpResult(None, None, bound, False, elapsed, infeasible=highs.infeasible and not region.rows,
+                          certified=region.bound)
+    choice = lin.choice(highs.x())
     cost = compact.cost(choice)
-    optimal = status == highspy.HighsModelStatus.kOptimal and (region.aside is None or cost <= region.aside)
+    optimal = highs.optimal and (region.aside is None or cost <= region.aside)
     if region.rows and known is not None and cost >= known:  # the region holds nothing cheaper than the start
         choice, cost = list(start), known
     return MilpResult(choice, cost, bound, optimal, elapsed, certified=region.bound)
 
 
-def _highs_lp(lin: Linearised, rows_mem: int) -> highspy.HighsLp:
-    """The linearised ILP as HiGHS's model: equality rows, the x columns integer, and the last
+def ilp_model(lin: Linearised, rows_mem: int) -> LpModel:
+    """The linearised ILP as HiGHS takes it: equality rows, the x columns integer, and the last
     ``rows_mem`` rows and columns (the memory levels) in a power-of-two unit that puts the
     largest capacity near 2**LEVEL_BITS: the same constraints, divided through exactly."""
     a = lin.a_eq.tocsr()
@@ -167,20 +142,10 @@ def _highs_lp(lin: Linearised, rows_mem: int) -> highspy.HighsLp:
         col_scale[levels] = unit  # level' = level / unit keeps its +-1 coefficients
         a = (diags_array(row_scale) @ a @ diags_array(col_scale)).tocsr()
         upper[levels] /= unit
-    a = a.tocsc()
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = lin.columns, a.shape[0]
-    lp.col_cost_ = lin.c
-    lp.col_lower_, lp.col_upper_ = np.zeros(lin.columns), upper
-    lp.row_lower_ = lp.row_upper_ = lin.b_eq
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * lin.nx + [highspy.HighsVarType.kContinuous] * (
-        lin.columns - lin.nx)
-    return lp
+    return LpModel(lin.c, a.tocsc(), lin.b_eq, lin.b_eq, np.zeros(lin.columns), upper, integers=lin.nx)
 
 
-def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: Progress, known: int | None,
+def _listen(highs: Highs, comp: FrozenCore, lin: Linearised, progress: Progress, known: int | None,
             reported: int | None = None, cap: int | None = None) -> None:
     """Pass HiGHS's better plans (checked exactly on the core) and rising bounds to ``progress``.
     Bounds are passed only below the cheapest plan known (``known``: the start's cost): one that
@@ -189,20 +154,18 @@ def _listen(highs: highspy.Highs, comp: FrozenCore, lin: Linearised, progress: P
     the bound of the region HiGHS does not search (branching.py's children set aside)."""
     best: list[int | None] = [known, reported]  # cheapest plan known, highest bound reported
 
-    def improved(event: highspy.HighsCallbackEvent) -> None:
-        choice = lin.choice(np.asarray(event.data_out.mip_solution))
+    def improved(z: np.ndarray) -> None:
+        choice = lin.choice(z)
         cost = comp.cost(choice)
         if comp.is_feasible(choice) and (best[0] is None or cost < best[0]):
             best[0] = cost
             progress("plan", cost, choice)
 
-    def polled(event: highspy.HighsCallbackEvent) -> None:
-        dual = float(event.data_out.mip_dual_bound)
+    def polled(dual: float) -> None:
         if np.isfinite(dual):
             lower = int(capped(highs_lower_bound(comp, dual), cap))
             if (best[1] is None or lower > best[1]) and (best[0] is None or lower < best[0]):
                 best[1] = lower
                 progress("bound", lower, None)
 
-    highs.cbMipImprovingSolution.subscribe(improved)
-    highs.cbMipInterrupt.subscribe(polled)
+    highs.listen(improved, polled)
