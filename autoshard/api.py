@@ -86,6 +86,9 @@ def build_model_problem(
     expert_parallel: int | None = None,
     recompute: str = "full",
     overlap: bool | None = None,
+    compile: str | None = None,
+    float8: str | None = None,
+    async_tp: bool = False,
     stage: StageOptions | None = None,
 ) -> ModelProblem:
     """The sharding problem of a traced model.
@@ -96,7 +99,10 @@ def build_model_problem(
     mixture-of-experts layers are charged over balanced routing; ``expert_parallel`` (a mesh
     axis) pins them to expert parallelism over that axis. ``overlap`` (default: the device's)
     lets parameter traffic hide under the neighbouring layer's compute (``problem/build.py``);
-    ``recompute`` is the recomputation policy (``cost/recompute.py``). ``stage``: the graph is one
+    ``recompute`` is the recomputation policy (``cost/recompute.py``). ``compile`` (``model`` or
+    ``layers``), ``float8`` (``tensorwise`` or ``rowwise``) and ``async_tp`` price the step as
+    torch.compile, torchao's Float8 linears and asynchronous tensor parallelism run it
+    (``problem/build.py``). ``stage``: the graph is one
     device's pipeline stage (autoshard/pipeline), with microbatches in flight and a link to receive on.
     """
     chosen = device if isinstance(device, Device) else get_device(device)
@@ -108,7 +114,7 @@ def build_model_problem(
                            pins=dict(pins or {}), slapo_space=cost_model == "slapo", precision=precision,
                            capacity_factor=capacity_factor, expert_parallel=expert_parallel,
                            overlap=chosen.overlap if overlap is None else overlap, device_budget=budget,
-                           recompute=recompute)
+                           recompute=recompute, compile=compile, float8=float8, async_tp=async_tp)
     if stage is not None:
         options = replace(options, in_flight=stage.in_flight, accumulate=stage.microbatches > 1,
                           receive_link=stage.link, boundary=dict(stage.boundary))
@@ -165,7 +171,7 @@ def plan_model(
 
     ``build_options`` are those of :func:`build_model_problem` (cost_model, mode, memory_budget,
     pins, device, peak_flops, memory_bandwidth, precision, capacity_factor, expert_parallel,
-    recompute, overlap).
+    recompute, overlap, compile, float8, async_tp).
     """
     from autoshard.frontend.trace import trace
 

@@ -73,9 +73,11 @@ def backward_bytes(in_bytes: Sequence[int], needs_grad: Sequence[bool], out_byte
 
 
 def op_times(work: OpWork | None, degree: int, in_bytes: Sequence[int], needs_grad: Sequence[bool],
-             out_bytes: int, dtype: str, device: Device, op: str | None = None, causal: bool = False) -> PassTimes:
+             out_bytes: int, dtype: str, device: Device, op: str | None = None, causal: bool = False,
+             moved: tuple[int, int] | None = None) -> PassTimes:
     """Forward and backward seconds of one op ``op`` on one device (local bytes, ``1/degree`` of its
-    flops; ``causal``: masked attention, half of them)."""
+    flops; ``causal``: masked attention, half of them; ``moved``: the (forward, backward) bytes
+    where compiled code moves others than the op's operands and output, ``cost/fusion.py``)."""
     if work is not None and work.alias_of is not None:
         return PassTimes(0.0, 0.0)
     share = 0.5 if causal and op in ATTENTION_OPS else 1.0
@@ -84,10 +86,12 @@ def op_times(work: OpWork | None, degree: int, in_bytes: Sequence[int], needs_gr
     forward_class, backward_class = kernel_classes(op)
     bandwidth = device.streaming_bandwidth
     size = flops / degree  # the curves' measure: a product's (or attention's forward) local flops
-    forward = roofline(flops / degree, sum(in_bytes) + out_bytes, device.flops_per_second(dtype, forward_class, size),
+    forward_bytes, back_bytes = moved if moved is not None else (
+        sum(in_bytes) + out_bytes, backward_bytes(in_bytes, needs_grad, out_bytes))
+    forward = roofline(flops / degree, forward_bytes, device.flops_per_second(dtype, forward_class, size),
                        bandwidth)
     backward = 0.0
     if any(needs_grad):
-        backward = roofline(backward_flops / degree, backward_bytes(in_bytes, needs_grad, out_bytes),
+        backward = roofline(backward_flops / degree, back_bytes,
                             device.flops_per_second(dtype, backward_class, size), bandwidth)
     return PassTimes(forward, backward)

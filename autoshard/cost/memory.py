@@ -14,7 +14,8 @@ The items follow what one training (or inference) step really allocates, on the 
   (``keep``) if the owner saves it, else only while the owner runs; re-gathered
   (``regather``), only during the owner's forward and again during its backward;
 - **buffer**: its value for the whole step; **input**: the whole batch, as every rank receives it;
-- **op output**: the local bytes of its layout over the tensor's lifetime (views hold none; a
+- **op output**: the local bytes of its layout over the tensor's lifetime (views hold none, nor
+  does a value compiled code keeps inside its fused kernel, ``cost/fusion.py``; a
   partial sum dies after its readers have resharded it, so what they save is their copy); in
   training also what autograd saves that is neither an operand nor the output (norm statistics,
   attention's log-sum-exp) over the op's saved window, the op's temporaries over its forward,
@@ -36,6 +37,7 @@ from fractions import Fraction
 from dataclasses import dataclass
 from typing import Sequence
 
+from autoshard.cost.fusion import materialised
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.recompute import Blocks, recomputed_forward, saved_window, value_windows
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpNode, TensorMeta
@@ -153,8 +155,8 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
     ``kept_until``: a recomputed block keeps its output until that slot, its recomputation)."""
     metas = out_metas(node)
     work = node.work
-    is_view = life.base[node.name] != node.name
-    outs = tuple(0 if is_view else sum(local_bytes(s, m, mesh) for m in metas) if len(metas) > 1
+    holds_none = life.base[node.name] != node.name or not materialised(work)  # a view, or fused away
+    outs = tuple(0 if holds_none else sum(local_bytes(s, m, mesh) for m in metas) if len(metas) > 1
                  else local_bytes(s, metas[0] if metas else None, mesh) for s in out_specs)
     whole = tuple(0 if s.partial else b for s, b in zip(out_specs, outs))
     partial = tuple(b if s.partial else 0 for s, b in zip(out_specs, outs))
@@ -182,7 +184,7 @@ def op_items(node: OpNode, out_specs: Sequence[TensorSpec], degrees: Sequence[in
     if backward and work.backward_temporary_bytes:
         items.append(MemoryItem(node.name, "backward temporary", life.backward_window(node.name),
                                 tuple(-(-work.backward_temporary_bytes // d) for d in degrees)))
-    if backward and node.name in life.gradient and not is_view:
+    if backward and node.name in life.gradient and not holds_none:
         grads = tuple(local_bytes(s.without_partial(), metas[0], mesh) if len(metas) == 1 else 0 for s in out_specs)
         items.append(MemoryItem(node.name, "gradient", life.gradient[node.name], grads))
     return items

@@ -81,6 +81,10 @@ class OpWork:
     ``backward_temporary_bytes`` those its backward frees before it returns (beyond the operand
     gradients it produces: cross-entropy's backward holds two logits-sized buffers). ``measured`` is
     False when the op could not be replayed (data-dependent shapes): then nothing is known.
+    ``fused``: under torch.compile, the op is fused with its neighbours (``cost/fusion.py``):
+    (whether each operand is read from memory, whether the output is written to it). ``float8``:
+    the op is a linear torchao's Float8 training runs (``cost/float8.py``): (scaling recipe, whether
+    its input's and its output gradient's scaling fuse into the compiled kernels producing them).
     """
 
     flops: int = 0
@@ -92,6 +96,8 @@ class OpWork:
     temporary_bytes: int = 0
     backward_temporary_bytes: int = 0
     measured: bool = True
+    fused: tuple[tuple[bool, ...], bool] | None = None
+    float8: tuple[str, bool, bool] | None = None
 
 
 @dataclass

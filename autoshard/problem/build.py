@@ -37,6 +37,9 @@ from autoshard.problem.reshard_copies import (ReshardCopies, StepTimes, handed_s
                                               without_handed)
 from autoshard.problem.tallies import recompute_tally
 from autoshard.cost.communication import CostModel
+from autoshard.cost.devices import Device
+from autoshard.cost.float8 import RECIPES as FLOAT8_RECIPES, float8_graph
+from autoshard.cost.fusion import COMPILE_SCOPES, compiled_graph
 from autoshard.cost.lifetimes import Lifetimes, lifetimes, view_spans
 from autoshard.cost.memory import PRECISIONS, MemoryItem, microbatched_items, out_metas
 from autoshard.cost.recompute import NO_BLOCKS, RECOMPUTE_POLICIES, Blocks, layer_blocks
@@ -59,6 +62,10 @@ class BuildOptions:
     ``slapo_space`` reproduces Slapo autoshard's search space: only the last two dims of a
     tensor are sharded, and every matmul-like op (one with a contracted index) is split.
     ``precision`` sets the bytes of parameters, gradients and optimizer state (cost/memory.py).
+    ``compile``: the step runs under torch.compile, the whole ``model`` or each repeated ``layers``
+    alone (``cost/fusion.py``); ``float8``: torchao's Float8
+    training of the linears with this scaling recipe (``cost/float8.py``); ``async_tp``: tensor
+    parallelism's collectives overlap the matmuls beside them (``cost/async_tp.py``).
     ``recompute``: in training under a memory budget, each repeated layer may be recomputed under
     this policy (``full``, ``selective`` or ``none``: cost/recompute.py); without a budget
     recomputing only costs, so it is not offered.
@@ -81,6 +88,9 @@ class BuildOptions:
     optimizer_slots: int = 2
     precision: str = "as-is"
     recompute: str = "full"
+    compile: str | None = None
+    float8: str | None = None
+    async_tp: bool = False
     capacity_factor: float = 1.0
     expert_parallel: int | None = None
     overlap: bool = False
@@ -269,6 +279,23 @@ def _pin_expert_parallel(candidates: dict[str, Candidate], axis: int, mesh: Mesh
         cand.keep(keep)
 
 
+def step_graph(graph: OpGraph, options: BuildOptions, device: Device) -> OpGraph:
+    """``graph`` as the step runs it: fused where compiled (``cost/fusion.py``), its linears in
+    Float8 where asked (``cost/float8.py``); one line for a recipe or device that cannot."""
+    if options.compile is not None:
+        if options.compile not in COMPILE_SCOPES:
+            raise AutoshardError(f"--compile {options.compile!r} is unknown: use one of {', '.join(COMPILE_SCOPES)}")
+        graph = compiled_graph(graph, options.compile)
+    if options.float8 is None:
+        return graph
+    if options.float8 not in FLOAT8_RECIPES:
+        raise AutoshardError(f"--float8 {options.float8!r} is unknown: use one of {', '.join(FLOAT8_RECIPES)}")
+    if device.peak_flops["fp8"] <= device.peak_flops["bf16"]:
+        raise AutoshardError(f"--float8: {device.name} has no faster float8 tensor cores (fp8 peak = bf16 peak): "
+                             f"choose a device with them (--device h100, h200 or b200) or drop --float8")
+    return float8_graph(graph, options.float8)
+
+
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: BuildOptions = BuildOptions(),
                   local_flops: LocalFlops | None = None) -> ModelProblem:
     """Build the ShardingProblem of ``graph`` on ``mesh`` under ``cost_model`` (``local_flops``:
@@ -280,6 +307,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     if not options.capacity_factor >= 1.0:
         raise AutoshardError(f"--capacity-factor {options.capacity_factor} is below 1: routing sends at least the "
                              f"balanced share of tokens (every routed token is computed), so use 1.0 or more")
+    graph = step_graph(graph, options, cost_model.device)
     training = options.mode == "training"
     outputs = [src for n in graph if n.kind == NodeKind.OUTPUT for src in n.inputs]
     if training and any(n.kind == NodeKind.PARAM for n in graph) and not any(graph[s].requires_grad for s in outputs):
@@ -317,6 +345,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
     prices = EdgePrices(mesh, cost_model, options.precision, fsdp2=options.overlap)
+    prices.async_tp = options.async_tp
     edges: list[ModelEdge] = []
     copies: list[ReshardCopies] = []
     pairs: list[tuple[int, int]] = []

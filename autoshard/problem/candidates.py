@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 from autoshard.cost.communication import CostModel
 from autoshard.cost.compute import causal_split_load, op_times
+from autoshard.cost.float8 import compute_dtype, with_casts
+from autoshard.cost.fusion import compiled_bytes
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
                                    param_precision, recompute_variants, state_items)
@@ -308,7 +310,9 @@ class CandidateBuilder:
             ins = [local_bytes(spec, m, self.mesh) for spec, m in zip(s.in_specs, operands)]
             out = sum(local_bytes(s.out_spec, m, self.mesh) for m in metas[:1]) + sum(
                 m.nbytes // max(1, s.degree) for m in metas[1:])
-            times = op_times(work, s.degree, ins, needs, out, dtype, self.cost_model.device, node.op, causal)
+            times = op_times(work, s.degree, ins, needs, out, compute_dtype(node.work, dtype), self.cost_model.device,
+                             node.op, causal, compiled_bytes(node.work, ins, needs, out))
+            times = with_casts(times, node.work, ins, out, self.cost_model.device)
             load = self.capacity_factor if routed and dict(s.assignment).get(instance.exchange[1]) else 1.0
             if causal and rule is not None and "causal_rows" in rule.options:
                 load *= causal_split_load(self.mesh.axes_size(dict(s.assignment).get(rule.options["causal_rows"], ())))

@@ -18,6 +18,8 @@ plus the gradient's reduction, and ``fwd_j`` / ``bwd_j`` the owner's own forward
 compute under ``j`` (recompute included). Pairing each parameter with its own op's twin, not the
 whole layer, never hides more than the layer could. Every other collective (activations, tensor
 parallelism) is exposed: the step is the sum of compute and exposed communication.
+With ``async_tp`` (``--async-tp``), an activation edge next to a matmul is charged only what the
+matmul's compute cannot hide (``cost/async_tp.py``).
 
 Where the model charges compute and FSDP2 runs the parameters (``fsdp2``: with overlap, every
 parameter, the embedding and head outside the repeated layers included), FSDP2's own copies on
@@ -29,7 +31,8 @@ of the gradient into the reduction buffer, cast to the reduction dtype: read at 
 dtype, written at the gradient's), all at the device's streaming bandwidth; a parameter gathered
 along a dimension other than 0 is copied once more each way (``torch.cat`` between its chunks
 and its layout, at the compute dtype). Parameters gather at
-their compute dtype and gradients reduce at the precision's gradient dtype (``cost/memory.py``).
+their compute dtype (a tensorwise Float8 linear's weight in float8, ``cost/float8.py``) and
+gradients reduce at the precision's gradient dtype (``cost/memory.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from dataclasses import replace
 import numpy as np
 
 from autoshard.cost.communication import CostModel
+from autoshard.cost.async_tp import MatmulTicks, exposed
+from autoshard.cost.compute import MATMUL_OPS
+from autoshard.cost.float8 import gather_itemsize
 from autoshard.cost.memory import local_bytes, param_precision
 from autoshard.frontend.graph import TensorMeta
 from autoshard.problem.candidates import Candidate
@@ -49,7 +55,10 @@ from autoshard.solver.model.problem import FORBIDDEN
 
 
 class EdgePrices:
-    """Cost matrices of edges, shared across identical edges (repeated layers)."""
+    """Cost matrices of edges, shared across identical edges (repeated layers); ``async_tp``: an
+    activation edge next to a matmul hides under it (``cost/async_tp.py``)."""
+
+    async_tp: bool = False
 
     def __init__(self, mesh: Mesh, cost_model: CostModel, precision: str = "as-is", fsdp2: bool = False) -> None:
         self.mesh, self.cost_model, self.precision, self.fsdp2 = mesh, cost_model, precision, fsdp2
@@ -89,18 +98,26 @@ class EdgePrices:
         return self.matrices[key]
 
     def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
+        forward, back = self._reshards(src, dst, operand, meta, backward)
+        if self.async_tp:
+            return exposed(forward, back, _matmul_ticks(src), _matmul_ticks(dst))
+        return forward + back
+
+    def _reshards(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
+                  backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The forward reshard and (``backward``) the gradient's way back, per strategy pair."""
         outs = sorted({s.out_spec for s in src.strategies})
         ins = sorted({s.in_specs[operand] for s in dst.strategies})
         fwd = np.array([[self.reshard(a, b, meta) for b in ins] for a in outs], dtype=np.int64)
         matrix = fwd[np.ix_([outs.index(s.out_spec) for s in src.strategies],
                             [ins.index(s.in_specs[operand]) for s in dst.strategies])]
-        if backward:
-            grads = sorted({s.grad_specs[operand] for s in dst.strategies})
-            expected = sorted({s.out_spec.without_partial() for s in src.strategies})
-            bwd = np.array([[self.reshard(g, e, meta) for g in grads] for e in expected], dtype=np.int64)
-            matrix = matrix + bwd[np.ix_([expected.index(s.out_spec.without_partial()) for s in src.strategies],
-                                         [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
-        return matrix
+        if not backward:
+            return matrix, np.zeros_like(matrix)
+        grads = sorted({s.grad_specs[operand] for s in dst.strategies})
+        expected = sorted({s.out_spec.without_partial() for s in src.strategies})
+        bwd = np.array([[self.reshard(g, e, meta) for g in grads] for e in expected], dtype=np.int64)
+        return matrix, bwd[np.ix_([expected.index(s.out_spec.without_partial()) for s in src.strategies],
+                                  [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
 
     def _owner(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
                overlap: bool) -> np.ndarray:
@@ -115,11 +132,12 @@ class EdgePrices:
         hides = overlap and dst.forward_costs is not None
         bytes_of = param_precision(self.precision, meta.itemsize)
         used = replace(meta, itemsize=bytes_of.compute or bytes_of.value)
+        gathered = replace(used, itemsize=gather_itemsize(dst.node, operand) or used.itemsize)  # Float8 all-gather
         reduced = replace(meta, itemsize=bytes_of.gradient)
         for i, (stored, storage) in enumerate(zip(src.strategies, src.storage)):
-            gather = self.reshard(stored.out_spec, storage.use, used)
+            gather = self.reshard(stored.out_spec, storage.use, gathered)
             rearranged = any(d != 0 and axes != storage.use.dims[d] for d, axes in enumerate(stored.out_spec.dims))
-            copy_out = self._streamed((2 + 2 * rearranged) * local_bytes(storage.use, used, self.mesh)) \
+            copy_out = self._streamed((2 + 2 * rearranged) * local_bytes(storage.use, gathered, self.mesh)) \
                 if self.fsdp2 and gather else 0
             for j, s in enumerate(dst.strategies):
                 if s.in_specs[operand] != storage.use:
@@ -144,3 +162,10 @@ class EdgePrices:
         if not self.cost_model.charges_compute:
             return 0
         return self.cost_model.ticks(nbytes / self.cost_model.device.streaming_bandwidth)
+
+def _matmul_ticks(cand: Candidate) -> MatmulTicks:
+    """(forward, backward) compute ticks per strategy of a matmul node; None for any other node."""
+    if cand.node.op not in MATMUL_OPS or cand.forward_costs is None:
+        return None
+    forward = np.asarray(cand.forward_costs, dtype=np.int64)
+    return forward, np.asarray(cand.costs, dtype=np.int64) - forward
