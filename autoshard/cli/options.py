@@ -14,6 +14,8 @@ import argparse
 from typing import Any, Sequence
 
 from autoshard.cost.devices import get_device
+from autoshard.cost.float8 import RECIPES as FLOAT8_RECIPES
+from autoshard.cost.fusion import COMPILE_SCOPES
 from autoshard.cost.units import parse_bytes
 from autoshard.errors import AutoshardError
 
@@ -21,7 +23,8 @@ BUILD_FLAGS: dict[str, str] = {
     "cost_model": "cost_model", "mode": "mode", "memory_budget": "memory_budget", "pin": "pins",
     "device": "device", "peak_flops": "peak_flops", "memory_bandwidth": "memory_bandwidth",
     "precision": "precision", "capacity_factor": "capacity_factor", "expert_parallel": "expert_parallel",
-    "recompute": "recompute", "no_overlap": "overlap",
+    "recompute": "recompute", "no_overlap": "overlap", "compile": "compile", "float8": "float8",
+    "async_tp": "async_tp",
 }
 """Flag (argparse dest) -> the :func:`autoshard.api.build_model_problem` keyword it sets."""
 
@@ -44,6 +47,21 @@ WHOLE_MODEL_FLAGS: dict[str, str] = {
     "write_problem": "a pipelined plan solves one problem per device group, not one",
 }
 """Flags only the whole-model branch uses, and why ``--pipeline`` has no use for them."""
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that price the step as it runs: torch.compile, Float8 linears, async TP."""
+    p.add_argument("--compile", nargs="?", const="model", choices=COMPILE_SCOPES, default=None,
+                   help="price the step under torch.compile (fused memory-bound ops): the whole model (default, "
+                        "as autoshard.train --compile runs it) or each repeated layer alone (layers: torchtitan's "
+                        "apply_compile)")
+    p.add_argument("--float8", choices=FLOAT8_RECIPES, default=None,
+                   help="price torchao's Float8 training of the linears with this scaling recipe (GEMMs at the "
+                        "fp8 rate, cast kernels, tensorwise weights all-gathered in float8); needs float8 tensor "
+                        "cores (--device h100, h200, b200)")
+    p.add_argument("--async-tp", action="store_true",
+                   help="price tensor parallelism's collectives overlapped with the matmuls beside them "
+                        "(torch's async TP, which runs under torch.compile)")
 
 
 def parse_pins(items: Sequence[str]) -> dict[str, str]:
@@ -72,6 +90,9 @@ def build_options(args: argparse.Namespace) -> dict[str, Any]:
         "expert_parallel": args.expert_parallel,
         "recompute": args.recompute,
         "overlap": False if args.no_overlap else None,
+        "compile": args.compile,
+        "float8": args.float8,
+        "async_tp": args.async_tp,
     }
 
 

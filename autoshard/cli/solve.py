@@ -24,7 +24,7 @@ from rich.live import Live
 from autoshard.cli import problem_file
 from autoshard.cli.baseline import BASELINES, cost_text, print_baseline
 from autoshard.cli.pipeline import add_arguments as add_pipeline_arguments, run_pipeline
-from autoshard.cli.options import build_options, refuse_unused
+from autoshard.cli.options import add_step_arguments, build_options, refuse_unused
 from autoshard.cli.model_progress import SMALL_PLAN_ROWS, ModelProgress
 from autoshard.cli.progress import HEARTBEAT, Heartbeat, LogLines
 from autoshard.cost.communication import COST_MODELS
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expert-parallel", type=int, default=None, metavar="AXIS",
                    help="mixture-of-experts layers: pin expert parallelism over this mesh axis (experts split over "
                         "it, tokens sent to them by all-to-all); the rest is optimised around it")
+    add_step_arguments(p)
     add_pipeline_arguments(p)
     p.add_argument("--frontend", choices=("auto", "fx", "export"), default="auto",
                    help="tracer: torch.fx, torch.export, or auto (fx, falling back to export); default auto")

@@ -24,7 +24,8 @@ MIXTRAL = str(ROOT / "examples" / "mixtral.py")
 NOT_DEFAULT = ["--cost-model", "slapo", "--mode", "training", "--memory-budget", "3GiB",
                "--pin", "model.layers.0.self_attn.q_proj.weight=S1R", "--device", "h100", "--peak-flops", "1e14",
                "--memory-bandwidth", "1e12", "--precision", "bf16-mixed", "--capacity-factor", "1.5",
-               "--expert-parallel", "1", "--recompute", "selective", "--no-overlap"]
+               "--expert-parallel", "1", "--recompute", "selective", "--no-overlap",
+               "--compile", "layers", "--float8", "rowwise", "--async-tp"]
 """A value other than the default for every flag of BUILD_FLAGS (checked below)."""
 
 
