@@ -16,7 +16,7 @@ from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.core.reduced import FrozenCore, Core
 from autoshard.solver.core.evaluation import Expansion, FlatProblem
 from autoshard.solver.core.local_search import Search
-from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.search.lns import NeighbourhoodSearch, node_costs, restrict
 from autoshard.solver.core.rows import attach_memory, drop_dominated_rows
 from autoshard.solver.core.reduce import reduce_core
@@ -46,7 +46,7 @@ def warm() -> float:
     """Call every compiled loop once on ``tiny_core``; returns the seconds it took."""
     began = time.monotonic()
     comp, rng = tiny_core(), np.random.default_rng(0)
-    lag = LagrangianSearch(comp, rng)
+    lag = relaxed_lagrangian(comp, rng)
     lag.lam[:] = 1.0
     penalty = lag.penalties()
     mp = MessagePassing(comp)

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.core.dual_cut import DualCut
-from autoshard.solver.bounds.lagrangian import LagrangianSearch, deflected
+from autoshard.solver.bounds.lagrangian import deflected
+from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.bounds.lp import lp_bound
 from autoshard.solver.core.certify import safe_bound
 
@@ -52,7 +53,7 @@ def test_lagrangian_bounds_plans_and_cut_are_valid(seed, memory):
     if comp is None or comp.n == 0:
         return
     best = optimum(comp)
-    search = LagrangianSearch(comp, np.random.default_rng(seed))
+    search = relaxed_lagrangian(comp, np.random.default_rng(seed))
     for _ in range(15):
         step = search.step(None if best is None else best[0], time.monotonic() + 5)
         if step.plan is not None:
@@ -60,7 +61,7 @@ def test_lagrangian_bounds_plans_and_cut_are_valid(seed, memory):
             assert best is not None and step.cost >= best[0]
         if best is not None:
             assert step.bound <= best[0]
-            assert cut_value(comp, search.cut(), best[1]) <= best[0]
+            assert cut_value(comp, search.minimiser.cut(search.lam), best[1]) <= best[0]
 
 
 @settings(max_examples=60, deadline=None)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from autoshard.solver.core.reduced import INF, FrozenCore, Core, views
 from autoshard.solver.core.local_search import Search
-from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.search.lns import node_costs
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.bounds.trws import _CAP, MessagePassing
@@ -218,7 +218,7 @@ def test_cost_profile_and_penalties_match_plain_sums(seed):
             np.testing.assert_array_equal(comp.profile(x), usage)
     if comp.capacity is None or not len(comp.capacity):
         return
-    lag = LagrangianSearch(comp, rng)
+    lag = relaxed_lagrangian(comp, rng)
     lag.lam = rng.random(len(lag.lam)) * 3
     for pen, segs in zip(views(lag.penalties(), comp.arrays.c_off), comp.segments):
         expected = np.zeros(len(pen))

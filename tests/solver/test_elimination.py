@@ -12,7 +12,7 @@ from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver import SolveOptions, solve
 from autoshard.solver.core.reduced import Core
 from autoshard.solver.engines.elimination import EliminationPlan
-from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.engines.milp import solve_problem_milp
 
@@ -88,8 +88,8 @@ def test_exact_lagrangian_bounds_on_a_ladder_with_memory():
     attach_memory(core, problem)
     comp = core.freeze()
     reference = solve_problem_milp(problem)
-    search = LagrangianSearch(comp, np.random.default_rng(0), plan=EliminationPlan(comp))
-    assert search.plan is not None
+    search = relaxed_lagrangian(comp, np.random.default_rng(0), plan=EliminationPlan(comp))
+    assert search.minimiser.exact
     for _ in range(30):
         step = search.step(reference.cost, time.monotonic() + 5)
         assert step.bound <= reference.cost

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from autoshard.solver.core.reduced import INF
-from autoshard.solver.bounds.exact_lagrangian import ExactLagrangian, search
+from autoshard.solver.bounds.exact_lagrangian import exact_lagrangian, search
 from autoshard.solver.engines.toulbar import prove_penalised
 from tests.solver.helpers import core_of, optimum
 
@@ -71,11 +71,11 @@ def test_the_multipliers_grow_on_rows_the_plan_overflows() -> None:
         comp = core_of(seed, nodes=8)
         if comp is None or comp.n == 0 or not comp.has_memory:
             continue
-        lagrangian = ExactLagrangian(comp, np.random.default_rng(seed), seed)
-        result = lagrangian.step(None, direct, time.monotonic() + 5)
+        lagrangian = exact_lagrangian(comp, np.random.default_rng(seed), seed, direct)
+        result = lagrangian.step(None, time.monotonic() + 5)
         free = np.asarray(prove_penalised(comp, np.zeros(comp.arrays.c_off[-1]), 1, seed)[0])
         over = comp.profile(free) > comp.capacity
-        if result is None or not over.any():
+        if not result.answered or not over.any():
             continue
         assert (lagrangian.lam[over] > 0).all() and (lagrangian.lam[~over] == 0).all()
         return

@@ -96,7 +96,7 @@ def stalled_of(problem, options, clock=None):
     started); ``clock``: a fake one, for the tests of ``due`` alone (the run's searches read it)."""
     from autoshard.solver.core.reduced import Core
     from autoshard.solver.run.engine_pool import EnginePool
-    from autoshard.solver.bounds.lagrangian import LagrangianSearch
+    from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
     from autoshard.solver.core.rows import attach_memory
     from autoshard.solver.run.handover import StalledSearch
     from autoshard.solver.run.state import RunState
@@ -105,7 +105,7 @@ def stalled_of(problem, options, clock=None):
     core = Core(problem)
     attach_memory(core, problem)
     state.core, state.comp = core, core.freeze()
-    return StalledSearch(state, EnginePool(state), LagrangianSearch(state.comp, state.rng))
+    return StalledSearch(state, EnginePool(state), relaxed_lagrangian(state.comp, state.rng))
 
 
 def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best_plan():

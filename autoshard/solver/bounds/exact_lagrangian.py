@@ -1,4 +1,4 @@
-"""The Lagrangian relaxation of memory with every penalised core minimised exactly by toulbar2.
+"""toulbar2 as the Lagrangian's minimiser (lagrangian.py): every penalised core minimised exactly.
 
     L(lam) = min_x  cost(x) + sum_r lam_r (usage_r(x) - capacity_r),   lam >= 0
 
@@ -7,8 +7,8 @@ cores of models built of repeated layers), each step hands it the core with the 
 ``floor(sum_r lam_r usage_r)`` added (``toulbar.prove_penalised``, in a forked child with a
 wall-clock limit). A proved minimum m gives the bound ``floor(m - lam . capacity)`` (the floored
 penalties only lower it). The minimiser, when it fits, is polished by local search and offered.
-lam moves along the minimiser's overflow g by deflected Polyak steps towards the best cost U, as
-in lagrangian.py:
+lam moves along the minimiser's overflow g by full deflected Polyak steps towards the best cost U
+(``Lagrangian.move``, without halving: the minima are exact):
 
     d = g - 1.5 (g . d' / |d'|^2) d'  if g . d' < 0, else g;   lam <- max(0, lam + (U - L) d / |d|^2)
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from autoshard.solver.core.certify import proved_bound
 from autoshard.solver.core.reduced import INF, FrozenCore
-from autoshard.solver.bounds.lagrangian import StepResult, deflected, polyak_step, row_penalties
+from autoshard.solver.bounds.lagrangian import Lagrangian, Minimum
 from autoshard.solver.core.local_search import Search
 from autoshard.solver.engines.toulbar import prove_penalised
 
@@ -47,49 +47,42 @@ Runner = Callable[[Callable[[], tuple[np.ndarray, bool] | None], float], tuple[n
 """Runs toulbar2's call with a wall-clock limit (seconds), in a child that is killed at it."""
 
 
-class ExactLagrangian:
-    """Subgradient steps on the multipliers of ``comp``'s memory rows, each minimised exactly."""
+class ToulbarMinimiser:
+    """The penalised core minimised by toulbar2's proof, ``run`` in a child killed at its limit."""
 
-    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int) -> None:
-        self.comp, self.rng, self.seed = comp, rng, seed
-        self.lam = np.zeros(len(comp.capacity) if comp.capacity is not None else 0)
-        self.direction = np.zeros_like(self.lam)
-        self.steps = 0
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner) -> None:
+        self.comp, self.rng, self.seed, self.run = comp, rng, seed, run
+        self.calls = 0
 
-    def penalties(self) -> np.ndarray:
-        """Each strategy's usage times the summed multipliers of its rows, rounded down (flat)."""
-        return np.floor(row_penalties(self.comp, self.lam))
-
-    def step(self, upper: int | None, run: Runner, deadline: float) -> StepResult | None:
-        """One step: the penalised minimum (None when toulbar2 gave none in time), its bound when
-        proved, its plan polished where it fits (None where it does not), and the multipliers moved."""
+    def minimise(self, lam: np.ndarray, penalty: np.ndarray | None, deadline: float) -> Minimum | None:
+        """toulbar2's minimum under the floored penalties (None when it gave none in time, every
+        plan is forbidden, or the multipliers ran away), its bound when proved."""
         comp = self.comp
-        self.steps += 1
-        penalty = self.penalties()
-        answer = run(lambda: prove_penalised(comp, penalty, PROVE_SECONDS, self.seed + self.steps),
-                     2 * PROVE_SECONDS + 1)
-        if answer is None or comp.cost(answer[0]) >= INF:  # none found, or every plan is forbidden
+        self.calls += 1
+        floored = np.floor(penalty) if penalty is not None else np.zeros(comp.arrays.c_off[-1])
+        answer = self.run(lambda: prove_penalised(comp, floored, PROVE_SECONDS, self.seed + self.calls),
+                          2 * PROVE_SECONDS + 1)
+        if answer is None or comp.cost(answer[0]) >= INF:
             return None
         x, proved = answer
-        value = comp.cost(x) + float(penalty[comp.arrays.c_off[:-1] + x].sum()) - float(self.lam @ comp.capacity)
-        if not math.isfinite(value):  # the multipliers ran away (no balance within doubles)
+        value = comp.cost(x) + float(floored[comp.arrays.c_off[:-1] + x].sum()) - float(lam @ comp.capacity)
+        if not math.isfinite(value):  # no balance within doubles
             return None
-        overflow = (comp.profile(x) - comp.capacity).astype(np.float64)
-        self._move(overflow, value, upper)
-        search = Search(comp, x, self.rng)
-        plan = None
-        if search.feasible:  # no repair: the minimisers that matter fit as they are, and repairs take seconds
-            search.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
-            plan = search.x
-        bound = proved_bound(value) if proved else None
-        return StepResult(plan, search.total if plan is not None else None, bound)
+        return Minimum(np.asarray(x, dtype=np.int64), value, proved_bound(value) if proved else None)
 
-    def _move(self, g: np.ndarray, value: float, upper: int | None) -> None:
-        """The deflected Polyak step along the overflow ``g`` (lagrangian.polyak_step); a zero
-        direction leaves the multipliers and the last direction as they were."""
-        d = deflected(g, self.direction)
-        if float(d @ d) > 0:
-            self.lam, self.direction = polyak_step(self.lam, d, value, upper), d
+    def plan(self, x: np.ndarray, deadline: float) -> tuple[np.ndarray, int] | None:
+        """``x`` polished for up to POLISH_SECONDS when it fits; no repair (the minimisers that
+        matter fit as they are, and repairs take seconds)."""
+        search = Search(self.comp, x, self.rng)
+        if not search.feasible:
+            return None
+        search.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
+        return search.x, search.total
+
+
+def exact_lagrangian(comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner) -> Lagrangian[ToulbarMinimiser]:
+    """The Lagrangian search with toulbar2 as its minimiser: full deflected Polyak steps."""
+    return Lagrangian(comp, ToulbarMinimiser(comp, rng, seed, run), halving=False)
 
 
 def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable[[], int | None],
@@ -98,11 +91,11 @@ def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable
     ``offer`` a better plan (it says whether it was); each proved bound goes to ``bound``; how
     many steps ran. The first step is the core without penalties: if toulbar2 does not prove that
     one, no step is worth its time."""
-    lagrangian = ExactLagrangian(comp, rng, seed)
+    lagrangian = exact_lagrangian(comp, rng, seed, run)
     stale = 0
     while time.monotonic() < until and stale < STALL:
-        result = lagrangian.step(best(), run, until)
-        if result is None or (lagrangian.steps == 1 and result.bound is None):
+        result = lagrangian.step(best(), until)
+        if not result.answered or (lagrangian.steps == 1 and result.bound is None):
             break
         if result.bound is not None:
             bound(result.bound)

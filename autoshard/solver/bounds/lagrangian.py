@@ -1,54 +1,72 @@
-"""Lagrangian relaxation of the memory rows, solved by TRW-S: plans and lower bounds.
+"""The Lagrangian relaxation of the memory rows: one subgradient search, its minimiser pluggable.
 
     L(lam) = min_x  cost(x) + sum_r lam_r * (usage_r(x) - capacity_r),   lam >= 0
 
-For every lam, L(lam) <= cost of every plan that fits, so any lower bound on the penalised
-minimum minus lam . capacity is a lower bound of the problem (``LagrangianSearch.step``). The
-penalised problem has no memory constraint: its cost per strategy of node i grows by
-usage_i[s] times the sum of lam over the node's rows (``penalties``). Each step solves it — exactly
-by variable elimination when the core's treewidth allows (``plan``; then the bound is the exact
-Lagrangian dual value), otherwise approximately by TRW-S sweeps and a plan read off the messages
-— repairs the plan if it overflows, polishes it by local search, and moves lam along the
-overflow of the penalised plan g_k (Polyak step towards the best cost U), deflected:
+For every lam, L(lam) <= cost of every plan that fits, so any certified lower bound on the
+penalised minimum, less lam . capacity, bounds the problem. The penalised problem has no memory
+row: strategy s of node i costs usage_i[s] times the summed lam of the node's rows more
+(``row_penalties``). A ``Minimiser`` minimises it — TRW-S or exact elimination
+(relaxed_minimiser.py), or toulbar2's proof (exact_lagrangian.py) — and turns the minimiser into
+a fitting plan where it can. ``Lagrangian.step`` then moves lam along the minimiser's overflow
+g_k by a Polyak step towards the best cost U, deflected when g_k turns against the last
+direction (Camerini, Fratta and Maffioli 1975):
 
     d_k = g_k - 1.5 (g_k . d_{k-1} / |d_{k-1}|^2) d_{k-1}   if g_k . d_{k-1} < 0, else g_k
     lam_{k+1} = max(0, lam_k + alpha (U - L(lam_k)) / |d_k|^2 * d_k)
 
-Without a memory limit lam is empty and this is plain TRW-S with local-search polishing.
+Plain subgradient steps zig-zag (every other penalised plan overflows and yields no plan);
+deflection damps that (measured: see benchmarks/README.md, "Measurements behind the design").
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.reduced import FrozenCore, views
-from autoshard.solver.core.dual_cut import DualCut
-from autoshard.solver.engines.elimination import EliminationPlan
-from autoshard.solver.core.local_search import Search
-from autoshard.solver.bounds.trws import MessagePassing
-from autoshard.solver.core.certify import safe_bound
+from autoshard.solver.core.reduced import FrozenCore
 
 
 @dataclass
 class StepResult:
-    """A fitting plan found in this step (or None) and a proven lower bound (or None)."""
+    """A fitting plan found in this step (or None) and a proven lower bound (or None);
+    ``answered`` is False when the minimiser gave no minimum (out of time)."""
 
     plan: np.ndarray | None
     cost: int | None
     bound: int | None
+    answered: bool = True
 
 
-SWEEPS = 2
-"""TRW-S sweeps per step (the messages carry over from step to step): two gave better plans than
-one on a quiet machine (measured: see benchmarks/README.md, "Measurements behind the design")."""
+@dataclass(frozen=True)
+class Minimum:
+    """The minimiser's point x of the penalised problem (whose overflow moves lam), the dual value
+    L(lam) it gives (float, for the step) and the certified integer bound (None: not proved)."""
 
+    x: np.ndarray
+    value: float
+    bound: int | None
+
+
+class Minimiser(Protocol):
+    """What minimises the penalised core for ``Lagrangian``."""
+
+    def minimise(self, lam: np.ndarray, penalty: np.ndarray | None, deadline: float) -> Minimum | None:
+        """The penalised core's minimum at multipliers ``lam`` (``penalty``: their flat penalties,
+        None when lam is 0); None when it gave none by ``deadline``."""
+
+    def plan(self, x: np.ndarray, deadline: float) -> tuple[np.ndarray, int] | None:
+        """A fitting plan made from the minimiser ``x`` and its cost, or None."""
+
+
+M = TypeVar("M", bound=Minimiser)
 
 DEFLECTION = 1.5
 """Camerini-Fratta-Maffioli's factor: the deflected direction keeps half of the turn, d.d' = -g.d'/2."""
+HALVE_AFTER = 8
+"""Steps without a better L after which a ``halving`` search halves its step length alpha."""
 
 
 def deflected(g: np.ndarray, previous: np.ndarray) -> np.ndarray:
@@ -64,8 +82,7 @@ def deflected(g: np.ndarray, previous: np.ndarray) -> np.ndarray:
 def polyak_step(lam: np.ndarray, d: np.ndarray, value: float, upper: int | None, alpha: float = 1.0) -> np.ndarray:
     """The multipliers after one Polyak step of length ``alpha`` along the direction ``d`` from
     the dual value L = ``value`` towards U = ``upper`` (else 5% above L):
-    max(0, lam + alpha max(U - L, 1) / |d|^2 d); ``lam`` itself when d is 0. Both Lagrangian
-    searches (this one and exact_lagrangian.py) move their multipliers by it."""
+    max(0, lam + alpha max(U - L, 1) / |d|^2 d); ``lam`` itself when d is 0."""
     norm = float(d @ d)
     if norm <= 0:
         return lam
@@ -80,105 +97,59 @@ def row_penalties(comp: FrozenCore, lam: np.ndarray) -> np.ndarray:
     return _penalties(cum, *comp.arrays.segment_args())
 
 
-class LagrangianSearch:
-    """Subgradient ascent on lam with TRW-S as the inner solver, one ``step`` at a time."""
+class Lagrangian(Generic[M]):
+    """Subgradient ascent on the multipliers ``lam`` of ``comp``'s memory rows, each step's
+    penalised core minimised by ``minimiser``. ``deflect``: deflected or plain steps. ``halving``
+    (for approximate minimisers): g's entries that would push a zero lam below 0 are dropped and
+    alpha halves after HALVE_AFTER steps without a better L; exact minimisers take full steps."""
 
-    def __init__(
-        self,
-        comp: FrozenCore,
-        rng: np.random.Generator,
-        sweeps: int = SWEEPS,
-        plan: EliminationPlan | None = None,
-        deflect: bool = True,
-    ) -> None:
-        """``deflect``: deflected (True) or plain subgradient steps on the multipliers (``_update``)."""
-        self.comp = comp
-        self.deflect = deflect
-        self.rng = rng
-        self.sweeps = sweeps
-        self.plan = plan if plan is not None and plan.feasible else None
-        self.mp = MessagePassing(comp)
-        rows = 0 if comp.capacity is None else len(comp.capacity)
-        self.capacity = np.zeros(rows) if comp.capacity is None else comp.capacity.astype(np.float64)
-        self.lam = np.zeros(rows)
+    def __init__(self, comp: FrozenCore, minimiser: M, deflect: bool = True, halving: bool = True) -> None:
+        self.comp, self.minimiser, self.deflect, self.halving = comp, minimiser, deflect, halving
+        self.capacity = np.zeros(0) if comp.capacity is None else comp.capacity.astype(np.float64)
+        self.lam = np.zeros(len(self.capacity))
+        self.direction = np.zeros(len(self.capacity))
         self.alpha = 1.0
         self.best_value = -np.inf
         self.stale = 0
-        self.last_overflow = 0.0
-        self.repair_threshold = 0.01
-        self.direction: np.ndarray | None = None
+        self.steps = 0
 
     def penalties(self) -> np.ndarray | None:
         """The penalty of every strategy, flat (``FrozenCore.arrays.c_off``'s layout, which every
-        consumer takes as is): its usage times the summed multipliers of its rows."""
+        consumer takes as is): its usage times the summed multipliers of its rows; None at lam 0."""
         if not len(self.lam) or not self.lam.any():
             return None
         return row_penalties(self.comp, self.lam)
 
     def step(self, upper: int | None, deadline: float) -> StepResult:
-        """One round: sweeps, bound, plan, repair and polish, multiplier update."""
-        pen = self.penalties()
-        if self.plan is not None:
-            a = self.comp.arrays
-            unary = None if pen is None else views(a.costs.astype(np.float64) + pen, a.c_off)
-            x, value = self.plan.solve(unary)
-            x = np.asarray(x, dtype=np.int64)
-            magnitude = abs(float(value)) + (0.0 if pen is None else float(np.abs(pen).sum()))
-            scale = magnitude * max(1.0, self.comp.n / 100)  # float sums over up to n terms
-            value = float(value) + (0.0 if pen is None else self.comp.const)
-        else:
-            began = time.monotonic()
-            for _ in range(self.sweeps):
-                if not self.mp.sweep(pen, deadline):
-                    return StepResult(None, None, None)  # out of time: no bound or plan this step
-            sweep = (time.monotonic() - began) / max(self.sweeps, 1)
-            if deadline - time.monotonic() < sweep:  # reading the bound and plan off takes about a sweep
-                return StepResult(None, None, None)
-            value, scale = self.mp.bound(pen)
-            x = self.mp.primal(pen)
-        value -= float(self.lam @ self.capacity)
-        scale += float(np.abs(self.lam * self.capacity).sum())
-        bound = safe_bound(value, scale)
-        if pen is not None and self.plan is None:
-            polish = Search(self.comp, x, self.rng, penalty=pen)
-            polish.descend(deadline)
-            x = polish.x
-        search = Search(self.comp, x, self.rng)
-        overflow = -np.minimum(search.slack, 0) if search.memory else None
-        self.last_overflow = 0.0 if overflow is None else float(overflow.sum() / max(1.0, self.capacity.sum()))
-        if not search.feasible and self.last_overflow <= self.repair_threshold:
-            search.repair(deadline)
-        plan, cost = None, None
-        if search.feasible:
-            search.descend(deadline)
-            plan, cost = search.x.copy(), search.total
-        if overflow is not None:
-            self._update(x, value, upper if upper is not None else cost)
-        return StepResult(plan, cost, bound)
+        """One step: the penalised minimum and its bound, a plan made from it, lam moved towards
+        ``upper`` (else the plan's cost)."""
+        self.steps += 1
+        minimum = self.minimiser.minimise(self.lam, self.penalties(), deadline)
+        if minimum is None:
+            return StepResult(None, None, None, answered=False)
+        found = self.minimiser.plan(minimum.x, deadline)
+        plan, cost = found if found is not None else (None, None)
+        if len(self.lam):
+            self.move(self.comp.profile(minimum.x).astype(np.float64) - self.capacity, minimum.value,
+                      upper if upper is not None else cost)
+        return StepResult(plan, cost, minimum.bound)
 
-    def cut(self) -> DualCut:
-        """The current multipliers and messages as a cut for z3 (valid for every plan that fits)."""
-        return self.mp.cut(self.penalties(), -float(self.lam @ self.capacity))
-
-    def _update(self, x: np.ndarray, value: float, upper: int | None) -> None:
-        """Polyak step on lam along the penalised plan's usage minus capacity, deflected when
-        ``deflect`` (Camerini, Fratta and Maffioli 1975): d = g - 1.5 (g.d'/|d'|^2) d' when g turns
-        against the last direction d'. Plain subgradient steps zig-zag (every other penalised
-        plan overflows and yields no plan); deflection damps that (measured: see
-        benchmarks/README.md, "Measurements behind the design")."""
-        if value > self.best_value + 1e-9 * abs(value):
-            self.best_value, self.stale = value, 0
-        else:
-            self.stale += 1
-            if self.stale >= 8:
-                self.alpha, self.stale = max(self.alpha / 2, 1e-3), 0
-        g = self.comp.profile(x).astype(np.float64) - self.capacity
-        g[(self.lam <= 0) & (g < 0)] = 0.0
-        if self.deflect and self.direction is not None:
-            g = deflected(g, self.direction)
-            g[(self.lam <= 0) & (g < 0)] = 0.0
-        self.direction = g
-        self.lam = polyak_step(self.lam, g, value, upper, self.alpha)
+    def move(self, g: np.ndarray, value: float, upper: int | None) -> None:
+        """The (deflected) Polyak step along the overflow ``g`` from L = ``value``; a zero
+        direction leaves lam and the last direction as they were."""
+        if self.halving:
+            if value > self.best_value + 1e-9 * abs(value):
+                self.best_value, self.stale = value, 0
+            else:
+                self.stale += 1
+                if self.stale >= HALVE_AFTER:
+                    self.alpha, self.stale = max(self.alpha / 2, 1e-3), 0
+            g = np.where((self.lam <= 0) & (g < 0), 0.0, g)
+        d = deflected(g, self.direction) if self.deflect else g
+        if self.halving:
+            d = np.where((self.lam <= 0) & (d < 0), 0.0, d)
+        if float(d @ d) > 0:
+            self.lam, self.direction = polyak_step(self.lam, d, value, upper, self.alpha), d
 
 
 @njit(cache=True)

@@ -19,7 +19,8 @@ import numpy as np
 from autoshard.solver.run.engine_pool import EnginePool
 from autoshard.solver.model.events import Phase
 from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
-from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.bounds.lagrangian import Lagrangian
+from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser
 from autoshard.solver.search.lns import LNS_AFTER_STEPS, LNS_SLICE, NeighbourhoodSearch
 from autoshard.solver.run.state import RunState
 from autoshard.solver.search.layer_flips import flip_groups
@@ -44,7 +45,7 @@ HULL_SECONDS = 60.0
 class StalledSearch:
     """The moves beyond the Lagrangian steps (module docstring), for one Lagrangian search ``lag``."""
 
-    def __init__(self, state: RunState, pool: EnginePool, lag: LagrangianSearch) -> None:
+    def __init__(self, state: RunState, pool: EnginePool, lag: Lagrangian[RelaxedMinimiser]) -> None:
         self.state, self.pool, self.lag = state, pool, lag
         self.lns = NeighbourhoodSearch(state.comp, state.rng, clock=state.clock)
         self.paid = False  # the last slice of neighbourhood search improved the best plan
@@ -94,7 +95,7 @@ class StalledSearch:
             return state.finished()
 
         generation = ColumnGeneration(state.comp, state.rng, lambda x: state.offer(x, "hull", None),
-                                      self.lag.mp, self.lag.lam, heard)
+                                      self.lag.minimiser.mp, self.lag.lam, heard)
         generation.add(state.best_local)
         until = state.share(HULL_SHARE) or state.clock() + HULL_SECONDS
         with state.timed("hull"):

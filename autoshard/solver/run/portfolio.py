@@ -42,7 +42,8 @@ from autoshard.solver.engines.elimination import EliminationPlan
 from autoshard.solver.model.events import Phase
 from autoshard.solver.bounds.exact_lagrangian import SHARE as EXACT_SHARE, search as exact_search
 from autoshard.solver.core.local_search import Search, min_memory_start
-from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.bounds.lagrangian import Lagrangian
+from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser, relaxed_lagrangian
 from autoshard.solver.engines.milp import solve_core_milp
 from autoshard.solver.search.penalised_start import weighted_start
 from autoshard.solver.run.pruning import PrunedProof
@@ -224,12 +225,12 @@ class Portfolio:
         if state.deadline is not None and state.left() < LAGRANGE_SETUP * state.greedy_time:
             return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
-        lag = LagrangianSearch(comp, state.rng, plan=plan)
+        lag = relaxed_lagrangian(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
         stalled, since = StalledSearch(state, self.pool, lag), (self.state.clock(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
-            if memory and lag.plan is None and state.options.toulbar and can_take(comp, rows=False) else None
+            if memory and not lag.minimiser.exact and state.options.toulbar and can_take(comp, rows=False) else None
         warmup = state.soon(min(30.0, 0.1 * state.left()) if state.deadline is not None else 10.0)
         exact_due = memory and state.options.toulbar  # once toulbar2 proves the core without rows
         wants_z3 = z3_thread is None and state.options.prove
@@ -242,7 +243,7 @@ class Portfolio:
             steps += 1
             if wants_z3 and (steps > 200 or self.state.clock() >= warmup):
                 wants_z3 = False
-                z3_thread = self.z3.start(lag.cut())
+                z3_thread = self.z3.start(lag.minimiser.cut(lag.lam))
             began = self.state.clock()
             # the memory-weighted start's cost is no target for Polyak's step: the steps overshoot
             # from it and the search ends worse (measured: see benchmarks/README.md, "Measurements
@@ -289,7 +290,7 @@ class Portfolio:
                      lambda value: state.bound(value, "exact-lagrange"),
                      lambda call, seconds: call_forked(call, state.soon(seconds), self._heard), until)
 
-    def _probe(self, probe: PenalisedProbe, lag: LagrangianSearch, steps: int) -> bool:
+    def _probe(self, probe: PenalisedProbe, lag: Lagrangian[RelaxedMinimiser], steps: int) -> bool:
         """toulbar2 on this step's penalised problem in a forked child (killed at the deadline;
         the engines are heard while it runs), its plan repaired and polished (penalised_probe.py);
         True when that plan is the new best. The child's plain steps and these deflected ones
@@ -316,12 +317,12 @@ class Portfolio:
         state = self.state
         if lp_columns(state.comp) <= LP_MAX_COLUMNS:
             return self._lp_phase()
-        lag = LagrangianSearch(state.comp, state.rng)
+        minimiser = RelaxedMinimiser(state.comp, state.rng)
         deadline = state.soon(2.0)
         for _ in range(10):
-            if not lag.mp.sweep(lag.penalties(), deadline):
+            if not minimiser.mp.sweep(None, deadline):
                 break
-        return lag.cut()
+        return minimiser.cut(np.zeros(0 if state.comp.capacity is None else len(state.comp.capacity)))
 
     def _milp_proof(self) -> None:
         """Without a time limit the answer must be proved: when z3 could not take the core (too

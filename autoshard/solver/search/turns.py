@@ -25,7 +25,7 @@ import numpy as np
 
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.procs.engine_events import EngineEvent
-from autoshard.solver.bounds.lagrangian import LagrangianSearch
+from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.search.lns import LNS_AFTER_STEPS, LNS_SLICE, NeighbourhoodSearch
 from autoshard.solver.search.time_shares import Shares
 from autoshard.solver.search.penalised_probe import PenalisedProbe, fitted
@@ -66,7 +66,7 @@ class LagrangianTurns:
 
     def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, toulbar: bool, best: Incumbent) -> None:
         self.comp, self.best = comp, best
-        self.lag = LagrangianSearch(comp, rng, deflect=False)
+        self.lag = relaxed_lagrangian(comp, rng, deflect=False)
         self.lns = NeighbourhoodSearch(comp, rng)
         self.probe = PenalisedProbe(comp, rng, seed) if toulbar else None
         self.steps = self.stale = 0
