@@ -104,7 +104,8 @@ def stalled_of(problem, options, clock=None):
     state = RunState(problem, options, lambda event: None, clock=clock or time.monotonic)
     core = Core(problem)
     attach_memory(core, problem)
-    state.core, state.comp = core, core.freeze()
+    state.built(core)
+    state.reduced({})
     return StalledSearch(state, EnginePool(state), relaxed_lagrangian(state.comp, state.rng))
 
 

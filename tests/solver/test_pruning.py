@@ -84,7 +84,8 @@ def test_an_attempt_takes_the_run_from_a_dearer_plan_to_the_proved_optimum() -> 
         if len(set(costs)) < 2:
             continue
         state = RunState(problem, SolveOptions(), lambda event: None)
-        state.core, state.comp = core, comp
+        state.built(core)
+        state.reduced({})
         assert state.offer(np.array(fitting[int(np.argmax(costs))]), "test", None)
         proof = PrunedProof(state, EnginePool(state), lambda: False)
         proof.mp = MessagePassing(comp)

@@ -94,7 +94,7 @@ class EnginePool:
         elif event.kind == "none" and engine.upper is not None:
             state.bound(engine.upper, source)  # no plan below the cost it was given
         elif event.kind == "none":
-            state.proof = source  # no plan at all
+            state.proved_by(source)  # no plan at all
 
     def _retire(self) -> None:
         """Stop a relaxation's engine once a plan it reported costs less than the proven lower

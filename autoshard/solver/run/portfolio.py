@@ -94,6 +94,8 @@ class Portfolio:
         self.z3 = Z3Phases(state)
         self.pool = EnginePool(state)
         self.weighted_start_cost: int | None = None  # the memory-weighted start's cost (penalised_start.py), when that was the start
+        self.greedy_time = 0.0  # the greedy start's seconds: a first guess of a Lagrangian step's length
+        self.cut: DualCut | None = None  # the LP's cut for z3, when the LP ran first
 
     def warm_search(self) -> None:
         """Exact elimination when the core is narrow and memory-free; else the greedy start, then
@@ -106,7 +108,7 @@ class Portfolio:
                             f"(largest table {plan.largest})", state.elapsed()))
             x, value = plan.solve()
             state.offer(x, "elimination", None)
-            state.proof = "elimination"
+            state.proved_by("elimination")
             state.bound(int(value), "elimination")
             return
         with state.timed("heuristic"):
@@ -166,7 +168,7 @@ class Portfolio:
             state.offer(search.x, "greedy", None)
             if weighted:
                 self.weighted_start_cost = state.best_cost
-        state.greedy_time = self.state.clock() - began  # a first guess of a Lagrangian step's length
+        self.greedy_time = self.state.clock() - began
 
     def _toulbar_search(self) -> None:
         """The LP relaxation first on small cores (often integral there: plan and proof in a
@@ -178,7 +180,7 @@ class Portfolio:
         z3's CEGIS certifies the optimum (``Z3Phases.certify``)."""
         state = self.state
         if state.options.prove and lp_columns(state.comp) <= LP_FIRST_COLUMNS:
-            state.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
+            self.cut = self._lp_phase()  # a bound, often the plan (B, G), and z3's cut
         if not state.finished():
             self.pool.start(["toulbar2", "toulbar2-vns"],
                             "toulbar2: branch and bound + neighbourhood search (child processes)")
@@ -187,7 +189,7 @@ class Portfolio:
         finally:
             self.pool.stop()
         if state.options.prove and state.proof is None and state.best is not None and state.proved():
-            self.z3.certify(lambda: state.cut or self._z3_cut())
+            self.z3.certify(lambda: self.cut or self._z3_cut())
         if not state.finished() and state.deadline is None and state.options.prove:
             self._milp_proof()
 
@@ -207,7 +209,7 @@ class Portfolio:
                 relax = call_forked(lambda: lp_bound(comp, budget), state.soon(budget + LP_GRACE), self._heard)
             relax = relax or Relaxation(None, None, 0.0)
         if relax.infeasible:
-            state.proof = "lp"
+            state.proved_by("lp")
             return None
         if relax.plan is not None:
             state.offer(relax.plan, "lp", None)
@@ -222,11 +224,11 @@ class Portfolio:
         state = self.state
         comp = state.comp
         memory = comp.has_memory
-        if state.deadline is not None and state.left() < LAGRANGE_SETUP * state.greedy_time:
+        if state.deadline is not None and state.left() < LAGRANGE_SETUP * self.greedy_time:
             return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = relaxed_lagrangian(comp, state.rng, plan=plan)
-        stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, state.greedy_time
+        stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, self.greedy_time
         stalled, since = StalledSearch(state, self.pool, lag), (self.state.clock(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \

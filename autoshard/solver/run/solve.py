@@ -80,8 +80,9 @@ def check(state: RunState) -> None:
 def build(state: RunState) -> None:
     """The working Core with its memory rows; the finishing reserve follows the time it took."""
     began = state.clock()
-    state.core = Core(state.problem)
-    attach_memory(state.core, state.problem)
+    core = Core(state.problem)
+    attach_memory(core, state.problem)
+    state.built(core)
     state.set_reserve(state.clock() - began)
 
 
@@ -89,11 +90,11 @@ def reduce(state: RunState) -> None:
     """Exact reductions (when asked for) within REDUCE_SHARE of the limit, then the frozen core;
     raises NoAssignment when a node has no strategy left."""
     before = Size.of(state.core)
+    counts: dict[str, int] = {}
     if state.options.reduce:
         with state.timed("reductions"):
-            state.counts = dict(reduce_core(state.core, state.share(REDUCE_SHARE)))
-    state.comp = state.core.freeze()
-    state.size = Size.of(state.core)
+            counts = dict(reduce_core(state.core, state.share(REDUCE_SHARE)))
+    state.reduced(counts)
     rows = 0 if state.comp.capacity is None else len(state.comp.capacity)
     state.emit(Reduced(before.nodes, before.edges, before.strategies, state.size.nodes, state.size.edges,
                        state.size.strategies, rows, dict(state.counts), state.elapsed()))
@@ -105,7 +106,7 @@ def search(state: RunState) -> None:
     options = state.options
     if state.comp.n == 0:
         state.offer([], "reductions", None)
-        state.proof = "reductions"
+        state.proved_by("reductions")
         state.bound(state.best_cost, "reductions")
     elif options.warm_start:
         Portfolio(state).warm_search()

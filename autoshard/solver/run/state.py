@@ -5,7 +5,8 @@ With a time limit T the phases work to ``deadline``, a finishing reserve before 
 evaluating and returning the answer fit in it. ``timed`` records in ``overruns`` how far a phase
 ended past the deadline. Every plan is expanded to the original nodes and evaluated exactly on
 the original problem before it is reported (``offer``, compiled: evaluation.py); lower bounds are
-kept only when they improve (``bound``).
+kept only when they improve (``bound``). Only this module writes a RunState's attributes: the
+phases report through its methods (``reduced``, ``offer``, ``bound``, ``proved_by``, ``checked``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import numpy as np
 from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.core.reduced import FrozenCore, Core
-from autoshard.solver.core.dual_cut import DualCut
 from autoshard.solver.core.evaluation import Expansion, FlatProblem
-from autoshard.solver.model.events import EventCallback, Finished, Improved, LowerBound
+from autoshard.solver.model.events import Checked, EventCallback, Finished, Improved, LowerBound
 from autoshard.solver.core.reduce import Size
 from autoshard.solver.model.solution import InfeasibleError, Solution, SolveOptions
 
@@ -36,8 +36,8 @@ TEARDOWN_SHARE = 0.5
 
 
 class RunState:
-    """One call of ``solve``: the clock, the best plan and bound, and the events. ``core`` and
-    ``comp`` are set once the problem is reduced."""
+    """One call of ``solve``: the clock, the best plan and bound, and the events. ``core`` is set
+    once built, ``comp`` once the problem is reduced (``reduced``)."""
 
     core: Core
     comp: FrozenCore
@@ -59,13 +59,11 @@ class RunState:
         self.lower_source: str | None = None
         self._last_lower: tuple[int, float] | None = None
         self.proof: str | None = None
-        self.iterations = 0
+        self.iterations = 0  # z3's checks
         self.improvements = 0
-        self.greedy_time = 0.0
         self.size = Size(0, 0, 0)
         self.counts: dict[str, int] = {}
         self.proof_times: dict[str, float] = {}
-        self.cut: DualCut | None = None
         self._exact: tuple[Expansion, FlatProblem] | None = None  # built on the first offer
 
     def set_reserve(self, build: float) -> None:
@@ -76,6 +74,29 @@ class RunState:
             reserve = FINISH_RESERVE + FINISH_PER_BUILD * build
             self.deadline = self.limit - min(reserve, FINISH_SHARE * self.options.timeout)
             self.teardown_by = self.deadline + TEARDOWN_SHARE * (self.limit - self.deadline)
+
+    def built(self, core: Core) -> None:
+        """The working Core, its memory rows attached."""
+        self.core = core
+
+    def reduced(self, counts: dict[str, int]) -> None:
+        """The core's reductions are over (``counts``: how many of each applied): freeze it."""
+        self.counts = dict(counts)
+        self.comp = self.core.freeze()
+        self.size = Size.of(self.core)
+
+    def proved_by(self, source: str) -> None:
+        """``source`` proved the best plan optimal, or the problem infeasible, without a bound."""
+        self.proof = source
+
+    def checked(self, bound: int | None, result: str) -> None:
+        """z3 answered ``result`` when asked for a plan cheaper than ``bound``: count and report it;
+        UNSAT at or above the best cost proves it optimal."""
+        self.iterations += 1
+        self.emit(Checked(self.iterations, bound, result, self.elapsed()))
+        if result == "unsat" and (bound is None or (self.best_cost is not None and bound >= self.best_cost)):
+            self.proof = "z3"
+            self.proof_times.setdefault("z3", self.elapsed())
 
     def elapsed(self) -> float:
         """Seconds since solve() started."""

@@ -11,7 +11,7 @@ from typing import Callable
 from autoshard.solver.engines.cegis import CheckResult, Z3Search, Z3Worker, objective_size
 from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.core.dual_cut import DualCut
-from autoshard.solver.model.events import Checked, Phase
+from autoshard.solver.model.events import Phase
 from autoshard.solver.run.state import RunState
 
 Z3_MAX_TERMS = 200_000
@@ -63,16 +63,11 @@ class Z3Phases:
     def answer(self, bound: int | None, result: CheckResult) -> None:
         """A plan (SAT), a bound or a proof (UNSAT) from z3 asked for a plan cheaper than ``bound``."""
         state = self.state
-        state.iterations += 1
-        state.emit(Checked(state.iterations, bound, result.result, state.elapsed()))
+        state.checked(bound, result.result)
         if result.result == "sat":
             state.offer(result.choice, "z3", bound)
-        elif result.result == "unsat":
-            if bound is None or (state.best_cost is not None and bound >= state.best_cost):
-                state.proof = "z3"
-                state.proof_times.setdefault("z3", state.elapsed())
-            if bound is not None:
-                state.bound(bound, "z3")
+        elif result.result == "unsat" and bound is not None:
+            state.bound(bound, "z3")
 
     def certify(self, make_cut: Callable[[], DualCut | None]) -> None:
         """z3 asked for a plan cheaper than the proved optimum, with the cut ``make_cut()`` gives
