@@ -32,6 +32,7 @@ breaks (the losses equal the eager run's within 1e-4, ``tests/runtime/test_train
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -43,6 +44,7 @@ from typing import Callable, Iterator, Sequence, TextIO
 import torch
 import torch.distributed as dist
 
+from autoshard.cost.float8 import RECIPES as FLOAT8_RECIPES
 from autoshard.errors import AutoshardError
 from autoshard.frontend.load import LoadedModel, load_model
 from autoshard.frontend.loss import check_loss_output
@@ -79,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="run the parallel module under torch.compile (inductor; dynamo compiles through the "
                         "executor's per-node loop, so expect long first steps and no speed-up yet)")
+    p.add_argument("--float8", choices=FLOAT8_RECIPES, default=None,
+                   help="train the linears as torchao's Float8Linear with this scaling recipe (CUDA GPUs with "
+                        "float8 tensor cores only; refused in one line elsewhere)")
     p.add_argument("--backend", choices=sorted(BACKEND_COLLECTIVES), default="gloo",
                    help="torch.distributed backend: gloo (CPU, default), nccl (one GPU per rank), mpi")
     return p
@@ -100,6 +105,21 @@ def check_args(args: argparse.Namespace) -> None:
         raise AutoshardError("--steps and --checkpoint-every must be at least 1")
     if args.resume and not args.checkpoint:
         raise AutoshardError("--resume needs --checkpoint DIR: the folder to resume from")
+    if args.float8 is not None:
+        raise AutoshardError(float8_refusal(args.backend))
+
+
+def float8_refusal(backend: str) -> str:
+    """Why ``--float8`` cannot train here, in one line: torchao's Float8 GEMMs need CUDA float8
+    tensor cores (sm89+) and torchao, and the executor runs the traced graph's ops, into which a
+    ``Float8Linear`` does not trace (``autoshard.solve --float8`` prices it on any machine)."""
+    if backend != "nccl" or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        return ("--float8 runs torchao's Float8 GEMMs on CUDA GPUs with float8 tensor cores (H100 and later): "
+                "train with --backend nccl on such GPUs, or drop --float8 (autoshard.solve --float8 prices it)")
+    if importlib.util.find_spec("torchao") is None:
+        return "--float8 needs torchao: pip install 'autoshard[float8]', or drop --float8"
+    return ("--float8: the executor runs the traced graph's ops and torchao's Float8Linear does not trace into them "
+            "yet: train without --float8 (autoshard.solve --float8 prices it)")
 
 
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int) -> Training:

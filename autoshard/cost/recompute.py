@@ -24,6 +24,12 @@ torchtitan's op-level policy (selective activation checkpointing): a recomputed 
 outputs of fused attention and of every other matrix multiply by a weight (the 1st, 3rd, ... in
 forward order; ``Blocks.saved``), which are neither dropped nor run again (kept at least until
 the block's recomputation, which reads them); every other op is recomputed as above. ``none`` offers no recomputation.
+
+A compiled block (its memory-bound ops fused, ``cost/fusion.py``) is partitioned by AOTAutograd
+over the joint graph, which keeps and recomputes only what the backward reads: a value the policy
+keeps stays only if an op of the block saves it (a row-parallel output read only by the residual
+add is dropped), and an op the backward does not need, directly or to recompute another, is
+neither kept nor run again (``Blocks.idle``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoshard.cost.compute import ATTENTION_OPS
+from autoshard.cost.fusion import view_sources
 from autoshard.cost.lifetimes import Lifetimes
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.sharding.layers import RepeatedLayers
@@ -43,15 +50,17 @@ WEIGHT_MATMULS = frozenset({"linear", "mm"})
 
 @dataclass(frozen=True)
 class Blocks:
-    """The recomputable blocks: the block of every op node in one, and each block's last node."""
+    """The recomputable blocks: the block of every op node in one, each block's last node, the ops
+    a recomputed block keeps (``saved``), and those a compiled one neither keeps nor runs again (``idle``)."""
 
     block_of: dict[str, int]
     last: tuple[str, ...]
     saved: frozenset[str] = frozenset()
+    idle: frozenset[str] = frozenset()
 
     def reruns(self, name: str) -> bool:
-        """True when recomputing the block of ``name`` runs its forward again (it is not kept)."""
-        return name in self.block_of and name not in self.saved
+        """True when recomputing the block of ``name`` runs its forward again (it is neither kept nor idle)."""
+        return name in self.block_of and name not in self.saved and name not in self.idle
 
     def same(self, a: str, b: str) -> bool:
         """True when nodes ``a`` and ``b`` are in one block (their recompute choices must agree)."""
@@ -75,6 +84,7 @@ def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None, kept_ops: frozen
     block_of: dict[str, int] = {}
     last: list[str] = []
     saved: set[str] = set()
+    idle: set[str] = set()
     order = {name: t for t, name in enumerate(graph.nodes)}
     for names in layers.layers:
         ops = sorted((n for n in names if graph[n].kind == NodeKind.OP and graph[n].requires_grad),
@@ -84,11 +94,35 @@ def layer_blocks(graph: OpGraph, layers: RepeatedLayers | None, kept_ops: frozen
         for n in ops:
             block_of[n] = len(last)
         last.append(ops[-1])
+        kept = set()
         if policy == "selective":
             matmuls = [n for n in ops if graph[n].op in WEIGHT_MATMULS]
-            saved.update(matmuls[::2])
-            saved.update(n for n in ops if graph[n].op in ATTENTION_OPS)
-    return Blocks(block_of, tuple(last), frozenset(saved))
+            kept = set(matmuls[::2]) | {n for n in ops if graph[n].op in ATTENTION_OPS}
+        if any(graph[n].work is not None and graph[n].work.fused is not None for n in ops):
+            needed = backward_reads(graph, ops, kept)
+            kept &= needed
+            idle.update(n for n in ops if n not in needed)
+        saved.update(kept)
+    return Blocks(block_of, tuple(last), frozenset(saved), frozenset(idle))
+
+
+def backward_reads(graph: OpGraph, ops: list[str], kept: set[str]) -> set[str]:
+    """The ops of a compiled block whose values its backward needs: those an op of the block saves
+    (through views), and, for each of them not ``kept``, the block's ops it is recomputed from."""
+    members = set(ops)
+    source = view_sources(graph)
+    needed: set[str] = set()
+    stack = [source[graph[n].inputs[k]] for n in ops if graph[n].work is not None
+             for k in graph[n].work.saved_operands]
+    stack += [n for n in ops if graph[n].work is not None and graph[n].work.saves_output]
+    while stack:
+        name = stack.pop()
+        if name not in members or name in needed:
+            continue
+        needed.add(name)
+        if name not in kept:
+            stack += [source[src] for src in graph[name].inputs]
+    return needed
 
 
 def checkpoint_readers(graph: OpGraph, blocks: Blocks) -> dict[str, list[int]]:

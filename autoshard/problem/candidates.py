@@ -158,7 +158,7 @@ class CandidateBuilder:
                                  [False] * k + [True] * k, [False] * k + [reruns] * k)
         strategies, costs, flops, recompute, rerun = self.doubled[key]
         k = len(found.strategies)
-        kept = None if reruns else self.blocks.recompute_start(self.life, node.name) + 1
+        kept = self.blocks.recompute_start(self.life, node.name) + 1 if node.name in self.blocks.saved else None
         again = self._op_items(node, found.strategies, self.blocks if reruns else None, kept)
         items = recompute_variants(self._op_items(node, found.strategies),
                                    again + self._checkpointed_inputs(node, found.strategies), k, k)

@@ -70,3 +70,12 @@ def test_refused_without_float8_tensor_cores() -> None:
         build_model_problem(graph, 1, mode="training", device="a100", float8="tensorwise")
     with pytest.raises(AutoshardError, match="--float8 'blockwise' is unknown"):
         build_model_problem(graph, 1, mode="training", device="h100", float8="blockwise")
+
+
+def test_training_refuses_float8_on_cpu() -> None:
+    """``autoshard.train --float8`` on gloo (CPU) is one line naming what it needs."""
+    from autoshard.cli.train import build_parser, check_args
+
+    args = build_parser().parse_args(["model.py", "--plan", "plan.json", "--steps", "1", "--float8", "tensorwise"])
+    with pytest.raises(AutoshardError, match=r"^--float8 runs torchao's Float8 GEMMs on CUDA GPUs .*--backend nccl"):
+        check_args(args)

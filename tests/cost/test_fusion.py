@@ -126,3 +126,31 @@ def test_problem_charges_fused_bytes() -> None:
     seconds = mp.problem.node_costs[i][0] / mp.cost_model.ticks_per_unit
     assert seconds == pytest.approx(sum(moved) / GENERIC.streaming_bandwidth, rel=1e-3)
     assert all(sum(m.usage) == 0 for m in mp.items if m.owner == silu.name and m.what in ("activation", "gradient"))
+
+
+class Layers(nn.Module):
+    """Two Blocks, so that each is a recomputable layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_compiled_selective_checkpointing_keeps_what_backward_reads() -> None:
+    """Under the selective policy a layer keeps w1's and w2's outputs eagerly; compiled, w2's (read
+    only by the residual add, whose backward needs nothing) is neither kept nor run again."""
+    graph = trace(Layers(), (torch.randn(4, 32, 64),))
+    kept = {}
+    for scope in (None, "model"):
+        mp = build_model_problem(graph, 1, mode="training", compile=scope, recompute="selective",
+                                 memory_budget=1 << 40)
+        modules = {n: mp.graph[n].module for n in mp.blocks.block_of}
+        kept[scope] = ({modules[n] for n in mp.blocks.saved}, {modules[n] for n in mp.blocks.idle})
+    w1, w2 = {f"layers.{i}.w1" for i in (0, 1)}, {f"layers.{i}.w2" for i in (0, 1)}
+    assert w1 | w2 <= kept[None][0] and not kept[None][1]
+    assert w1 <= kept["model"][0] and not w2 & kept["model"][0] and w2 <= kept["model"][1]
