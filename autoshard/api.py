@@ -37,13 +37,15 @@ class BudgetError(AutoshardError):
 @dataclass(frozen=True)
 class StageOptions:
     """A pipeline stage's terms: microbatches per step, the most it holds in flight (in its own
-    activation sets), the (bytes/s, seconds) link it receives on, and the layouts it receives and
-    sends tensors in (by name; none: its own choice)."""
+    activation sets), the (bytes/s, seconds) link it receives on, the layouts it receives and
+    sends tensors in (by name; none: its own choice), and whether it keeps its parameters
+    gathered over the step's microbatches (one gather and one gradient reduction per step)."""
 
     microbatches: int
     in_flight: Fraction
     link: tuple[float, float]
     boundary: Mapping[str, TensorSpec] = field(default_factory=dict)
+    keep_gathered: bool = False
 
 
 @dataclass
@@ -117,7 +119,8 @@ def build_model_problem(
                            recompute=recompute, compile=compile, float8=float8, async_tp=async_tp)
     if stage is not None:
         options = replace(options, in_flight=stage.in_flight, accumulate=stage.microbatches > 1,
-                          receive_link=stage.link, boundary=dict(stage.boundary))
+                          receive_link=stage.link, boundary=dict(stage.boundary),
+                          kept_over=stage.microbatches if stage.keep_gathered else 0)
     from autoshard.frontend.profile import LocalFlops
 
     return build_problem(graph, mesh, model, options, LocalFlops(graph) if graph.module is not None else None)

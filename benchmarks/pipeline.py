@@ -1,6 +1,6 @@
 """Pipelined plans: LLaMA-3.1-405B on 512 H100 (8x8x8), ours beside torchtitan's Table 5.
 
-    .venv/bin/python benchmarks/pipeline.py [--timeout 480] [--budget GIB]
+    .venv/bin/python benchmarks/pipeline.py [--timeout 480] [--budget GIB] [--recipes]
 
 torchtitan's 3-D run (pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md``, Table
 5: FSDP 8 x TP 8 x PP 8, local batch 32, global batch 256 x 8192 tokens, full activation
@@ -9,6 +9,8 @@ checkpointing, torch.compile + Float8 + async TP, which this model does not pric
 microbatches and cuts searched with each stage's sharding on the inner 8x8) under the time limit;
 torchtitan's two schedules are costed in the same model on the same stage problems. Also printed:
 the whole process's wall time and peak resident memory (the solver's children included).
+``--recipes`` costs only torchtitan's two recipes (as it ran them: 8 microbatches, parameters
+kept gathered) and prints the predicted interleaved/1F1B throughput ratio beside the published one.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=480.0, help="search limit in seconds (default 480)")
     parser.add_argument("--budget", type=float, default=None, help="memory budget in GiB (default: the device's)")
+    parser.add_argument("--recipes", action="store_true", help="cost torchtitan's two recipes only, no search")
     args = parser.parse_args()
     start = time.monotonic()
     model, inputs = titan_llama3_405b(seq=SEQ, batch=BATCH)
@@ -59,9 +62,13 @@ def main() -> None:
     engine = PipelineSearch(lambda m: trace(model, microbatch_inputs(inputs, m)), mesh, 0, build,
                             args.timeout - (time.monotonic() - start),
                             lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True))
+    if args.recipes:
+        print_recipes(engine, mesh.size, device)
+        print(f"\nwhole process: {time.monotonic() - start:.0f} s wall, peak resident memory {peak_rss_gib():.2f} GiB")
+        return
     counts = microbatch_counts(8, BATCH)
     options = options_for(126, 8, counts)
-    result = search(engine, options, torchtitan_options(126, 8, 8, BATCH))
+    result = search(engine, options, torchtitan_options(126, 8, BATCH))
     wall, rss = time.monotonic() - start, peak_rss_gib()
     tokens = BATCH * SEQ
     best = result.best
@@ -72,7 +79,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---|---|")
     print(f"| ours: {best.option.label} | {best.step:.2f} s | {tokens / best.step / mesh.size:,.0f} | "
           f"{device.device_bytes(live) / 2**30:.1f} | | {claim} |")
-    for option in torchtitan_options(126, 8, 8, BATCH):
+    for option in torchtitan_options(126, 8, BATCH):
         base = torchtitan_pipeline(engine, option)
         published = PUBLISHED.get(option.schedule)
         fits = "" if base.fits else " (over budget)"
@@ -81,6 +88,24 @@ def main() -> None:
               f"ours/torchtitan {best.step / base.step:.3f} |")
     print(f"\nwhole process: {wall:.0f} s wall, peak resident memory {rss:.2f} GiB; "
           f"{len(result.searched)} options, {sum(s.step is not None for s in result.searched)} solved")
+
+
+def print_recipes(engine: PipelineSearch, devices: int, device) -> None:
+    """torchtitan's two Table 5 recipes in our model, and their throughput ratio against the published."""
+    tokens = BATCH * SEQ
+    rates = {}
+    print("| torchtitan recipe | step | tok/s/GPU | peak GiB (reserved) | published tok/s/GPU, GiB |")
+    print("|---|---:|---:|---:|---|")
+    for option in torchtitan_options(126, 8, BATCH):
+        base = torchtitan_pipeline(engine, option)
+        rates[option.schedule] = tokens / base.step / devices
+        published = PUBLISHED[option.schedule]
+        print(f"| {option.label}, parameters kept gathered | {base.step:.2f} s | {rates[option.schedule]:,.1f} | "
+              f"{device.device_bytes(base.peak) / 2**30:.1f}{'' if base.fits else ' (over budget)'} | "
+              f"{published[0]}, {published[1]} |")
+    ours = rates["interleaved-1f1b"] / rates["1f1b"]
+    theirs = PUBLISHED["interleaved-1f1b"][0] / PUBLISHED["1f1b"][0]
+    print(f"\ninterleaved/1F1B tokens/s: predicted {ours:.3f}, published {theirs:.3f} ({100 * (ours / theirs - 1):+.1f}%)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.schedules import SCHEDULES
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
 from autoshard.pipeline.options import microbatch_counts, options_for, stage_label
-from autoshard.pipeline.search import PipelineResult, PipelineSearch, search
+from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered, search
 from autoshard.sharding.layers import find_repeated_layers
 
 
@@ -76,7 +76,7 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     options = options_for(layers.count, mesh.shape[args.pipeline], counts, schedules, (args.virtual_stages,))
     if args.baseline not in (None, "torchtitan"):
         raise AutoshardError(f"--baseline {args.baseline} is not costed with --pipeline: use --baseline torchtitan")
-    seeds = [o for o in torchtitan_options(layers.count, mesh.shape[args.pipeline], engine.inner.shape[0], batch)
+    seeds = [o for o in torchtitan_options(layers.count, mesh.shape[args.pipeline], batch)
              if o.microbatches in counts and o.schedule in schedules]
     result = search(engine, options, seeds)
     print_result(result, console, every=args.params == "all")
@@ -128,8 +128,10 @@ def print_result(result: PipelineResult, console: Console, every: bool = False) 
     for signature, devices in best.groups.items():
         solved = best.solutions[signature]
         mp, choice = solved.model_problem, list(solved.solution.choice)
+        policy = "parameters kept gathered over the step" if kept_gathered(solved) else \
+            "parameters gathered per microbatch"
         console.print(f"[bold]Pipeline devices {','.join(map(str, devices))}[/] ({stage_label(signature)}, "
-                      f"mesh {mp.mesh.label}): "
+                      f"mesh {mp.mesh.label}, {policy}): "
                       f"{mp.cost_model.format(solved.solution.cost)} per microbatch", highlight=False)
         if len(devices) > 1:
             console.print("(the layouts are shown on the layers the plan was solved for; each of these devices "
@@ -142,7 +144,7 @@ def print_torchtitan(engine: PipelineSearch, result: PipelineResult, layers: int
     """torchtitan's pipelined plans beside ours, in the same model."""
     from autoshard.cost.units import format_bytes
 
-    for option in torchtitan_options(layers, engine.mesh.shape[engine.axis], engine.inner.shape[0], batch):
+    for option in torchtitan_options(layers, engine.mesh.shape[engine.axis], batch):
         base = torchtitan_pipeline(engine, option)
         fits = "fits" if base.fits else "[red]exceeds the budget[/]"
         console.print(f"Baseline torchtitan ({option.label}; FSDP x TP per stage): step {format_seconds(base.step)}, "

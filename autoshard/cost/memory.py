@@ -108,9 +108,12 @@ def out_metas(node: OpNode) -> list[TensorMeta]:
 
 def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[ParamStorage], owner: OpNode | None,
                 saved_by_owner: bool, life: Lifetimes, mesh: Mesh, precision: str, training: bool,
-                optimizer_slots: int, recomputed: Blocks | None = None) -> list[MemoryItem]:
+                optimizer_slots: int, recomputed: Blocks | None = None, kept: bool = False) -> list[MemoryItem]:
     """A parameter's stored value, optimizer state, gradient and use copies, per strategy
-    (``recomputed``: the owner's block is recomputed, so the use copy is made again then)."""
+    (``recomputed``: the owner's block is recomputed, so the use copy is made again then;
+    ``kept``: a pipeline stage keeps the use copy for the whole step, and a gathered one's gradient
+    accumulates over the microbatches in the use layout until its one reduction, as FSDP2 under
+    torch.distributed.pipelining: ``reshard_after_forward=False``, no gradient sync but the last)."""
     meta = node.tensor
     bytes_of = param_precision(precision, meta.itemsize) if training else ParamPrecision(meta.itemsize, None, 0, 0)
     slots = optimizer_slots if training and node.requires_grad else 0  # a frozen parameter is not optimised
@@ -129,7 +132,14 @@ def param_items(node: OpNode, layouts: Sequence[TensorSpec], storage: Sequence[P
     copy_size = bytes_of.compute or bytes_of.value
     copies = [local_bytes(s.use, meta, mesh, copy_size) if s.use is not None and (s.use != l or bytes_of.compute)
               else 0 for l, s in zip(layouts, storage)]
-    if training and saved_by_owner and recomputed is not None:
+    if kept:
+        items.append(MemoryItem(node.name, "use copy (kept gathered)", (0, life.end), tuple(copies)))
+        if training and node.name in life.gradient:
+            accumulated = tuple(local_bytes(s.use, meta, mesh, bytes_of.gradient) if s.use is not None and s.use != l
+                                else 0 for l, s in zip(layouts, storage))
+            items.append(MemoryItem(node.name, "gathered gradient (accumulated)", (life.gradient[node.name][0],
+                                                                                    life.end), accumulated))
+    elif training and saved_by_owner and recomputed is not None:
         items += [MemoryItem(node.name, "use copy (forward)", life.forward_window(owner.name), tuple(copies)),
                   MemoryItem(node.name, "use copy (recomputed)", saved_window(owner.name, life, recomputed),
                              tuple(copies))]

@@ -1,11 +1,15 @@
 """torchtitan's pipelined recipes costed in our model (``--baseline torchtitan`` with ``--pipeline``).
 
 torchtitan's 3-D runs (pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md``, Table
-5: LLaMA-3.1-405B on FSDP 8 x TP 8 x PP 8) pipeline the layers over the outer axis with a fixed
-schedule and microbatch count (its default microbatch of one sequence per data-parallel rank),
-and shard every stage with its FSDP + TP plan (``problem/baselines/torchtitan.py``) on the other
-axes. Here each device's problem is the one our search solves for the same option, so the two
-steps are comparable: the same stage graphs, the same in-flight memory, the same critical path.
+5: LLaMA-3.1-405B on FSDP 8 x TP 8 x PP 8, torchtitan at 9dec370) pipeline the layers over the
+outer axis with its defaults of that commit: as many microbatches as pipeline devices
+(``pipeline_parallel_microbatches`` unset: the PP degree), splits from ``generate_split_points``
+(even, the remainder to the middle stages: ``even_cuts``), two stages per device for looped
+schedules, and under PP every block's FSDP2 ``reshard_after_forward=False`` (parameters kept
+gathered over the step's microbatches). Every stage is sharded with its FSDP + TP plan
+(``problem/baselines/torchtitan.py``) on the other axes. Here each device's problem is the one
+our search solves for the same option, so the two steps are comparable: the same stage graphs,
+the same in-flight memory, the same critical path.
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ def torchtitan_pipeline(engine: PipelineSearch, option: PipelineOption) -> Basel
     return BaselineStep(option, searched.step, peak, searched.fits)
 
 
-def torchtitan_options(layers: int, devices: int, data_parallel: int, batch: int) -> list[PipelineOption]:
-    """torchtitan's pipelined runs: one sequence per data-parallel rank per microbatch, even cuts,
-    1F1B and interleaved 1F1B with two stages per device."""
-    m = max(1, batch // data_parallel)
+def torchtitan_options(layers: int, devices: int, batch: int) -> list[PipelineOption]:
+    """torchtitan's pipelined runs: as many microbatches as pipeline devices, even cuts, 1F1B and
+    interleaved 1F1B with two stages per device (none where the devices do not divide the batch,
+    which torchtitan refuses)."""
+    if batch % devices:
+        return []
+    m = devices
     found = [PipelineOption("1f1b", devices, m, 1, even_cuts(layers, devices))]
     if m % devices == 0 and 2 * devices <= layers:
         found.append(PipelineOption("interleaved-1f1b", devices, m, 2, even_cuts(layers, 2 * devices)))

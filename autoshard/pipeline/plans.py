@@ -26,7 +26,8 @@ from autoshard.sharding.mesh import Mesh
 @dataclass
 class PipelinePlan:
     """The option (schedule, microbatches, stages per device, layers per stage) on ``mesh`` with
-    the pipeline over ``axis``, its step and bound (seconds), and ``groups``: (devices, plan)."""
+    the pipeline over ``axis``, its step and bound (seconds), and ``groups``: (devices, plan,
+    whether those devices keep their parameters gathered over the step's microbatches)."""
 
     mesh: Mesh
     axis: int
@@ -37,7 +38,7 @@ class PipelinePlan:
     step: float
     lower_bound: float
     proved: bool
-    groups: list[tuple[list[int], Plan]]
+    groups: list[tuple[list[int], Plan, bool]]
 
     def to_json(self) -> dict:
         """Plain JSON data (the stage plans in :meth:`Plan.to_json`'s form)."""
@@ -45,7 +46,8 @@ class PipelinePlan:
                              "microbatches": self.microbatches, "virtual_stages": self.virtual,
                              "layers_per_stage": list(self.counts), "step_seconds": self.step,
                              "lower_bound_seconds": self.lower_bound, "proved": self.proved},
-                "devices": [{"devices": devices, "plan": plan.to_json()} for devices, plan in self.groups]}
+                "devices": [{"devices": devices, "plan": plan.to_json(), "keep_gathered": kept}
+                            for devices, plan, kept in self.groups]}
 
     @staticmethod
     def from_json(data: dict, source: str = "plan file") -> "PipelinePlan":
@@ -57,7 +59,8 @@ class PipelinePlan:
         if wrong := specs.problem(data, specs.PLAN_SCHEMA):
             raise AutoshardError(f"{source} is malformed ({wrong}): re-create it with autoshard.solve --pipeline --out")
         head = data["pipeline"]
-        groups = [(list(g["devices"]), Plan.from_json(g["plan"], source)) for g in data["devices"]]
+        groups = [(list(g["devices"]), Plan.from_json(g["plan"], source), bool(g.get("keep_gathered", False)))
+                  for g in data["devices"]]
         return PipelinePlan(Mesh.from_json(head["mesh"]), head["axis"], head["schedule"], head["microbatches"],
                             head["virtual_stages"], tuple(head["layers_per_stage"]), float(head["step_seconds"]),
                             float(head["lower_bound_seconds"]), head["proved"], groups)
@@ -79,10 +82,14 @@ class PipelinePlan:
             raise AutoshardError(f"plan file {str(path)!r} cannot be read ({exc}): re-create it") from None
         return PipelinePlan.from_json(data, f"plan file {str(path)!r}")
 
+    def kept(self, device: int) -> bool:
+        """Whether pipeline device ``device`` keeps its parameters gathered over the step."""
+        return next(kept for devices, _, kept in self.groups if device in devices)
+
     def device_plans(self, stages: Sequence[Stage]) -> list[Plan]:
         """Every device's plan on its own graph (``stages``: the model cut under this option)."""
         by_device: dict[int, tuple[int, Plan]] = {}
-        for devices, plan in self.groups:
+        for devices, plan, _ in self.groups:
             for d in devices:
                 by_device[d] = (devices[0], plan)
         if sorted(by_device) != list(range(len(stages))):

@@ -10,6 +10,14 @@ point to point, everything the model charges once per microbatch) and whose memo
 ``k_d / v`` activation sets its schedule keeps in flight (``k_d``: the schedule's peak count of
 forwards awaiting their backward) and gradients accumulated over the step. Devices with alike
 graphs (same layers per stage, same ends) are solved once, under the largest ``k_d`` among them.
+Each device also decides its parameter policy (``choose_stage``): keep its parameters gathered
+over the step's ``m`` microbatches (FSDP2's ``reshard_after_forward=False`` under
+torch.distributed.pipelining: one gather and one gradient reduction per step, charged to
+``T_d`` as ``1/m`` of their time; the gathered copies and accumulated gradients held all step),
+or gather them per microbatch (their traffic paid every microbatch, their copies freed between);
+the better fitting plan of the two is taken, and its bound is the lesser of the two bounds.
+(Known simplification: the critical path spreads the once-per-step traffic evenly over the
+microbatches, so it is overcharged by the schedule's bubble share.)
 ``T_d`` is split over the device's stages and into forward and backward by torch's flop counts;
 the step is the critical path of the schedule (``schedules.timing``), a non-decreasing function
 of every ``T_d``. Devices share nothing but the tensors they pass on, which must leave and arrive
@@ -43,10 +51,11 @@ from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.solver import Solution, SolveOptions
-from autoshard.frontend.graph import OpGraph, TensorMeta
+from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_label
 from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
-from autoshard.pipeline.stages import Stage, cut, shared_parameters, stage_layouts, stage_outputs
+from autoshard.pipeline.boundaries import boundary_layouts, boundary_mismatches, boundary_of, device_layouts
+from autoshard.pipeline.stages import Stage, cut, shared_parameters
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
@@ -159,23 +168,27 @@ class PipelineSearch:
                               f"each and trained apart: the plan cannot run until they are untied")
         return self.cuts[key]
 
-    def group_plans(self, searched: Searched) -> list[tuple[list[int], Plan]]:
+    def group_plans(self, searched: Searched) -> list[tuple[list[int], Plan, bool]]:
         """Per group of alike devices, its plan on the graph of its first device under this option
-        (a solution may have been found on an alike device of another option)."""
+        (a solution may have been found on an alike device of another option) and whether it keeps
+        its parameters gathered over the step."""
         stages = self.stages(searched.option)
         return [(devices, relabel(searched.solutions[sig].plan, searched.solutions[sig].model_problem.graph,
-                                  stages[devices[0]].graph)) for sig, devices in searched.groups.items()]
+                                  stages[devices[0]].graph), kept_gathered(searched.solutions[sig]))
+                for sig, devices in searched.groups.items()]
 
     def _key(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
-             boundary: Mapping[str, TensorSpec]) -> tuple:
+             boundary: Mapping[str, TensorSpec], kept: bool) -> tuple:
         layouts = tuple(spec.format(self.inner.ndim) for spec in boundary.values())  # by position: alike devices
-        return option.microbatches, stage.signature, Fraction(in_flight, option.virtual) if bounded else None, layouts
+        return (option.microbatches, stage.signature, Fraction(in_flight, option.virtual) if bounded else None,
+                layouts, kept)
 
     def stage_problem(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool = True,
-                      boundary: Mapping[str, TensorSpec] | None = None) -> ModelProblem:
+                      boundary: Mapping[str, TensorSpec] | None = None, kept: bool = True) -> ModelProblem:
         """One device's problem: its in-flight memory under the budget, or no budget at all;
-        ``boundary``: the layouts it must receive and send tensors in."""
-        key = self._key(option, stage, in_flight, bounded, boundary or {})
+        ``boundary``: the layouts it must receive and send tensors in; ``kept``: its parameters
+        kept gathered over the step (else gathered per microbatch)."""
+        key = self._key(option, stage, in_flight, bounded, boundary or {}, kept)
         if key not in self.problems:
             build = dict(self.build)
             names = set(stage.graph.nodes) | {n.qualname for n in stage.graph if n.qualname}
@@ -183,20 +196,62 @@ class PipelineSearch:
             if not bounded:
                 build["memory_budget"] = 1 << 62
             stage_options = StageOptions(option.microbatches, Fraction(in_flight, option.virtual), self.link,
-                                         dict(boundary or {}))
+                                         dict(boundary or {}), kept)
             self.problems[key] = build_model_problem(stage.graph, self.inner, stage=stage_options, **build)
         return self.problems[key]
 
+    def choose_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool, share: int = 1,
+                     boundary: Mapping[str, TensorSpec] | None = None,
+                     recipe: Recipe | None = None) -> tuple[ModelSolution, float]:
+        """The device's better plan over its two parameter policies, kept gathered over the step or
+        gathered per microbatch, and the least lower bound (seconds per microbatch) over both. The
+        per-microbatch problem is solved only where its bound without a budget is below the kept
+        plan's time. ``recipe`` (torchtitan's) keeps them gathered, as torchtitan does under PP."""
+        if recipe is not None:
+            found = self.solve_stage(option, stage, in_flight, bounded, share, boundary, recipe, kept=True)
+            return found, _seconds(found, lower=True)
+        if not bounded:
+            both = [self.solve_stage(option, stage, in_flight, False, 2 * share, kept=k) for k in (True, False)]
+            best = min(both, key=lambda s: _seconds(s, lower=True))
+            return best, _seconds(best, lower=True)
+        found: ModelSolution | None = None
+        floor, failure = float("inf"), None
+        for kept in (True, False):
+            if found is not None:
+                free = self.choose_free(option, stage, in_flight, kept)
+                if free is not None and _seconds(free, lower=True) >= _seconds(found, lower=False):
+                    floor = min(floor, _seconds(free, lower=True))  # pruned: its bound is no better
+                    continue
+            try:
+                solved = self.solve_stage(option, stage, in_flight, True, share, boundary, kept=kept)
+            except AutoshardError as exc:  # BudgetError: proved not to fit; else no plan in time
+                failure = failure if isinstance(failure, BudgetError) and not isinstance(exc, BudgetError) else exc
+                continue
+            floor = min(floor, _seconds(solved, lower=True))
+            if found is None or _seconds(solved, lower=False) < _seconds(found, lower=False):
+                found = solved
+        if found is None:
+            raise failure
+        return found, floor
+
+    def choose_free(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool) -> ModelSolution | None:
+        """The device's problem under one parameter policy without a budget (its bound), or None
+        when no plan was found in time."""
+        try:
+            return self.solve_stage(option, stage, in_flight, False, 4, kept=kept)
+        except AutoshardError:
+            return None
+
     def solve_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
                     share: int = 1, boundary: Mapping[str, TensorSpec] | None = None,
-                    recipe: Recipe | None = None) -> ModelSolution:
+                    recipe: Recipe | None = None, kept: bool = True) -> ModelSolution:
         """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left (with a budget,
         the incumbent's plan instead where it fits and costs less); or ``recipe``'s plan as it is,
         not solved, whether it fits or not."""
-        key = self._key(option, stage, in_flight, bounded, boundary or {}) + ((recipe,) if recipe else ())
+        key = self._key(option, stage, in_flight, bounded, boundary or {}, kept) + ((recipe,) if recipe else ())
         if key in self.cache:
             return self.cache[key]
-        mp = self.stage_problem(option, stage, in_flight, bounded, boundary)
+        mp = self.stage_problem(option, stage, in_flight, bounded, boundary, kept)
         if recipe is not None:
             self.cache[key] = _as_solution(mp, recipe(mp), stage)
             return self.cache[key]
@@ -206,8 +261,9 @@ class PipelineSearch:
         what = "bound" if not bounded else f"{in_flight}/{option.virtual} in flight" if option.virtual > 1 \
             else f"{in_flight} in flight"
         fixed = ", boundary layouts fixed" if boundary else ""
+        policy = "parameters kept gathered" if kept else "parameters gathered per microbatch"
         self.progress(f"stage problem: {stage_label(stage.signature)}, {option.microbatches} microbatches, "
-                      f"{what}{fixed}: {mp.problem.num_nodes} nodes")
+                      f"{what}{fixed}, {policy}: {mp.problem.num_nodes} nodes")
         left = self.remaining()
         try:
             solved = solve_model_problem(mp, self.solver(default_solve_options(mp, None if left is None else left / share)),
@@ -227,7 +283,8 @@ class PipelineSearch:
         Bounded, the first device is solved on its own and the others receive and send their
         boundary tensors in the layouts it sends in (alike devices chain the same tensor), so the
         stages agree by construction; their bound is that of their free problems without a budget,
-        the first device's that of its own solve. ``recipe``: that plan on every device, not solved."""
+        the first device's that of its own solve. ``recipe``: that plan on every device, not solved
+        (its bound then 0)."""
         stages = self.stages(option)
         orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
         in_flight = tuple(peak_in_flight(order) for order in orders)
@@ -237,33 +294,34 @@ class PipelineSearch:
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
         if not bounded:
             for sig, ds in searched.groups.items():
-                searched.solutions[sig] = self.solve_stage(option, stages[ds[0]], held[sig], False, 4)
+                searched.solutions[sig] = self.choose_stage(option, stages[ds[0]], held[sig], False, 2)[0]
             searched.bound = critical_path(option, stages, orders, self._times(stages, searched, lower=True))
             return searched
         first = stages[0].signature
         rest = [sig for sig in searched.groups if sig != first]
-        searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
-                                                     recipe=recipe)
-        lower = {first: _seconds(searched.solutions[first], lower=True)}
+        searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first], True,
+                                                             2 * (len(rest) + 1), recipe=recipe)
+        lower = {first: floor}
         sent = boundary_layouts(stages[0], searched.solutions[first])
         own = boundary_of(stages[0], sent)
         received = device_layouts(stages[0], searched.solutions[first])[0]
         if any(received.get(n, l) != l for n, l in own.items()):
             # an interleaved first device also receives: in the layouts it sends in
-            searched.solutions[first] = self.solve_stage(option, stages[0], held[first], True, 2 * (len(rest) + 1),
-                                                         own, recipe)
-            lower[first] = min(lower[first], _seconds(searched.solutions[first], lower=True))
+            searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first], True,
+                                                                 2 * (len(rest) + 1), own, recipe)
+            lower[first] = min(lower[first], floor)
         for k, sig in enumerate(sorted(rest, key=lambda g: -held[g] * sum(g[0]))):  # the fullest first
             stage = stages[searched.groups[sig][0]]
-            searched.solutions[sig] = self.solve_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
-                                                       boundary_of(stage, sent), recipe)
-            try:
-                lower[sig] = _seconds(self.solve_stage(option, stage, held[sig], False, 4), lower=True)
-            except AutoshardError:  # its free problem found no plan in time: nothing bounds it from below
-                lower[sig] = 0.0
+            searched.solutions[sig] = self.choose_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
+                                                        boundary_of(stage, sent), recipe)[0]
+            if recipe is None:
+                free = [self.choose_free(option, stage, held[sig], kept) for kept in (True, False)]
+                # a free problem without a plan in time bounds nothing from below
+                lower[sig] = 0.0 if None in free else min(_seconds(f, lower=True) for f in free)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
         searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
-        searched.bound = critical_path(option, stages, orders, [lower[st.signature] for st in stages])
+        if recipe is None:  # a recipe's plans, not solved, bound nothing
+            searched.bound = critical_path(option, stages, orders, [lower[st.signature] for st in stages])
         return searched
 
     @staticmethod
@@ -271,23 +329,9 @@ class PipelineSearch:
         return [_seconds(searched.solutions[st.signature], lower) for st in stages]
 
 
-def device_layouts(stage: Stage, solution: ModelSolution) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
-    """(received, returned) layouts of a device under ``solution``, which may have been solved on an
-    alike device's graph: matched by position, named as on ``stage``."""
-    got, gave = stage_layouts(solution.model_problem.graph, solution.plan)
-    return dict(zip(stage.received, got.values())), dict(zip(stage_outputs(stage.graph), gave.values()))
-
-
-def boundary_layouts(stage: Stage, solution: ModelSolution) -> dict[TensorMeta, TensorSpec]:
-    """The layout the first device sends each kind (shape and dtype) of boundary tensor in."""
-    sent = device_layouts(stage, solution)[1]
-    return {stage.graph[name].tensor: sent[name] for name in stage.sent if stage.graph[name].tensor is not None}
-
-
-def boundary_of(stage: Stage, layouts: Mapping[TensorMeta, TensorSpec]) -> dict[str, TensorSpec]:
-    """The layouts ``stage`` receives and sends its boundary tensors in: those of their kind."""
-    names = stage.received + (() if stage.last else stage.sent)
-    return {name: layouts[stage.graph[name].tensor] for name in names if stage.graph[name].tensor in layouts}
+def kept_gathered(solution: ModelSolution) -> bool:
+    """Whether a device's plan keeps its parameters gathered over the step's microbatches."""
+    return solution.model_problem.options.kept_over > 0
 
 
 def _as_solution(mp: ModelProblem, choice: Sequence[int], stage: Stage) -> ModelSolution:
@@ -316,20 +360,6 @@ def critical_path(option: PipelineOption, stages: list[Stage], orders: list, per
         for s, (f, b) in zip(stage.stages, stage.flops):
             forward[s], backward[s] = seconds * f / total, seconds * b / total
     return timing(orders, forward, backward).step
-
-
-def boundary_mismatches(stages: list[Stage], solutions: list[ModelSolution]) -> list[str]:
-    """Tensors a device receives in another layout than its sender sends them in (``solutions[d]``:
-    device ``d``'s, perhaps solved on an alike device's graph)."""
-    received: dict[str, TensorSpec] = {}
-    sent: dict[str, TensorSpec] = {}
-    for stage, sol in zip(stages, solutions):
-        got, gave = device_layouts(stage, sol)
-        received |= got
-        sent |= gave
-    ndim = solutions[0].model_problem.mesh.ndim if solutions else 1
-    return [f"{name} sent as {sent[name].format(ndim)}, received as {spec.format(ndim)}"
-            for name, spec in received.items() if name in sent and sent[name] != spec]
 
 
 def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Sequence[PipelineOption] = (),

@@ -78,7 +78,9 @@ class BuildOptions:
     messages. A pipeline stage (autoshard/pipeline) holds ``in_flight`` microbatches at its
     fullest and, with ``accumulate``, sums gradients over them (``cost/memory.microbatched_items``);
     ``receive_link`` (bytes/s, seconds) carries what it receives from the stage before;
-    ``boundary`` fixes the layouts it receives and sends tensors in (by name), as its neighbours hold them.
+    ``boundary`` fixes the layouts it receives and sends tensors in (by name), as its neighbours hold them;
+    ``kept_over`` > 0: it keeps its parameters gathered over that many microbatches, one gather and
+    one gradient reduction per step (``edges.py``, ``cost/memory.param_items``).
     """
 
     mode: str = "inference"
@@ -99,6 +101,7 @@ class BuildOptions:
     accumulate: bool = False
     receive_link: tuple[float, float] | None = None
     boundary: Mapping[str, TensorSpec] = field(default_factory=dict)
+    kept_over: int = 0
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     life = times.base  # what a handed saver keeps, its edge's copies' node charges
     builder = CandidateBuilder(graph, mesh, cost_model, life, training, options.precision, options.optimizer_slots,
                                options.slapo_space, local_flops, blocks, options.capacity_factor,
-                               options.receive_link)
+                               options.receive_link, options.kept_over > 0)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
     for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):
@@ -344,7 +347,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         _pin_expert_parallel(candidates, options.expert_parallel, mesh)
     names = list(candidates)
     index = {n: i for i, n in enumerate(names)}
-    prices = EdgePrices(mesh, cost_model, options.precision, fsdp2=options.overlap)
+    prices = EdgePrices(mesh, cost_model, options.precision, fsdp2=options.overlap, kept_over=options.kept_over)
     prices.async_tp = options.async_tp
     edges: list[ModelEdge] = []
     copies: list[ReshardCopies] = []

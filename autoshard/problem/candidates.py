@@ -21,6 +21,7 @@ the pace), and an expert-parallel one its all-to-alls too (``sharding/exchange.p
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -102,9 +103,9 @@ class CandidateBuilder:
     def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
                  precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None,
                  blocks: Blocks = NO_BLOCKS, capacity_factor: float = 1.0,
-                 receive_link: tuple[float, float] | None = None) -> None:
+                 receive_link: tuple[float, float] | None = None, keep_gathered: bool = False) -> None:
         self.graph, self.mesh, self.cost_model, self.life = graph, mesh, cost_model, life
-        self.receive_link = receive_link
+        self.receive_link, self.keep_gathered = receive_link, keep_gathered
         self.local_flops, self.blocks = local_flops, blocks
         self.capacity_factor = capacity_factor
         self.doubled: dict[tuple[int, bool], tuple[list[OpStrategy], list[int], list[tuple[int, int]], list[bool],
@@ -239,7 +240,7 @@ class CandidateBuilder:
         def items_of(chosen: list[tuple[TensorSpec, ParamStorage]], recomputed: Blocks | None) -> list[MemoryItem]:
             return param_items(node, [l for l, _ in chosen], [s for _, s in chosen], owner.node if owner else None,
                                saved, self.life, self.mesh, self.precision, self.training, self.optimizer_slots,
-                               recomputed)
+                               recomputed, self.keep_gathered)
 
         recompute = None
         items = items_of(options, None)
@@ -264,7 +265,8 @@ class CandidateBuilder:
     def _storage_options(self, meta: TensorMeta, layouts: list[TensorSpec], owner: list[OpStrategy],
                          operand: int, saved: bool) -> list[tuple[TensorSpec, ParamStorage]]:
         """Every (stored layout, use) pair with ``use`` one of the owner's operand layouts; gathered
-        again for backward as well only where the owner saves it (else its copy dies in forward)."""
+        again for backward as well only where the owner saves it (else its copy dies in forward)
+        and the stage does not keep its parameters gathered over the step."""
         options = []
         for use in sorted({s.in_specs[operand] for s in owner}):
             for stored in layouts:
@@ -272,7 +274,7 @@ class CandidateBuilder:
                     options.append((stored, ParamStorage(use)))
                 elif gathers_only(stored, use, meta, self.mesh):
                     options.append((stored, ParamStorage(use)))
-                    if self.training and saved:
+                    if self.training and saved and not self.keep_gathered:
                         options.append((stored, ParamStorage(use, regather=True)))
         return options
 
@@ -351,12 +353,15 @@ class CandidateBuilder:
 
     def _output(self, node: OpNode) -> Candidate:
         """Outputs are gathered (replicated) in inference; in training the first output may stay in
-        any layout, since the loss is computed where it lives (data-parallel or vocab-parallel)."""
+        any layout, since the loss is computed where it lives (data-parallel or vocab-parallel), and
+        on a pipeline stage (``receive_link`` given) so may every output, each sent on as it lies
+        (an interleaved device sends one tensor per stage it holds)."""
         metas = [self.graph[s].tensor for s in node.inputs]
-        base = tuple(None if m is None else TensorSpec.replicated(len(m.shape)) for m in metas)
-        layouts = [base[0]] if not self.training or not base or base[0] is None else \
-            tensor_layouts(metas[0].shape, self.mesh.shape, self.allowed)
-        options = [OpStrategy((), (spec,) + base[1:], TensorSpec(()), (spec,) + base[1:]) for spec in layouts]
+        free = len(metas) if self.receive_link is not None else 1
+        per_operand = [[None] if m is None else tensor_layouts(m.shape, self.mesh.shape, self.allowed)
+                       if self.training and k < free else [TensorSpec.replicated(len(m.shape))]
+                       for k, m in enumerate(metas)]
+        options = [OpStrategy((), specs, TensorSpec(()), specs) for specs in itertools.product(*per_operand)]
         return Candidate(node, options, [0] * len(options))
 
 

@@ -33,6 +33,16 @@ along a dimension other than 0 is copied once more each way (``torch.cat`` betwe
 and its layout, at the compute dtype). Parameters gather at
 their compute dtype (a tensorwise Float8 linear's weight in float8, ``cost/float8.py``) and
 gradients reduce at the precision's gradient dtype (``cost/memory.py``).
+
+Kept gathered (``kept_over`` = ``m`` > 0: a pipeline stage whose ``m`` microbatches share one
+gather, as FSDP2's ``reshard_after_forward=False`` under torch.distributed.pipelining): the
+problem's objective is the stage's time per microbatch, so the owner edge charges the step's
+one gather, hidden under the first microbatch's compute as above, and its one gradient reduction,
+after the stage's last backward and so exposed, with their copies, each divided by ``m``:
+
+    cost(i, j) = ceil((max(0, F_ij - fwd_j) + R_ij + copies_ij) / m)
+
+with no re-gather (the use copy is kept, recomputation reads it) and no hiding of ``R``.
 """
 
 from __future__ import annotations
@@ -60,8 +70,10 @@ class EdgePrices:
 
     async_tp: bool = False
 
-    def __init__(self, mesh: Mesh, cost_model: CostModel, precision: str = "as-is", fsdp2: bool = False) -> None:
+    def __init__(self, mesh: Mesh, cost_model: CostModel, precision: str = "as-is", fsdp2: bool = False,
+                 kept_over: int = 0) -> None:
         self.mesh, self.cost_model, self.precision, self.fsdp2 = mesh, cost_model, precision, fsdp2
+        self.kept_over = kept_over
         self.reshards: dict[tuple, int] = {}
         self.matrices: dict[tuple, np.ndarray] = {}
 
@@ -144,7 +156,7 @@ class EdgePrices:
                     continue
                 allowed[i, j] = True
                 back = self.reshard(s.grad_specs[operand], stored.out_spec, reduced) if backward else 0
-                gathers = 1 + int(storage.regather) + int(recompute[j])
+                gathers = 1 if self.kept_over else 1 + int(storage.regather) + int(recompute[j])
                 forward[i, j] = gather
                 backward_pass[i, j] = back + gather * (gathers - 1)
                 copy_in = self._streamed((1 + 2 * rearranged) * local_bytes(s.grad_specs[operand], used, self.mesh)
@@ -154,8 +166,12 @@ class EdgePrices:
             own_forward = np.asarray(dst.forward_costs, dtype=np.int64)[None, :]
             own_backward = np.asarray(dst.costs, dtype=np.int64)[None, :] - own_forward
             forward = np.maximum(0, forward - own_forward)
-            backward_pass = np.maximum(0, backward_pass - own_backward)
-        return np.where(allowed, np.minimum(forward + backward_pass + copies, FORBIDDEN), FORBIDDEN)
+            if not self.kept_over:  # a kept stage reduces after its last backward: nothing left to hide under
+                backward_pass = np.maximum(0, backward_pass - own_backward)
+        total = forward + backward_pass + copies
+        if self.kept_over:
+            total = -(-total // self.kept_over)
+        return np.where(allowed, np.minimum(total, FORBIDDEN), FORBIDDEN)
 
     def _streamed(self, nbytes: int) -> int:
         """Ticks of a memory-bound copy of ``nbytes`` (0 where the model does not charge compute)."""

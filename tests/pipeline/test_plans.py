@@ -46,11 +46,12 @@ def test_a_plan_is_not_carried_onto_a_different_graph(middle) -> None:
 
 def test_the_file_round_trips_and_malformed_files_are_one_line_errors(middle, tmp_path: Path) -> None:
     stages, plan = middle
-    pipeline = PipelinePlan(parse_mesh("4x2"), 0, "1f1b", 4, 1, (2, 2, 2, 2), 1.5, 1.2, False, [([1, 2], plan)])
+    pipeline = PipelinePlan(parse_mesh("4x2"), 0, "1f1b", 4, 1, (2, 2, 2, 2), 1.5, 1.2, False, [([1, 2], plan, True)])
     path = tmp_path / "pipeline.json"
     pipeline.save(path)
     loaded = PipelinePlan.load(path)
     assert (loaded.mesh.shape, loaded.axis, loaded.counts, loaded.groups[0][0]) == ((4, 2), 0, (2, 2, 2, 2), [1, 2])
+    assert loaded.kept(2) and json.loads(path.read_text())["devices"][0]["keep_gathered"] is True
     with pytest.raises(AutoshardError, match=r"covers pipeline devices \[1, 2\], the mesh has 4"):
         loaded.device_plans(stages)
     data = json.loads(path.read_text())

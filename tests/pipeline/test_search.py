@@ -114,7 +114,7 @@ def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
     model = tiny_llama(4)
     build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
-    seed = torchtitan_options(4, 2, 2, BATCH)[0]
+    seed = torchtitan_options(4, 2, BATCH)[0]
     monkeypatch.setattr(pipeline_search, "solve_model_problem", nothing_in_time)
     engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=60)
     options = options_for(4, 2, [2, 4], ("1f1b",))
@@ -130,7 +130,7 @@ def test_the_recipe_seeds_the_search_and_stands_when_nothing_beats_it_in_time() 
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
     model = tiny_llama(4)
     build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
-    seed = torchtitan_options(4, 2, 2, BATCH)[0]
+    seed = torchtitan_options(4, 2, BATCH)[0]
     hurried = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=1e-3)
     result = search(hurried, options_for(4, 2, [2, 4], ("1f1b",)), [seed])
     assert result.best.origin == "baseline" and result.best.option == seed
