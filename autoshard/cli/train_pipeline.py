@@ -7,8 +7,9 @@ trains with :class:`~autoshard.runtime.pipeline.PipelineRunner`: each step runs 
 squared, summed over the pipeline axis) and takes an AdamW step. Rank 0 reports the loss, which
 the last stage sends it. Checkpoints hold every stage's parameters and AdamW state under the
 model's own names, so a run resumes under another pipeline degree, another mesh or no pipeline
-at all (each rank reads the tensors of its stage); GPipe and 1F1B plans run, interleaved ones are
-refused.
+at all (each rank reads the tensors of its stage). Every schedule the search offers runs: an
+interleaved device's plan is split over its stages (``pipeline/chunks.py``), and devices the plan
+keeps gathered gather their parameters once per step (``runtime/kept.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.frontend.load import LoadedModel, load_model
 from autoshard.frontend.trace import trace
+from autoshard.pipeline.chunks import run_stages
 from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.stages import cut
 from autoshard.problem.plan import Plan
@@ -48,6 +50,7 @@ class PipelineTraining:
     graphs: list[OpGraph]
     plans: list[Plan]
     inputs: list[str]
+    kept: list[bool]
 
 
 def is_pipeline_file(path: str) -> bool:
@@ -61,26 +64,36 @@ def is_pipeline_file(path: str) -> bool:
 def prepare_pipeline(args: argparse.Namespace, world_size: int) -> PipelineTraining:
     """Load and check the pipelined plan and the model; raises AutoshardError, computes nothing."""
     pipeline = PipelinePlan.load(args.plan)
-    if pipeline.virtual != 1:
-        raise AutoshardError(f"{args.plan} interleaves {pipeline.virtual} stages per device, which the runtime does "
-                             f"not run yet: re-solve with --schedule 1f1b or gpipe")
     if pipeline.mesh.size != world_size:
         raise AutoshardError(f"{args.plan} is for mesh {pipeline.mesh.label} ({pipeline.mesh.size} ranks) but "
                              f"{world_size} were launched: launch {pipeline.mesh.size}")
     if args.backend == "nccl":
         raise AutoshardError("pipelined plans run on gloo (CPU) here: use --backend gloo")
     loaded = load_model(args.model).for_training()
+    graphs, plans, inputs = pipeline_stages(loaded, pipeline, args.model, args.plan)
+    for graph, plan in zip(graphs, plans):
+        check_backend(plan, args.backend)
+    devices = pipeline.mesh.shape[pipeline.axis]
+    return PipelineTraining(pipeline, loaded, graphs, plans, inputs, [pipeline.kept(d) for d in range(devices)])
+
+
+def pipeline_stages(loaded: LoadedModel, pipeline: PipelinePlan, model: str,
+                    plan: str) -> tuple[list[OpGraph], list[Plan], list[str]]:
+    """Every stage's graph and checked plan (in stage order), traced at the plan's microbatch
+    size, and the model's input names; raises AutoshardError naming what does not match."""
+    if len(pipeline.counts) != pipeline.virtual * pipeline.mesh.shape[pipeline.axis]:
+        raise AutoshardError(f"{plan} has {len(pipeline.counts)} stages, not {pipeline.virtual} per device on "
+                             f"{pipeline.mesh.shape[pipeline.axis]} devices: re-create it with autoshard.solve --out")
     graph = trace(loaded.model, microbatch_inputs(loaded.example_inputs, pipeline.microbatches))
     repeated = find_repeated_layers(graph)
     if repeated is None:
-        raise AutoshardError(f"{args.model} has no repeated layers to cut: {args.plan} is for another model")
-    stages = cut(graph, repeated, pipeline.counts, pipeline.mesh.shape[pipeline.axis])
-    plans = [check_model(plan, stage.graph) for stage, plan in zip(stages, pipeline.device_plans(stages))]
-    for stage, plan in zip(stages, plans):
-        check_layouts(plan, stage.graph)
-        check_backend(plan, args.backend)
-    inputs = [n.name for n in graph if n.kind == NodeKind.INPUT]
-    return PipelineTraining(pipeline, loaded, [s.graph for s in stages], plans, inputs)
+        raise AutoshardError(f"{model} has no repeated layers to cut: {plan} is for another model")
+    devices = cut(graph, repeated, pipeline.counts, pipeline.mesh.shape[pipeline.axis])
+    graphs, plans = run_stages(graph, repeated, pipeline.counts, devices, pipeline.device_plans(devices))
+    plans = [check_model(p, g) for g, p in zip(graphs, plans)]
+    for g, p in zip(graphs, plans):
+        check_layouts(p, g)
+    return graphs, plans, [n.name for n in graph if n.kind == NodeKind.INPUT]
 
 
 def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: int,
@@ -89,7 +102,7 @@ def train_pipeline(args: argparse.Namespace, training: PipelineTraining, rank: i
     Returns the losses of the steps this call trained (on every rank)."""
     pipeline, loaded = training.pipeline, training.loaded
     runner = PipelineRunner(loaded.model, training.graphs, training.plans, pipeline.mesh, pipeline.axis,
-                            pipeline.schedule, pipeline.microbatches, training.inputs)
+                            pipeline.schedule, pipeline.microbatches, training.inputs, training.kept)
     optimizer = make_optimizer(runner.module, args)
     done, was, resumed = resume(args, runner.module, optimizer, part=True)
     last = runner.first_rank_of(pipeline.mesh.shape[pipeline.axis] - 1)

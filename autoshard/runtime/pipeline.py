@@ -1,18 +1,20 @@
 """Run a pipelined plan on torch.distributed: stages sharded by the executor, microbatches passed on.
 
 Rank ``r`` of the mesh is pipeline device ``d`` (its coordinate on the pipeline axis) and runs
-its stage's plan with :class:`~autoshard.runtime.executor.ParallelModule` on the other axes. A
-training step splits the batch into the option's microbatches and runs the device's actions in
-the schedule's order (``pipeline/schedules.device_orders``, the order torch's
-``Schedule1F1B``/``ScheduleGPipe`` also run): a forward receives the local pieces of what the
-stage before sends (point to point, between ranks with the same coordinates on the other axes,
-in the layout both plans agree on), runs the stage and sends its outputs on; a backward
-receives their gradients (or, on the last stage, starts from the loss over the number of
-microbatches), runs autograd and sends the received inputs' gradients back. Sends are
-asynchronous and waited for at the end of the step; gradients accumulate over microbatches.
-Every transfer is logged, so :meth:`PipelineRunner.transfers` can be compared with what the
-plan charged (:func:`expected_transfers`). One stage per device (GPipe, 1F1B) runs;
-interleaved stages are planned and costed, not run.
+the stages ``d, d + p, ...`` of a pipeline of ``p`` devices (several: interleaved, as
+torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` places them), each stage's plan with
+:class:`~autoshard.runtime.executor.ParallelModule` on the other axes. A training step splits the
+batch into the option's microbatches and runs the device's actions in the schedule's order
+(``pipeline/schedules.device_orders``: GPipe, 1F1B, interleaved 1F1B): a forward receives the
+local pieces of what the stage before sends (point to point, between ranks with the same
+coordinates on the other axes, in the layout both plans agree on, tagged by stage, microbatch
+and tensor), runs the stage and sends its outputs on; a backward receives their gradients (or,
+on the last stage, starts from the loss over the number of microbatches), runs autograd and
+sends the received inputs' gradients back. Sends are asynchronous and waited for at the end of
+the step; gradients accumulate over microbatches. A device that keeps its parameters gathered
+(``runtime/kept.py``) gathers them before its first action and reduces their gradients after its
+last, as the plan priced it. Every transfer is logged, so :meth:`PipelineRunner.transfers` can be
+compared with what the plan charged (:func:`expected_transfers`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from autoshard.pipeline.stages import shared_parameters, stage_layouts
 from autoshard.problem.plan import Plan
 from autoshard.runtime.executor import ParallelModule, parallelize
 from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.kept import KeptParameters, StageParameters, gathered_plan
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
 
@@ -72,24 +75,46 @@ def _order(t: Transfer) -> tuple:
 
 
 class PipelineRunner:
-    """This rank's stage of a pipelined plan and the schedule that drives it (collective to build)."""
+    """This rank's stages of a pipelined plan and the schedule that drives them (collective to build).
+
+    ``graphs`` and ``plans``: one per pipeline stage (``p * v`` of them, ``v`` stages per device);
+    ``kept``: per device, whether it keeps its parameters gathered over the step."""
 
     def __init__(self, model: nn.Module, graphs: Sequence[OpGraph], plans: Sequence[Plan], mesh: Mesh, axis: int,
-                 schedule: str, microbatches: int, input_names: Sequence[str]) -> None:
-        if len(graphs) != mesh.shape[axis] or len(plans) != len(graphs):
-            raise AutoshardError(f"a pipeline over mesh axis {axis} of {mesh.label} needs {mesh.shape[axis]} stage "
-                                 f"plans, got {len(plans)}: one per stage, interleaved stages are not run")
+                 schedule: str, microbatches: int, input_names: Sequence[str],
+                 kept: Sequence[bool] | None = None) -> None:
+        p = mesh.shape[axis]
+        if len(plans) != len(graphs) or not graphs or len(graphs) % p:
+            raise AutoshardError(f"a pipeline over mesh axis {axis} of {mesh.label} needs a multiple of {p} stage "
+                                 f"plans (one per stage), got {len(plans)} plans for {len(graphs)} stages")
         _check_boundaries(graphs, plans)
         self.groups, self.device, self.pipe_group = MeshGroups.stage(mesh, axis)
-        self.mesh, self.axis, self.devices = mesh, axis, mesh.shape[axis]
-        self.graph, self.plan = graphs[self.device], plans[self.device]
-        self.module: ParallelModule = parallelize(model, self.plan, self.groups, graph=self.graph)
-        self.order = device_orders(schedule, self.devices, microbatches)[self.device]
+        self.mesh, self.axis, self.devices, self.virtual = mesh, axis, p, len(graphs) // p
+        self.stage_ids = tuple(range(self.device, len(graphs), p))
+        self.graphs = {s: graphs[s] for s in self.stage_ids}
+        self.plans = {s: plans[s] for s in self.stage_ids}
+        keep = bool(kept[self.device]) if kept is not None else False
+        self.modules: dict[int, ParallelModule] = {}
+        self.kept: list[KeptParameters] = []
+        masters = []
+        for s in self.stage_ids:
+            master = parallelize(model, plans[s], self.groups, graph=graphs[s])
+            masters.append(master)
+            self.modules[s] = master
+            if keep:
+                gathered, moved = gathered_plan(plans[s], graphs[s])
+                # checked as solved by the master's parallelize; its owner edges now leave the
+                # gradient where the owner's backward puts it, which only KeptParameters reduces
+                self.modules[s] = parallelize(model, gathered, self.groups, graph=graphs[s], validate=False)
+                self.kept.append(KeptParameters(master, self.modules[s], moved, self.groups))
+        self.module = StageParameters(masters, list(self.modules.values()))
+        self.order = device_orders(schedule, p, microbatches, self.virtual)[self.device]
         self.microbatches, self.input_names = microbatches, list(input_names)
-        self.received, self.sent = stage_layouts(self.graph, self.plan)
-        self.first, self.last = self.device == 0, self.device == self.devices - 1
+        self.layouts = {s: stage_layouts(graphs[s], plans[s]) for s in self.stage_ids}
+        self.last_stage = len(graphs) - 1
+        self.first, self.last = 0 in self.stage_ids, self.last_stage in self.stage_ids
         self.log: list[Transfer] = []
-        self.loss_spec = self.module.output_specs[0] if self.last else None
+        self.loss_spec = self.modules[self.last_stage].output_specs[0] if self.last else None
 
     def first_rank_of(self, device: int) -> int:
         """The global rank of pipeline device ``device``'s first rank (coordinate 0 on the other axes)."""
@@ -97,13 +122,18 @@ class PipelineRunner:
         coords[self.axis] = device
         return self.mesh.rank(tuple(coords))
 
-    def _neighbour(self, step: int) -> int:
+    def _rank_of_stage(self, stage: int) -> int:
+        """The rank holding ``stage`` with this rank's coordinates on the other axes."""
         coords = list(self.mesh.coords(dist.get_rank()))
-        coords[self.axis] += step
+        coords[self.axis] = stage % self.devices
         return self.mesh.rank(tuple(coords))
 
-    def _empty(self, name: str, spec: TensorSpec) -> torch.Tensor:
-        meta = self.graph[name].tensor
+    def _tag(self, stage: int, microbatch: int, backward: bool, index: int) -> int:
+        """The point-to-point tag of tensor ``index`` that ``stage`` receives for ``microbatch``."""
+        return ((stage * self.microbatches + microbatch) * 2 + backward) * 64 + index
+
+    def _empty(self, stage: int, name: str, spec: TensorSpec) -> torch.Tensor:
+        meta = self.graphs[stage][name].tensor
         return torch.empty(spec.local_shape(meta.shape, self.groups.mesh.shape), dtype=getattr(torch, meta.dtype))
 
     def step(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -112,54 +142,75 @@ class PipelineRunner:
         (the mean over microbatches), None elsewhere."""
         pieces = [torch.chunk(t, self.microbatches) for t in inputs]
         fed = [dict(zip(self.input_names, (p[i] for p in pieces))) for i in range(self.microbatches)]
-        held: dict[int, _InFlight] = {}
+        for stage in self.kept:
+            stage.gather()
+        held: dict[tuple[int, int], _InFlight] = {}
         pending: list[Any] = []
         total = None
         for action in self.order:
-            i = action.microbatch
+            key = (action.stage, action.microbatch)
             if action.kind == "F":
-                held[i] = state = _InFlight()
-                for name, spec in self.received.items():
-                    buffer = self._empty(name, spec)
-                    dist.recv(buffer, self._neighbour(-1))
-                    self.log.append(Transfer("received", name, "forward", buffer.nbytes))
-                    state.received[name] = buffer.requires_grad_(self.graph[name].requires_grad)
-                args = [state.received[n.name] if n.name in state.received else fed[i][n.name]
-                        for n in self.graph if n.kind == NodeKind.INPUT]
-                out = self.module(*args)
-                state.outputs = list(out) if isinstance(out, tuple) else [out]
-                if not self.last:
-                    for name, value in zip(self.sent, state.outputs):
-                        pending.append(dist.isend(value.detach().contiguous(), self._neighbour(1)))
-                        self.log.append(Transfer("sent", name, "forward", value.nbytes))
+                held[key] = self._forward(action.stage, action.microbatch, fed[action.microbatch], pending)
             else:
-                state = held.pop(i)
-                if self.last:
-                    loss = state.outputs[0] / self.microbatches
-                    loss.backward()
-                    total = loss.detach() if total is None else total + loss.detach()
-                else:
-                    grads = []
-                    for name, value in zip(self.sent, state.outputs):
-                        buffer = torch.empty_like(value)
-                        dist.recv(buffer, self._neighbour(1))
-                        self.log.append(Transfer("received", name, "backward", buffer.nbytes))
-                        grads.append(buffer)
-                    torch.autograd.backward(state.outputs, grads)
-                for name, value in state.received.items():
-                    grad = value.grad if value.grad is not None else torch.zeros_like(value)
-                    pending.append(dist.isend(grad.contiguous(), self._neighbour(-1)))
-                    self.log.append(Transfer("sent", name, "backward", grad.nbytes))
+                loss = self._backward(action.stage, action.microbatch, held.pop(key), pending)
+                if loss is not None:
+                    total = loss if total is None else total + loss
         for work in pending:
             work.wait()
+        for stage in self.kept:
+            stage.reduce()
         return total
+
+    def _forward(self, stage: int, microbatch: int, fed: dict[str, torch.Tensor], pending: list[Any]) -> _InFlight:
+        """Receive ``stage``'s inputs for ``microbatch``, run it and send its outputs on."""
+        state = _InFlight()
+        received, _ = self.layouts[stage]
+        graph = self.graphs[stage]
+        for k, (name, spec) in enumerate(received.items()):
+            buffer = self._empty(stage, name, spec)
+            dist.recv(buffer, self._rank_of_stage(stage - 1), tag=self._tag(stage, microbatch, False, k))
+            self.log.append(Transfer("received", name, "forward", buffer.nbytes))
+            state.received[name] = buffer.requires_grad_(graph[name].requires_grad)
+        args = [state.received.get(n.name, fed.get(n.name)) for n in graph if n.kind == NodeKind.INPUT]
+        out = self.modules[stage](*args)
+        state.outputs = list(out) if isinstance(out, tuple) else [out]
+        if stage != self.last_stage:
+            sent = self.layouts[stage][1]
+            for k, (name, value) in enumerate(zip(sent, state.outputs)):
+                pending.append(dist.isend(value.detach().contiguous(), self._rank_of_stage(stage + 1),
+                                          tag=self._tag(stage + 1, microbatch, False, k)))
+                self.log.append(Transfer("sent", name, "forward", value.nbytes))
+        return state
+
+    def _backward(self, stage: int, microbatch: int, state: _InFlight, pending: list[Any]) -> torch.Tensor | None:
+        """Run ``stage``'s backward for ``microbatch`` from its outputs' gradients (the last stage:
+        from its loss over the microbatch count, which it returns) and send its inputs' gradients back."""
+        loss = None
+        if stage == self.last_stage:
+            scaled = state.outputs[0] / self.microbatches
+            scaled.backward()
+            loss = scaled.detach()
+        else:
+            grads = []
+            for k, (name, value) in enumerate(zip(self.layouts[stage][1], state.outputs)):
+                buffer = torch.empty_like(value)
+                dist.recv(buffer, self._rank_of_stage(stage + 1), tag=self._tag(stage, microbatch, True, k))
+                self.log.append(Transfer("received", name, "backward", buffer.nbytes))
+                grads.append(buffer)
+            torch.autograd.backward(state.outputs, grads)
+        for k, (name, value) in enumerate(state.received.items()):
+            grad = value.grad if value.grad is not None else torch.zeros_like(value)
+            pending.append(dist.isend(grad.contiguous(), self._rank_of_stage(stage - 1),
+                                      tag=self._tag(stage - 1, microbatch, True, k)))
+            self.log.append(Transfer("sent", name, "backward", grad.nbytes))
+        return loss
 
     def transfers(self) -> list[Transfer]:
         """Every point-to-point message since construction (or :meth:`reset_log`), sorted."""
         return sorted(self.log, key=_order)
 
     def reset_log(self) -> None:
-        """Forget the transfers so far, and the stage's collectives."""
+        """Forget the transfers so far, and the stages' collectives."""
         self.log.clear()
         self.module.reset_log()
 

@@ -58,7 +58,7 @@ def test_pipeline_search_prints_options_claim_and_plan(capsys, model_file, tmp_p
         prepare_pipeline(args, 2)
     saved["pipeline"]["virtual_stages"] = 2
     out_file.write_text(json.dumps(saved))
-    with pytest.raises(AutoshardError, match="interleaves 2 stages per device"):
+    with pytest.raises(AutoshardError, match="has 2 stages, not 2 per device on 2 devices"):
         prepare_pipeline(args, 4)
 
 
