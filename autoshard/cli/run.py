@@ -17,6 +17,9 @@ bytes each kind of collective moved. Exit status 1 when a relative error exceeds
 the executed collectives differ from the plan's list, or ranks gathered different values. A
 plan that shards nothing says so: its check only shows that every replica runs the model.
 
+A pipelined plan (``autoshard.solve --pipeline --out``) runs one step of its schedule instead,
+checked against the unsharded model's microbatches (``cli/run_pipeline.py``).
+
 The model is re-traced with the frontend the plan records. A refusal is our only output on
 stderr (no traceback); torchrun then prints its own ChildFailedError report for the non-zero
 exit, which a worker cannot suppress, and shows our line as that report's ``traceback :``
@@ -42,6 +45,8 @@ from autoshard.frontend.trace import trace
 from autoshard.frontend.graph import OpGraph
 from autoshard.problem.plan import Plan
 from autoshard.cli.process import refuse
+from autoshard.cli.run_pipeline import PipelinedRun, check_pipelined, prepare_pipelined
+from autoshard.cli.train_pipeline import is_pipeline_file
 from autoshard.runtime.checks import (BACKEND_COLLECTIVES, check_backend, check_layouts, check_model,
                                       check_world, expected_collectives, relative_errors, same_collectives)
 from autoshard.runtime.executor import ParallelModule, parallelize
@@ -233,6 +238,15 @@ def _execute(prep: Prepared, args: argparse.Namespace, rank: int) -> bool:
     return bool(verdict[0])
 
 
+def _run_pipelined(run: PipelinedRun, args: argparse.Namespace, rank: int) -> int:
+    """The distributed part for a pipelined plan (``cli/run_pipeline.py``): 0 when it checks, else 1."""
+    dist.init_process_group(args.backend)
+    try:
+        return 0 if check_pipelined(run, args, rank) else 1
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv: Sequence[str] | None = None,
          collectives: Mapping[str, frozenset[str]] = BACKEND_COLLECTIVES) -> int:
     """Entry point; ``collectives`` is the per-backend table the plan is checked against."""
@@ -240,6 +254,8 @@ def main(argv: Sequence[str] | None = None,
     rank = 0
     try:
         rank, world_size, local_rank = launch_env(os.environ)
+        if is_pipeline_file(args.plan):
+            return _run_pipelined(prepare_pipelined(args, world_size), args, rank)
         prep = prepare(args, world_size, local_rank, collectives)
     except AutoshardError as error:
         return refuse("autoshard.run", error, rank)
