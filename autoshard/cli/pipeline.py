@@ -1,9 +1,11 @@
-"""``autoshard.solve --pipeline AXIS``: search pipeline options with each stage's sharding, print
-the options, the claim, and the chosen plan per device of the pipeline."""
+"""``autoshard.solve --pipeline AXIS|auto``: search pipeline options with each stage's sharding, print
+the options, the claim, and the chosen plan per device of the pipeline (``auto``: over every axis
+and without a pipeline too, ``pipeline/axes.py``, and why the chosen one beats the others)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,16 +19,18 @@ from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.schedules import SCHEDULES
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
-from autoshard.pipeline.options import microbatch_counts, options_for, stage_label
+from autoshard.pipeline.axes import AxesSearch, pipeline_axes, whole_option, why
+from autoshard.pipeline.options import NO_PIPELINE, microbatch_counts, options_for, stage_label
 from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered, search
 from autoshard.sharding.layers import find_repeated_layers
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The pipeline flags of ``autoshard.solve``."""
-    p.add_argument("--pipeline", type=int, default=None, metavar="AXIS",
+    p.add_argument("--pipeline", type=pipeline_axis, default=None, metavar="AXIS|auto",
                    help="pipeline the repeated layers over this mesh axis (its size is the number of stages; "
-                        "the other axes shard each stage): schedule, microbatches and cuts are searched")
+                        "the other axes shard each stage): schedule, microbatches and cuts are searched; auto: "
+                        "whether to pipeline and over which axis are searched too")
     p.add_argument("--schedule", choices=("auto",) + SCHEDULES, default="auto",
                    help="pipeline schedule (default: search all)")
     p.add_argument("--microbatches", default=None, metavar="N[,N]",
@@ -34,6 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to 4 times it)")
     p.add_argument("--virtual-stages", type=int, default=2, metavar="V",
                    help="stages per device of interleaved-1f1b (default 2)")
+
+
+def pipeline_axis(text: str) -> int | str:
+    """``--pipeline``'s value: a mesh axis number, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mesh axis number or auto") from None
 
 
 def microbatch_inputs(inputs: tuple[Any, ...], count: int) -> tuple[Any, ...]:
@@ -66,22 +80,35 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
         say(f"tracing a microbatch of {batch // m} ({m} microbatches)")
         return trace_inputs(microbatch_inputs(loaded.example_inputs, m))
 
-    engine = PipelineSearch(graph_for, mesh, args.pipeline, build, timeout, say,
-                            solver=lambda options: solve_options(args, options))
-    counts = microbatch_counts(mesh.shape[args.pipeline], batch, counts)
-    layers = find_repeated_layers(engine.graph(counts[0]))
+    if args.baseline not in (None, "torchtitan"):
+        raise AutoshardError(f"--baseline {args.baseline} is not costed with --pipeline: use --baseline torchtitan")
+    solver = lambda options: solve_options(args, options)  # noqa: E731
+    auto = args.pipeline == "auto"
+    axes = pipeline_axes(mesh) if auto else [args.pipeline]
+    engines = {a: PipelineSearch(graph_for, mesh, a, build, timeout, say, solver=solver) for a in axes}
+    found = {a: microbatch_counts(mesh.shape[a], batch, counts) for a in axes}
+    layers = find_repeated_layers(engines[axes[0]].graph(found[axes[0]][0]) if axes else graph_for(1))
     if layers is None:
         raise AutoshardError("--pipeline cuts a model between its repeated layers (a ModuleList of identical "
                              "blocks), and this model has none: plan it without --pipeline")
-    options = options_for(layers.count, mesh.shape[args.pipeline], counts, schedules, (args.virtual_stages,))
-    if args.baseline not in (None, "torchtitan"):
-        raise AutoshardError(f"--baseline {args.baseline} is not costed with --pipeline: use --baseline torchtitan")
-    seeds = [o for o in torchtitan_options(layers.count, mesh.shape[args.pipeline], batch)
-             if o.microbatches in counts and o.schedule in schedules]
+    options, seeds = [], []
+    for a in axes:
+        named = a if auto else None
+        options += options_for(layers.count, mesh.shape[a], found[a], schedules, (args.virtual_stages,), named)
+        seeds += [replace(o, axis=named) for o in torchtitan_options(layers.count, mesh.shape[a], batch)
+                  if o.microbatches in found[a] and o.schedule in schedules]
+    if auto:
+        engine = AxesSearch(engines, lambda: graph_for(1), mesh, build, timeout, say, solver)
+        options.append(whole_option(layers.count))
+    else:
+        engine = engines[args.pipeline]
     result = search(engine, options, seeds)
     print_result(result, console, every=args.params == "all")
+    if args.pipeline == "auto":
+        console.print("Why this degree: " + "; ".join(why(result)), highlight=False)
     if args.baseline == "torchtitan":
-        print_torchtitan(engine, result, layers.count, batch, console)
+        for axis_engine in engines.values():
+            print_torchtitan(axis_engine, result, layers.count, batch, console)
     if args.out:
         write_plan(result, engine, args.out)
         console.print(f"plan written to {args.out}")
@@ -125,6 +152,14 @@ def print_result(result: PipelineResult, console: Console, every: bool = False) 
                       highlight=False)
     for line in best.mismatches:
         console.print(f"[yellow]warning:[/] {line}: the step does not include resharding it", highlight=False)
+    if best.option.schedule == NO_PIPELINE:
+        solved = best.solutions[()]
+        mp, choice = solved.model_problem, list(solved.solution.choice)
+        console.print(f"[bold]Whole model[/] (no pipeline, mesh {mp.mesh.label}): "
+                      f"{mp.cost_model.format(solved.solution.cost)} per step", highlight=False)
+        console.print(layout_summary(mp, choice, every=every))
+        console.print(memory_line(mp, choice), highlight=False)
+        return
     for signature, devices in best.groups.items():
         solved = best.solutions[signature]
         mp, choice = solved.model_problem, list(solved.solution.choice)
@@ -152,9 +187,15 @@ def print_torchtitan(engine: PipelineSearch, result: PipelineResult, layers: int
                       f"{result.best.step / base.step:.3f}", highlight=False)
 
 
-def write_plan(result: PipelineResult, engine: PipelineSearch, path: str) -> None:
-    """The chosen option and each device group's plan as JSON (``pipeline/plans.py``)."""
+def write_plan(result: PipelineResult, engine: PipelineSearch | AxesSearch, path: str) -> None:
+    """The chosen option and each device group's plan as JSON (``pipeline/plans.py``), or, when
+    the chosen candidate does not pipeline, the whole model's plan (``problem/plan.py``)."""
     best = result.best
+    if best.option.schedule == NO_PIPELINE:
+        best.solutions[()].plan.save(path)
+        return
+    if isinstance(engine, AxesSearch):
+        engine = engine.engines[best.option.axis]
     groups = engine.group_plans(best)
     PipelinePlan(engine.mesh, engine.axis, best.option.schedule, best.option.microbatches, best.option.virtual,
                  best.option.counts, best.step, result.lower_bound, best.proved and result.gap <= 1e-9,

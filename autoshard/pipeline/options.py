@@ -16,19 +16,28 @@ from autoshard.pipeline.stages import even_cuts
 
 @dataclass(frozen=True)
 class PipelineOption:
-    """One point of the pipeline search space."""
+    """One point of the pipeline search space (``axis``: the mesh axis it pipelines, where the
+    search spans several; schedule :data:`NO_PIPELINE`: the whole model on the whole mesh)."""
 
     schedule: str
     devices: int
     microbatches: int
     virtual: int
     counts: tuple[int, ...]
+    axis: int | None = None
 
     @property
     def label(self) -> str:
-        """E.g. ``1f1b, 8 stages, 32 microbatches, layers 15+16x6+15``."""
+        """E.g. ``1f1b, 8 stages, 32 microbatches, layers 15+16x6+15`` (``axis 0: ...`` when it names its axis)."""
+        if self.schedule == NO_PIPELINE:
+            return "no pipeline"
         stages = f"{self.devices}x{self.virtual} stages" if self.virtual > 1 else f"{self.devices} stages"
-        return f"{self.schedule}, {stages}, {self.microbatches} microbatches, layers {_runs(self.counts)}"
+        where = f"axis {self.axis}: " if self.axis is not None else ""
+        return f"{where}{self.schedule}, {stages}, {self.microbatches} microbatches, layers {_runs(self.counts)}"
+
+
+NO_PIPELINE = "none"
+"""The schedule of the option that does not pipeline (``pipeline/axes.py``)."""
 
 
 def _runs(counts: Sequence[int]) -> str:
@@ -57,7 +66,7 @@ def microbatch_counts(devices: int, batch: int, given: Sequence[int] | None = No
 
 
 def options_for(layers: int, devices: int, microbatches: Sequence[int], schedules: Sequence[str] = SCHEDULES,
-                virtual: Sequence[int] = (2,)) -> list[PipelineOption]:
+                virtual: Sequence[int] = (2,), axis: int | None = None) -> list[PipelineOption]:
     """The enumerated options: each schedule with each microbatch count, interleaved with each count
     of ``virtual`` stages per device, and the cuts: even, or one layer fewer on the last stage
     (which holds the head) and one more in the middle."""
@@ -74,7 +83,7 @@ def options_for(layers: int, devices: int, microbatches: Sequence[int], schedule
                     lighter[-1] -= 1
                     lighter[(len(lighter) - 1) // 2] += 1
                     cuts.append(tuple(lighter))
-                found += [PipelineOption(schedule, devices, m, v, c) for c in cuts]
+                found += [PipelineOption(schedule, devices, m, v, c, axis) for c in cuts]
     return found
 
 

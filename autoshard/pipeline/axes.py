@@ -1,0 +1,122 @@
+"""Whether to pipeline, and over which mesh axis (``--pipeline auto``): every candidate searched as one.
+
+The candidates are the pipeline options over each mesh axis ``a`` of more than one device that
+leaves another axis (``options_for`` with ``axis = a``, each stage sharded on the other axes:
+``search.PipelineSearch`` over ``a``) and one more, the whole model on the whole mesh without a
+pipeline (:data:`~autoshard.pipeline.options.NO_PIPELINE`: the problem ``autoshard.solve``
+solves without ``--pipeline``, at the whole batch). Every candidate's step is in seconds per
+training step, so they compare directly; its lower bound is, for a pipeline option, the
+critical path over its stages' unbudgeted bounds (``search.py``) and, without a pipeline, the
+solver's bound on the whole problem without a memory budget. :func:`~autoshard.pipeline.search.search`
+then runs over all of them at once: each is bounded, then they are solved cheapest bound first
+until the best step is below every remaining bound, so the chosen axis (or none) beats each other
+one by the bounds printed beside it (:func:`why`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping
+
+from autoshard.api import ModelSolution, build_model_problem, default_solve_options, solve_model_problem
+from autoshard.cost.units import format_seconds
+from autoshard.errors import AutoshardError
+from autoshard.frontend.graph import OpGraph
+from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
+from autoshard.pipeline.search import PipelineResult, PipelineSearch, Recipe, Searched
+from autoshard.sharding.mesh import Mesh
+from autoshard.solver import SolveOptions
+
+
+def pipeline_axes(mesh: Mesh) -> list[int]:
+    """The mesh axes a pipeline can run over: more than one device, and another axis left."""
+    return [a for a, n in enumerate(mesh.shape) if n > 1] if mesh.ndim >= 2 else []
+
+
+def whole_option(layers: int) -> PipelineOption:
+    """The candidate without a pipeline."""
+    return PipelineOption(NO_PIPELINE, 1, 1, 1, (layers,))
+
+
+class AxesSearch:
+    """The pipeline searches of every axis and the whole-model problem, driven as one engine
+    (``evaluate`` dispatches on the option's axis); ``whole``: the model traced at the whole batch."""
+
+    def __init__(self, engines: Mapping[int, PipelineSearch], whole: Callable[[], OpGraph], mesh: Mesh,
+                 build: Mapping[str, Any], timeout: float | None, progress: Callable[[str], None] = lambda line: None,
+                 solver: Callable[[SolveOptions], SolveOptions] = lambda options: options) -> None:
+        if build.get("mode", "inference") != "training":
+            raise AutoshardError("--pipeline plans training steps (forwards and backwards of microbatches): "
+                                 "add --mode training")
+        self.engines, self.whole, self.mesh, self.build = dict(engines), whole, mesh, dict(build)
+        self.timeout, self.progress, self.solver = timeout, progress, solver
+        self.start = time.monotonic()
+        self.incumbent: Recipe | None = next(iter(self.engines.values())).incumbent if self.engines else None
+        self.solved: dict[bool, ModelSolution] = {}
+        self.graph: OpGraph | None = None
+
+    def remaining(self) -> float | None:
+        """Seconds left of the whole search's limit."""
+        return None if self.timeout is None else max(1.0, self.timeout - (time.monotonic() - self.start))
+
+    def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None) -> Searched:
+        """The option's step (``bounded``) or bound, on its axis's engine or, without a pipeline, on
+        the whole problem (which has no recipe of its own: it is solved)."""
+        if option.schedule != NO_PIPELINE:
+            return self.engines[option.axis].evaluate(option, bounded, recipe)
+        if recipe is not None:
+            raise AutoshardError("the unpipelined candidate has no recipe to cost: solve it")
+        solved = self._solve(bounded)
+        ticks = solved.model_problem.cost_model.ticks_per_unit
+        lower = solved.solution.lower_bound
+        searched = Searched(option, (lower if lower is not None else solved.solution.cost) / ticks)
+        searched.solutions[()], searched.groups[()] = solved, [0]
+        if bounded:
+            searched.step = solved.solution.cost / ticks
+        return searched
+
+    def _solve(self, bounded: bool) -> ModelSolution:
+        """The whole problem under the memory budget, or without one (its bound); solved once each."""
+        if bounded not in self.solved:
+            build = dict(self.build)
+            if not bounded:
+                build["memory_budget"] = 1 << 62
+            self.graph = self.graph or self.whole()
+            mp = build_model_problem(self.graph, self.mesh, **build)
+            self.progress(f"whole model without a pipeline{'' if bounded else ', bound'}: {mp.problem.num_nodes} nodes")
+            left = self.remaining()
+            self.solved[bounded] = solve_model_problem(
+                mp, self.solver(default_solve_options(mp, None if left is None else left / 4)), model_name="model")
+        return self.solved[bounded]
+
+
+def why(result: PipelineResult) -> list[str]:
+    """Per candidate (each axis, and no pipeline), its best step or least bound against the chosen
+    one's step: why the chosen degree beats the others."""
+    best = result.best
+    by: dict[str, list[Searched]] = {}
+    for s in result.searched:
+        by.setdefault(_candidate(s.option), []).append(s)
+    lines = []
+    for name, entries in by.items():
+        steps = [s.step for s in entries if s.step is not None]
+        bounds = [s.bound for s in entries if s.bounded]
+        least = min(bounds) if bounds else None
+        if name == _candidate(best.option):
+            lines.append(f"{name}: chosen, step {format_seconds(best.step)} ({best.option.label})")
+        elif least is None:
+            lines.append(f"{name}: not bounded in time, so not excluded")
+        elif least >= best.step:
+            lines.append(f"{name}: least bound {format_seconds(least)} >= the chosen step {format_seconds(best.step)}")
+        else:
+            found = f", best step {format_seconds(min(steps))}" if steps else ", no plan in time"
+            lines.append(f"{name}: least bound {format_seconds(least)} is below the chosen step{found} (the gap "
+                         f"of the claim)")
+    return lines
+
+
+def _candidate(option: PipelineOption) -> str:
+    """``pipeline over axis 0 (8 devices)`` or ``no pipeline``."""
+    if option.schedule == NO_PIPELINE:
+        return "no pipeline"
+    return f"pipeline over axis {option.axis} ({option.devices} devices)"
