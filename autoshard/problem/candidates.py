@@ -116,6 +116,9 @@ class CandidateBuilder:
         self.rules = load_rules()
         self.cache: dict[object, Candidate] = {}
         self.storage_cache: dict[object, list[tuple[TensorSpec, ParamStorage]]] = {}
+        # Identical parameters (repeated layers) share their strategy, cost, storage and recompute
+        # lists, so the edge prices keyed by those lists' identities are computed once for all.
+        self.param_lists: dict[object, tuple[list[OpStrategy], list[int], list[ParamStorage], list[bool] | None]] = {}
         self.unsupported: Counter[str] = Counter()
         self.first_readers: dict[str, list[int]] | None = None
 
@@ -229,6 +232,7 @@ class CandidateBuilder:
         saved = owner is not None and owner.node.work is not None and operand in owner.node.work.saved_operands \
             and owner.node.requires_grad
         if owner is None or owner.node.kind != NodeKind.OP or owner.strategies[0].in_specs[operand] is None:
+            key: tuple = (meta, None)
             options = [(l, ParamStorage(None)) for l in layouts]
             owner = None
         else:
@@ -242,16 +246,21 @@ class CandidateBuilder:
                                saved, self.life, self.mesh, self.precision, self.training, self.optimizer_slots,
                                recomputed, self.keep_gathered)
 
-        recompute = None
         items = items_of(options, None)
-        if owner is not None and owner.recompute is not None:  # mirrors its owner's block choice
+        mirrors = owner is not None and owner.recompute is not None  # mirrors its owner's block choice
+        if mirrors:
             again = [(l, s) for l, s in options if not s.regather]  # recomputing re-gathers anyway
             items = recompute_variants(items, items_of(again, self.blocks), len(options), len(again))
-            recompute = [False] * len(options) + [True] * len(again)
-            options = options + again
-        return Candidate(node, [OpStrategy((), (), l, ()) for l, _ in options],
-                         [self._optimizer_ticks(node, l) for l, _ in options], items,
-                         storage=[s for _, s in options], recompute=recompute)
+        shared_key = (key, mirrors, node.requires_grad)
+        if shared_key not in self.param_lists:
+            if mirrors:
+                options = options + again
+            recompute = [False] * (len(options) - len(again)) + [True] * len(again) if mirrors else None
+            self.param_lists[shared_key] = ([OpStrategy((), (), l, ()) for l, _ in options],
+                                            [self._optimizer_ticks(node, l) for l, _ in options],
+                                            [s for _, s in options], recompute)
+        strategies, costs, storage, recompute = self.param_lists[shared_key]
+        return Candidate(node, strategies, costs, items, storage=storage, recompute=recompute)
 
     def _optimizer_ticks(self, node: OpNode, layout: TensorSpec) -> int:
         """The AdamW step over the parameter's local piece in ``layout`` (0 outside training, for
