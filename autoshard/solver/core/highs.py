@@ -167,6 +167,10 @@ class Highs:
         """The MILP's dual bound (of the model's objective), inf or nan when it has none."""
         return float(self.raw.getInfo().mip_dual_bound)
 
+    def objective(self) -> float:
+        """The objective value of the last run's solution."""
+        return float(self.raw.getInfo().objective_function_value)
+
     def model(self) -> LpModel:
         """The model as it stands, rows added included."""
         lp = self.raw.getLp()
@@ -184,4 +188,4 @@ def solve_lp(model: LpModel, time_limit: float | None = None) -> LpAnswer:
         return LpAnswer("infeasible")
     if not highs.optimal:
         return LpAnswer("stopped")
-    return LpAnswer("optimal", highs.x(), highs.duals(), float(highs.raw.getInfo().objective_function_value))
+    return LpAnswer("optimal", highs.x(), highs.duals(), highs.objective())
