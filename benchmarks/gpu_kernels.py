@@ -108,6 +108,29 @@ def gemms(sizes: list[int], llama_tokens: list[int]) -> list[dict]:
     return rows
 
 
+def float8_gemms(llama_tokens: list[int], projections: list[tuple[int, int]]) -> list[dict]:
+    """``torch._scaled_mm`` (e4m3 operands, bf16 out) on (tokens, k) x (k, n) projections with
+    tensorwise and rowwise scales, and an operand's tensorwise scaling (abs-max, then scale and cast
+    to e4m3): the kernels ``--float8`` prices (cost/float8.py), beside the bf16 rows of :func:`gemms`."""
+    rows = []
+    f32 = dict(device=DEVICE, dtype=torch.float32)
+    for tokens in llama_tokens:
+        for k, n in projections:
+            a = randn(tokens, k).to(torch.float8_e4m3fn)
+            b = randn(n, k).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm takes it
+            scales = {"tensorwise": (torch.ones((), **f32), torch.ones((), **f32)),
+                      "rowwise": (torch.ones(tokens, 1, **f32), torch.ones(1, n, **f32))}
+            for recipe, (sa, sb) in scales.items():
+                seconds = timed(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=BF16))
+                rows.append({"kernel": f"scaled_mm_{recipe}", "m": tokens, "n": n, "k": k, "seconds": seconds,
+                             "tflops": 2 * tokens * n * k / seconds / 1e12})
+            x = randn(tokens, k)
+            seconds = timed(lambda: (x * (448.0 / x.abs().amax().float())).to(torch.float8_e4m3fn))
+            rows.append({"kernel": "cast_tensorwise", "m": tokens, "k": k, "seconds": seconds,
+                         "gbps": 5 * tokens * k / seconds / 1e9})
+    return rows
+
+
 def attention(configs: list[tuple[int, int, int, int]]) -> list[dict]:
     """Causal SDPA (flash on CUDA) forward and backward for (batch, heads, seq, head_dim); flops are
     the computed (causal) half, as FlashAttention's benchmarks count them."""
@@ -316,6 +339,8 @@ def main() -> None:
     steps = [
         ("gemm", lambda: gemms([64, 128] if q else [512, 1024, 2048, 4096, 8192, 16384],
                                [256] if q else [4096, 16384])),
+        ("float8", lambda: float8_gemms([64] if q else [4096, 16384],
+                                        [(128, 256)] if q else [(4096, 4096), (4096, 14336), (14336, 4096)])),
         ("attention", lambda: attention([(1, 2, 128, 64)] if q else
                                         [(b, 32, s, d) for d in (128, 64) for s, b in
                                          ((1024, 16), (2048, 8), (4096, 4), (8192, 2), (16384, 1), (32768, 1))])),
