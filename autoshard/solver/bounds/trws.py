@@ -21,7 +21,7 @@ import time
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.reduced import INF, FrozenCore, offsets, views
+from autoshard.solver.core.reduced import INF, FrozenCore, content_keys, offsets, views
 from autoshard.solver.core.certify import safe_bound
 from autoshard.solver.core.dual_cut import DualCut
 
@@ -38,14 +38,15 @@ class MessagePassing:
         n = comp.n
         self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]
         self.edges: list[tuple[int, int, np.ndarray]] = []
-        self.flipped: list[bool] = []
+        self.flipped = [u > v for u, v, _ in comp.edges]
         self.inc: list[list[tuple[int, int, bool]]] = [[] for _ in range(n)]
-        for u, v, m in comp.edges:
-            self.flipped.append(u > v)
-            if u > v:
-                u, v, m = v, u, m.T
+        oriented = [(v, u, m.T) if u > v else (u, v, m) for u, v, m in comp.edges]
+        as_float: dict[object, np.ndarray] = {}  # one float copy per distinct matrix (repeated layers share it)
+        for (u, v, m), key in zip(oriented, content_keys([m for _, _, m in oriented])):
+            if key not in as_float:
+                as_float[key] = np.ascontiguousarray(np.where(m < INF, m.astype(np.float64), np.inf))
             e = len(self.edges)
-            self.edges.append((u, v, np.ascontiguousarray(np.where(m < INF, m.astype(np.float64), np.inf))))
+            self.edges.append((u, v, as_float[key]))
             self.inc[u].append((e, v, True))
             self.inc[v].append((e, u, False))
         self.gamma = np.array([
@@ -55,8 +56,8 @@ class MessagePassing:
         self.flat = _FlatGraph(self)
         # the per-node and per-edge arrays become views of the flat ones: one copy in memory
         self.theta = views(self.flat.theta, self.flat.th_off)
-        self.edges = [(u, v, self.flat.mats[a:b].reshape(m.shape))
-                      for (u, v, m), a, b in zip(self.edges, self.flat.m_off[:-1].tolist(), self.flat.m_off[1:].tolist())]
+        self.edges = [(u, v, self.flat.mats[a:a + m.size].reshape(m.shape))
+                      for (u, v, m), a in zip(self.edges, self.flat.m_off.tolist())]
         self.to_u = views(self.flat.to_u, self.flat.u_off)
         self.to_v = views(self.flat.to_v, self.flat.v_off)
         self._top: float | None = None
@@ -96,7 +97,7 @@ class MessagePassing:
 
         (in float64: the caller leaves a margin, as ``safe_bound`` does)."""
         f = self.flat
-        parts = np.empty(len(f.mats))
+        parts = np.empty(f.p_off[-1])
         value, scale, flat_hats, lows = self._split(penalty, parts)
         hats = views(flat_hats, f.th_off)
         floors = [np.zeros(len(c)) for c in self.comp.costs]
@@ -104,7 +105,7 @@ class MessagePassing:
             floors[i] += hats[i] - hats[i].min()
         for e, (u, v, m) in enumerate(self.edges):
             with np.errstate(invalid="ignore"):  # forbidden entries stay infinite
-                part = parts[f.m_off[e]:f.m_off[e + 1]].reshape(m.shape) - lows[e]
+                part = parts[f.p_off[e]:f.p_off[e + 1]].reshape(m.shape) - lows[e]
             part[np.isnan(part)] = np.inf
             floors[u] += part.min(axis=1)
             floors[v] += part.min(axis=0)
@@ -121,7 +122,7 @@ class MessagePassing:
             low = float(hats[f.th_off[i]:f.th_off[i + 1]].min())
             total += low
             scale += abs(low)
-        lows = _edge_parts(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages, parts)
+        lows = _edge_parts(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages, f.p_off, parts)
         if self._top is None:  # the sum of the edges' largest finite magnitudes
             self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
         return total + float(lows.sum()), scale + float(np.abs(lows).sum()) + self._top, hats, lows
@@ -134,8 +135,8 @@ class MessagePassing:
         f = self.flat
         flat_hats = _all_hats(*f.node_args(penalty), *f.message_args())
         hats = views(flat_hats, f.th_off)
-        parts = np.empty(len(f.mats))
-        lows = _edge_parts(flat_hats, f.th_off, f.degree, f.edge_u, f.edge_v, *f.message_args(), parts)
+        parts = np.empty(f.p_off[-1])
+        lows = _edge_parts(flat_hats, f.th_off, f.degree, f.edge_u, f.edge_v, *f.message_args(), f.p_off, parts)
         total, scale = offset, abs(offset)
         node_terms, pair_terms = [], []
         for i in f.isolated:
@@ -146,7 +147,7 @@ class MessagePassing:
             for s in np.flatnonzero(np.isfinite(hat) & (excess >= 1)):
                 node_terms.append((i, int(s), int(excess[s]), True))
         for e, (_, _, m) in enumerate(self.edges):
-            part, low = parts[f.m_off[e]:f.m_off[e + 1]].reshape(m.shape), float(lows[e])
+            part, low = parts[f.p_off[e]:f.p_off[e + 1]].reshape(m.shape), float(lows[e])
             total, scale = total + low, scale + abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
             excess = np.where(np.isfinite(part) & (part < _CAP), part - low, 0.0)
             excess = np.floor(excess - 1e-9 * (np.abs(part) + abs(low)) - 1e-6)  # never above the true excess
@@ -170,9 +171,19 @@ class _FlatGraph:
         self.inc_edge = np.array([e for e, _, _ in inc], dtype=np.int64)
         self.inc_other = np.array([j for _, j, _ in inc], dtype=np.int64)
         self.inc_is_u = np.array([is_u for _, _, is_u in inc], dtype=np.bool_)
-        mats = [m.ravel() for _, _, m in mp.edges]
-        self.mats = np.concatenate(mats) if mats else np.zeros(0)
-        self.m_off = offsets([len(m) for m in mats])
+        # Each distinct matrix is stored once; m_off[e] is where edge e's starts (edges sharing a
+        # matrix share the start). An edge's parts (the bound's per-entry split) are its own, at p_off[e].
+        start: dict[int, int] = {}
+        pieces: list[np.ndarray] = []
+        size = 0
+        for _, _, m in mp.edges:
+            if id(m) not in start:
+                start[id(m)] = size
+                pieces.append(m.ravel())
+                size += m.size
+        self.mats = np.concatenate(pieces) if pieces else np.zeros(0)
+        self.m_off = np.array([start[id(m)] for _, _, m in mp.edges], dtype=np.int64)
+        self.p_off = offsets([m.size for _, _, m in mp.edges])
         self.u_off = offsets([sizes[u] for u, _, _ in mp.edges])
         self.v_off = offsets([sizes[v] for _, v, _ in mp.edges])
         self.to_u = np.zeros(self.u_off[-1])
@@ -274,13 +285,13 @@ def _pass(lo, hi, forward, widest, gamma, th_off, theta, pen, inc_ptr, inc_edge,
 
 
 @njit(cache=True)
-def _edge_parts(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, to_v, v_off, parts):  # pragma: no cover
+def _edge_parts(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, to_v, v_off, p_off, parts):  # pragma: no cover
     """Per edge uv, the minimum of its part of the reparametrised costs (its matrix less the
     messages, plus an even split of its ends' reparametrised node costs),
 
         part_uv(s, t) = theta_uv(s, t) + (hat_u(s) / deg_u - msg_vu(s)) + (hat_v(t) / deg_v - msg_uv(t)),
 
-    and the parts themselves into ``parts`` (laid out as ``mats``) unless it is empty: the bound
+    and the parts themselves into ``parts`` (edge e's at ``p_off[e]``) unless it is empty: the bound
     needs only the minima, the cut every entry."""
     keep = len(parts) > 0
     out = np.empty(len(edge_u))
@@ -294,7 +305,7 @@ def _edge_parts(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, 
             for t in range(kv):
                 val = mats[mb + s * kv + t] + row + (hats[hv + t] / degree[v] - to_v[v_off[e] + t])
                 if keep:
-                    parts[mb + s * kv + t] = val
+                    parts[p_off[e] + s * kv + t] = val
                 if val < low:
                     low = val
         out[e] = low

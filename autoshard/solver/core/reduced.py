@@ -315,25 +315,43 @@ copied as they come (hashing them costs more than it saves, and neighbourhood se
 small restricted cores several times a second)."""
 
 
+def content_keys(matrices: list[np.ndarray]) -> list[object]:
+    """Per matrix, a key equal for equal contents where it pays to find them: a large matrix's
+    digest (computed once per array or view of it: repeated layers share their matrices), a small
+    matrix's own position (hashing it costs more than storing it twice saves)."""
+    by_identity: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], bytes] = {}
+    keys: list[object] = []
+    for k, m in enumerate(matrices):
+        if m.size < POOLED_ENTRIES:
+            keys.append(k)
+            continue
+        seen = _identity(m)
+        if seen not in by_identity:
+            by_identity[seen] = digest(m)
+        keys.append(by_identity[seen])
+    return keys
+
+
 def _matrix_pool(matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(the matrices flattened row-major one after another, each input's offset into them): a large
     matrix whose contents were seen before (a model's repeated layers) is not stored again."""
-    by_content: dict[bytes, int] = {}
+    start: dict[object, int] = {}
     pieces: list[np.ndarray] = []
     moff = np.empty(len(matrices), dtype=np.int64)
     size = 0
-    for k, m in enumerate(matrices):
-        row_major = np.ascontiguousarray(m)  # copied once if a transposed view: hashed and stored as is
-        key = digest(row_major) if m.size >= POOLED_ENTRIES else None
-        if key in by_content:
-            moff[k] = by_content[key]
-            continue
-        pieces.append(row_major.ravel())
-        moff[k] = size
-        if key is not None:
-            by_content[key] = size
-        size += m.size
+    for k, (m, key) in enumerate(zip(matrices, content_keys(matrices))):
+        if key not in start:
+            start[key] = size
+            pieces.append(np.ascontiguousarray(m).ravel())
+            size += m.size
+        moff[k] = start[key]
     return flat(pieces), moff
+
+
+def _identity(m: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    """What makes two arrays alive at once the same view of the same memory (shared edge matrices
+    and their transposes), so a content already hashed is not hashed again."""
+    return m.__array_interface__["data"][0], m.shape, m.strides, m.dtype.num
 
 
 def offsets(sizes: list[int]) -> np.ndarray:
