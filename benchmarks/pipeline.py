@@ -11,6 +11,8 @@ torchtitan's two schedules are costed in the same model on the same stage proble
 the whole process's wall time and peak resident memory (the solver's children included).
 ``--recipes`` costs only torchtitan's two recipes (as it ran them: 8 microbatches, parameters
 kept gathered) and prints the predicted interleaved/1F1B throughput ratio beside the published one.
+``--auto-70b`` runs ``--pipeline auto`` on torchtitan's LLaMA-3.1-70B (bf16, 32 x 8192 tokens, full
+activation checkpointing) on 8x8 ``h100`` at 80 GiB: which axis, if any, to pipeline, and why.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from reality import titan_llama3_70b  # noqa: E402
 from titan_llama import titan_llama3_405b  # noqa: E402
 
 from autoshard.cli.pipeline import microbatch_inputs  # noqa: E402
 from autoshard.cost.devices import get_device  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
+from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why  # noqa: E402
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
 from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
 from autoshard.pipeline.search import PipelineSearch, search  # noqa: E402
@@ -51,7 +55,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=480.0, help="search limit in seconds (default 480)")
     parser.add_argument("--budget", type=float, default=None, help="memory budget in GiB (default: the device's)")
     parser.add_argument("--recipes", action="store_true", help="cost torchtitan's two recipes only, no search")
+    parser.add_argument("--auto-70b", action="store_true", help="--pipeline auto on LLaMA-3.1-70B on 8x8 h100")
     args = parser.parse_args()
+    if args.auto_70b:
+        auto_70b(args.timeout)
+        return
     start = time.monotonic()
     model, inputs = titan_llama3_405b(seq=SEQ, batch=BATCH)
     device = get_device("h100-hbm2e")
@@ -106,6 +114,30 @@ def print_recipes(engine: PipelineSearch, devices: int, device) -> None:
     ours = rates["interleaved-1f1b"] / rates["1f1b"]
     theirs = PUBLISHED["interleaved-1f1b"][0] / PUBLISHED["1f1b"][0]
     print(f"\ninterleaved/1F1B tokens/s: predicted {ours:.3f}, published {theirs:.3f} ({100 * (ours / theirs - 1):+.1f}%)")
+
+
+def auto_70b(timeout: float) -> None:
+    """``--pipeline auto`` on LLaMA-3.1-70B, 32 x 8192 tokens, on 8x8 h100 at 80 GiB: every axis and
+    no pipeline searched as one; the options table's best, the claim, and why."""
+    start = time.monotonic()
+    batch, seq = 32, 8192
+    model, inputs = titan_llama3_70b(80, seq, batch)
+    device = get_device("h100")
+    mesh = parse_mesh("8x8", None, None, 8, device.intra, device.inter)
+    build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full")
+    say = lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True)  # noqa: E731
+    graph_for = lambda m: trace(model, microbatch_inputs(inputs, m))  # noqa: E731
+    left = timeout - (time.monotonic() - start)
+    engines = {a: PipelineSearch(graph_for, mesh, a, build, left, say) for a in pipeline_axes(mesh)}
+    options = in_turn([options_for(80, 8, microbatch_counts(8, batch), axis=a) for a in engines], 80)
+    result = search(AxesSearch(engines, lambda: graph_for(1), mesh, build, left, say), options)
+    best = result.best
+    claim = "proved" if best.proved and result.gap <= 1e-9 else f"gap {100 * result.gap:.2f}%"
+    print(f"\nbest: {best.option.label}, step {best.step:.2f} s, "
+          f"{batch * seq / best.step / mesh.size:,.0f} tok/s/GPU, {claim}")
+    print("why: " + "; ".join(why(result)))
+    print(f"whole process: {time.monotonic() - start:.0f} s wall, peak resident memory {peak_rss_gib():.2f} GiB; "
+          f"{len(result.searched)} candidates, {sum(s.step is not None for s in result.searched)} solved")
 
 
 if __name__ == "__main__":

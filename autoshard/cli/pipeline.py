@@ -19,7 +19,7 @@ from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.schedules import SCHEDULES
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
-from autoshard.pipeline.axes import AxesSearch, pipeline_axes, whole_option, why
+from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why
 from autoshard.pipeline.options import NO_PIPELINE, microbatch_counts, options_for, stage_label
 from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered, search
 from autoshard.sharding.layers import find_repeated_layers
@@ -91,15 +91,15 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
     if layers is None:
         raise AutoshardError("--pipeline cuts a model between its repeated layers (a ModuleList of identical "
                              "blocks), and this model has none: plan it without --pipeline")
-    options, seeds = [], []
+    per_axis, seeds = [], []
     for a in axes:
         named = a if auto else None
-        options += options_for(layers.count, mesh.shape[a], found[a], schedules, (args.virtual_stages,), named)
+        per_axis.append(options_for(layers.count, mesh.shape[a], found[a], schedules, (args.virtual_stages,), named))
         seeds += [replace(o, axis=named) for o in torchtitan_options(layers.count, mesh.shape[a], batch)
                   if o.microbatches in found[a] and o.schedule in schedules]
+    options = in_turn(per_axis, layers.count) if auto else per_axis[0]
     if auto:
         engine = AxesSearch(engines, lambda: graph_for(1), mesh, build, timeout, say, solver)
-        options.append(whole_option(layers.count))
     else:
         engine = engines[args.pipeline]
     result = search(engine, options, seeds)

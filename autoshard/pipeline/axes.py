@@ -33,6 +33,15 @@ def pipeline_axes(mesh: Mesh) -> list[int]:
     return [a for a, n in enumerate(mesh.shape) if n > 1] if mesh.ndim >= 2 else []
 
 
+def in_turn(per_axis: list[list[PipelineOption]], layers: int) -> list[PipelineOption]:
+    """Every candidate's options in the order the search bounds them: the whole model first, then
+    one option of each axis in turn, so that a time limit leaves no candidate without any bound."""
+    found = [whole_option(layers)]
+    for k in range(max(map(len, per_axis), default=0)):
+        found += [options[k] for options in per_axis if k < len(options)]
+    return found
+
+
 def whole_option(layers: int) -> PipelineOption:
     """The candidate without a pipeline."""
     return PipelineOption(NO_PIPELINE, 1, 1, 1, (layers,))
