@@ -35,7 +35,8 @@ from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why  # noqa: E402
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
 from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
-from autoshard.pipeline.search import PipelineSearch, search  # noqa: E402
+from autoshard.pipeline.claim import search  # noqa: E402
+from autoshard.pipeline.search import PipelineSearch  # noqa: E402
 from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}

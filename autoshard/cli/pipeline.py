@@ -21,7 +21,8 @@ from autoshard.pipeline.schedules import SCHEDULES
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
 from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why
 from autoshard.pipeline.options import NO_PIPELINE, microbatch_counts, options_for, stage_label
-from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered, search
+from autoshard.pipeline.claim import search
+from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered
 from autoshard.sharding.layers import find_repeated_layers
 
 

@@ -7,7 +7,9 @@ import pytest
 from autoshard.cost.devices import get_device
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
 from autoshard.pipeline.options import microbatch_counts, options_for
-from autoshard.pipeline.search import PipelineSearch, boundary_mismatches, search
+from autoshard.pipeline.boundaries import boundary_mismatches
+from autoshard.pipeline.claim import search
+from autoshard.pipeline.search import PipelineSearch
 from autoshard.pipeline.stages import cut
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh

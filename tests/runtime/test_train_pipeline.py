@@ -24,7 +24,9 @@ from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
 from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.options import PipelineOption, options_for
-from autoshard.pipeline.search import PipelineSearch, boundary_of, search
+from autoshard.pipeline.boundaries import boundary_of
+from autoshard.pipeline.claim import search
+from autoshard.pipeline.search import PipelineSearch
 from autoshard.pipeline.stages import cut, stage_layouts
 from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan
