@@ -260,9 +260,9 @@ def test_a_core_whose_tables_would_not_fit_is_not_given_to_toulbar2(monkeypatch)
 
 
 def test_frozen_arrays_store_each_distinct_matrix_once_and_cost_the_same(monkeypatch):
-    from autoshard.solver.core import reduced as core
+    from autoshard.solver.core import pool
 
-    monkeypatch.setattr(core, "POOLED_ENTRIES", 1)  # these cores' matrices are small: pool them all
+    monkeypatch.setattr(pool, "POOLED_ENTRIES", 1)  # these cores' matrices are small: pool them all
     comp = next(c for c in map(core_of, range(40)) if c is not None and len(c.edges) >= 2)
     twice = FrozenCore(comp.nodes + [n + 10**6 for n in comp.nodes], comp.costs * 2,
                        comp.edges + [(u + comp.n, v + comp.n, m.copy()) for u, v, m in comp.edges], None,

@@ -21,7 +21,8 @@ import time
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.reduced import INF, FrozenCore, content_keys, offsets, views
+from autoshard.solver.core.pool import content_keys
+from autoshard.solver.core.reduced import INF, FrozenCore, offsets, views
 from autoshard.solver.core.certify import safe_bound
 from autoshard.solver.core.dual_cut import DualCut
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.reduced import INF, Core, Segment, digest, sat
+from autoshard.solver.core.pool import digest
+from autoshard.solver.core.reduced import INF, Core, Segment, sat
 from autoshard.solver.core.rows import capacity_deficit, compress_rows, drop_dominated_rows, normalize, prune_by_slack
 
 MAX_TABLE = 4_000_000

@@ -15,12 +15,12 @@ core as flat arrays with offsets, which is what the compiled (numba) loops of th
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
 
+from autoshard.solver.core.pool import matrix_pool
 from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
 
 INF = FORBIDDEN
@@ -29,14 +29,6 @@ INF = FORBIDDEN
 def sat(a: np.ndarray) -> np.ndarray:
     """Clip at INF (after adding two values that were each at most INF)."""
     return np.minimum(a, INF)
-
-
-def digest(array: np.ndarray) -> bytes:
-    """A 16-byte digest of an array's dtype, shape and contents."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{array.dtype.str}{array.shape}".encode())
-    h.update(np.ascontiguousarray(array).data)
-    return h.digest()
 
 
 @dataclass(frozen=True)
@@ -288,7 +280,7 @@ class FrozenCoreArrays:
         nbrs = [(j, m) for row in comp.nbrs for j, m in row]
         segs = [seg for row in comp.segments for seg in row]
         sizes = [len(c) for c in comp.costs]
-        pool, moff = _matrix_pool([m for _, m in nbrs])
+        pool, moff = matrix_pool([m for _, m in nbrs])
         return FrozenCoreArrays(
             offsets(sizes),
             max(sizes, default=0),
@@ -307,51 +299,6 @@ class FrozenCoreArrays:
     def segment_args(self) -> tuple[np.ndarray, ...]:
         """What the compiled loops over memory segments take."""
         return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
-
-
-POOLED_ENTRIES = 4096
-"""Matrices of at least this many entries are stored once per distinct content; smaller ones are
-copied as they come (hashing them costs more than it saves, and neighbourhood search flattens
-small restricted cores several times a second)."""
-
-
-def content_keys(matrices: list[np.ndarray]) -> list[object]:
-    """Per matrix, a key equal for equal contents where it pays to find them: a large matrix's
-    digest (computed once per array or view of it: repeated layers share their matrices), a small
-    matrix's own position (hashing it costs more than storing it twice saves)."""
-    by_identity: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], bytes] = {}
-    keys: list[object] = []
-    for k, m in enumerate(matrices):
-        if m.size < POOLED_ENTRIES:
-            keys.append(k)
-            continue
-        seen = _identity(m)
-        if seen not in by_identity:
-            by_identity[seen] = digest(m)
-        keys.append(by_identity[seen])
-    return keys
-
-
-def _matrix_pool(matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(the matrices flattened row-major one after another, each input's offset into them): a large
-    matrix whose contents were seen before (a model's repeated layers) is not stored again."""
-    start: dict[object, int] = {}
-    pieces: list[np.ndarray] = []
-    moff = np.empty(len(matrices), dtype=np.int64)
-    size = 0
-    for k, (m, key) in enumerate(zip(matrices, content_keys(matrices))):
-        if key not in start:
-            start[key] = size
-            pieces.append(np.ascontiguousarray(m).ravel())
-            size += m.size
-        moff[k] = start[key]
-    return flat(pieces), moff
-
-
-def _identity(m: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
-    """What makes two arrays alive at once the same view of the same memory (shared edge matrices
-    and their transposes), so a content already hashed is not hashed again."""
-    return m.__array_interface__["data"][0], m.shape, m.strides, m.dtype.num
 
 
 def offsets(sizes: list[int]) -> np.ndarray:
