@@ -273,3 +273,15 @@ def test_frozen_arrays_store_each_distinct_matrix_once_and_cost_the_same(monkeyp
     for _ in range(20):
         x = [int(rng.integers(len(c))) for c in comp.costs]
         assert twice.cost(x + x) == 2 * single.cost(x) - single.const
+
+
+def test_objective_size_with_a_limit_decides_as_the_full_count_does():
+    """Counting may stop once past the limit, but never changes which side of it a core falls on."""
+    from autoshard.solver.engines.cegis import objective_size
+
+    cores = [c for c in map(core_of, range(30)) if c is not None]
+    for comp in cores:
+        full = objective_size(comp)
+        for limit in (0, full // 2, full - 1, full, full + 1):
+            assert (objective_size(comp, limit) > limit) == (full > limit)
+        assert objective_size(comp, full) == full

@@ -349,7 +349,13 @@ def _pb_le(row: list[tuple[str, int]], rhs: int) -> str:
     return _pb([lit for lit, _ in row], [w for _, w in row], rhs, "pble")
 
 
-def objective_size(comp: FrozenCore) -> int:
+def objective_size(comp: FrozenCore, limit: int | None = None) -> int:
     """Weighted literals z3 would need: nonzero edge entries, strategies and the memory rows'
-    terms (a small core can have millions of row terms, and z3's formula grows with them)."""
-    return sum(int(np.count_nonzero(m)) for _, _, m in comp.edges) + sum(len(c) for c in comp.costs) + row_terms(comp)
+    terms (a small core can have millions of row terms, and z3's formula grows with them).
+    Counting stops once past ``limit``: the answer is then some count above it."""
+    total = sum(len(c) for c in comp.costs)
+    for _, _, m in comp.edges:
+        total += int(np.count_nonzero(m))
+        if limit is not None and total > limit:
+            return total
+    return total + row_terms(comp)

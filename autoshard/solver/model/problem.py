@@ -177,7 +177,8 @@ class ShardingProblem:
                     f"edge {e} ({u}, {v}) has a cost matrix of shape {m.shape}, expected "
                     f"{(len(self.node_costs[u]), len(self.node_costs[v]))} (strategies of {u} x strategies of {v})"
                 )
-        if self.edge_costs and min(int(m.min()) for m in self.edge_costs) < 0:
+        distinct = {id(m): m for m in self.edge_costs}.values()  # repeated layers share their matrices
+        if distinct and min(int(m.min()) for m in distinct) < 0:
             raise AutoshardError("an edge has a negative cost: costs must be >= 0")
         for tally in self.tallies:
             for group in tally.groups:

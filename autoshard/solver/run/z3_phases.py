@@ -28,7 +28,7 @@ benchmarks/README.md, "Measurements behind the design")."""
 
 def z3_takes(comp: FrozenCore) -> bool:
     """True when z3 is given the core at all (at most Z3_MAX_TERMS weighted literals)."""
-    return objective_size(comp) <= Z3_MAX_TERMS
+    return objective_size(comp, Z3_MAX_TERMS) <= Z3_MAX_TERMS
 
 
 class Z3Phases:
@@ -75,7 +75,7 @@ class Z3Phases:
         Z3_CONFIRM_MIN s, within the limit): its UNSAT is the certificate the user sees;
         otherwise the proof stays the other method's."""
         state = self.state
-        if objective_size(state.comp) > Z3_CERTIFY_MAX_TERMS:
+        if objective_size(state.comp, Z3_CERTIFY_MAX_TERMS) > Z3_CERTIFY_MAX_TERMS:
             state.emit(Phase("z3", "core too large for a z3 certificate", state.elapsed()))
             return
         cut = make_cut()
