@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m autoshard.solve examples/mlp.py --mesh 8 --out plan.json
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 fuzz: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m tests.differential.fuzz --seed $(SEED) --plans $(PLANS)
