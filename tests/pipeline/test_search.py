@@ -6,7 +6,7 @@ import pytest
 
 from autoshard.cost.devices import get_device
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
-from autoshard.pipeline.options import microbatch_counts, options_for
+from autoshard.pipeline.options import options_for
 from autoshard.pipeline.boundaries import boundary_mismatches
 from autoshard.pipeline.claim import search
 from autoshard.pipeline.search import PipelineSearch
@@ -33,7 +33,9 @@ def engine():
 def test_search_finds_the_best_option_brute_force_finds(engine) -> None:
     """Solving every option (no pruning) gives the same best step, every bound is below its
     option's step, and each device problem of the best option agrees with HiGHS."""
-    options = options_for(4, 2, microbatch_counts(2, BATCH), ("gpipe", "1f1b", "interleaved-1f1b"))
+    # 1F1B and interleaved at 2 and 4 microbatches: GPipe differs from 1F1B only in what is in
+    # flight (test_memory_in_flight_rises_with_the_schedule), and 8 adds options, not cases.
+    options = options_for(4, 2, [2, 4], ("1f1b", "interleaved-1f1b"))
     result = search(engine, options)
     every = []
     for option in options:
@@ -138,5 +140,5 @@ def test_the_recipe_seeds_the_search_and_stands_when_nothing_beats_it_in_time() 
     assert result.best.origin == "baseline" and result.best.option == seed
     assert result.best.step == pytest.approx(torchtitan_pipeline(hurried, seed).step)
     patient = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
-    solved = search(patient, options_for(4, 2, [2, 4], ("1f1b",)), [seed])
+    solved = search(patient, options_for(4, 2, [2], ("1f1b",)), [seed])
     assert solved.best.origin == "search" and solved.best.step <= result.best.step
