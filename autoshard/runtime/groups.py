@@ -132,18 +132,17 @@ def broadcast_from_first(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor,
     return tuple(result)
 
 
-def init_gloo(rank: int, world_size: int, port: int, host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
-    """Join a CPU (gloo) process group whose TCP store rank 0 serves on ``host:port``.
+def init_gloo(rank: int, world_size: int, port: int, host: str = "127.0.0.1", timeout_s: float = 60.0,
+              listen_fd: int | None = None) -> None:
+    """Join a CPU (gloo) process group whose TCP store rank 0 serves on ``host:port``; ``listen_fd``:
+    a socket already listening there, which rank 0 serves on (no other process can take the port).
 
     The timeout bounds every collective, so a rank whose peers died fails instead of hanging.
     """
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{host}:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, wait_for_workers=False, timeout=timeout,
+                          master_listen_fd=listen_fd if rank == 0 else None)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def destroy_gloo() -> None:

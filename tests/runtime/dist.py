@@ -16,17 +16,15 @@ import os
 import socket
 import time
 import traceback
-from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 # Tensor.backward(grad) imports this (and sympy) lazily, ~1 s of CPU; importing it once here
 # means forked workers inherit it instead of each paying for it on two shared cores.
 import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
-from autoshard.runtime.groups import destroy_gloo
+from autoshard.runtime.groups import destroy_gloo, init_gloo
 
 
 class RankError(RuntimeError):
@@ -46,12 +44,7 @@ def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout:
     torch.set_num_threads(1)
     try:
         if listener is not None:
-            port = listener.getsockname()[1]
-            store = dist.TCPStore(_HOST, port, world_size, is_master=rank == 0, wait_for_workers=False,
-                                  timeout=timedelta(seconds=timeout),
-                                  master_listen_fd=listener.fileno() if rank == 0 else None)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=timeout))
+            init_gloo(rank, world_size, listener.getsockname()[1], _HOST, timeout, listener.fileno())
         result = fn(rank, world_size, *args)
         destroy_gloo()
         conn.send(("ok", result))
