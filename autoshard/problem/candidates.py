@@ -253,12 +253,11 @@ class CandidateBuilder:
             items = recompute_variants(items, items_of(again, self.blocks), len(options), len(again))
         shared_key = (key, mirrors, node.requires_grad)
         if shared_key not in self.param_lists:
-            if mirrors:
-                options = options + again
-            recompute = [False] * (len(options) - len(again)) + [True] * len(again) if mirrors else None
-            self.param_lists[shared_key] = ([OpStrategy((), (), l, ()) for l, _ in options],
-                                            [self._optimizer_ticks(node, l) for l, _ in options],
-                                            [s for _, s in options], recompute)
+            recompute = [False] * len(options) + [True] * len(again) if mirrors else None
+            every = options + again if mirrors else options
+            self.param_lists[shared_key] = ([OpStrategy((), (), l, ()) for l, _ in every],
+                                            [self._optimizer_ticks(node, l) for l, _ in every],
+                                            [s for _, s in every], recompute)
         strategies, costs, storage, recompute = self.param_lists[shared_key]
         return Candidate(node, strategies, costs, items, storage=storage, recompute=recompute)
 
