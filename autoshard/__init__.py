@@ -40,7 +40,7 @@ _EXPORTS = {
     "parallelize": "autoshard.runtime.executor",
     "ParallelModule": "autoshard.runtime.executor",
     "gather_full": "autoshard.runtime.placements",
-    "expected_collectives": "autoshard.runtime.executor",
+    "expected_collectives": "autoshard.runtime.checks",
     "export_dtensor": "autoshard.lower.dtensor",
     "create_schedule": "autoshard.runtime.schedule",
 }

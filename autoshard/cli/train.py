@@ -24,9 +24,10 @@ weight decay of this command line (the banner names the checkpoint's where they 
 the same flags it reproduces the uninterrupted run. A checkpoint of another model, or one that
 cannot be read, is refused in one line before anything is written. The graph is traced in eval
 mode, so dropout is off. A pipelined plan (``autoshard.solve --pipeline --out``) trains through
-``cli/train_pipeline.py``, with the same flags and checkpoints. ``--compile`` runs the parallel
-module under ``torch.compile``: dynamo compiles through the executor, the graphs between its
-breaks (the losses equal the eager run's within 1e-4, ``tests/runtime/test_train_compile.py``).
+``cli/train_pipeline.py``, with the same flags and checkpoints. ``--compile`` runs the plan's
+lowered program (one GraphModule per rank: the model's ops and the plan's collectives) under
+``torch.compile`` (``ParallelModule.compile``; the losses equal the eager run's within 1e-4,
+``tests/runtime/test_train_compile.py``).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save every K steps, and after the last step (default 100)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint DIR")
     p.add_argument("--compile", action="store_true",
-                   help="run the parallel module under torch.compile (inductor; dynamo compiles through the "
-                        "executor's per-node loop, so expect long first steps and no speed-up yet)")
+                   help="run the plan's program (the model's ops and the plan's collectives, one graph per rank) "
+                        "under torch.compile (inductor; the first step compiles)")
     p.add_argument("--float8", choices=FLOAT8_RECIPES, default=None,
                    help="train the linears as torchao's Float8Linear with this scaling recipe (CUDA GPUs with "
                         "float8 tensor cores only; refused in one line elsewhere)")
@@ -188,8 +189,9 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
                           f"AdamW lr {args.lr:g}{was}"
                           + (f", resumed from {resumed}" if resumed is not None else ""))
         loss_of = whole_loss(module.output_specs[0], groups)
-        runner = torch.compile(module) if args.compile else module
-        steps = training_steps(runner, optimizer, loaded, done + 1, args.steps, args.max_grad_norm,
+        if args.compile:
+            module.compile()
+        steps = training_steps(module, optimizer, loaded, done + 1, args.steps, args.max_grad_norm,
                                lambda local: float(loss_of(local)), training.device)
         for step, loss, seconds in steps:
             losses.append(loss)

@@ -179,6 +179,7 @@ class EdgePrices:
             return 0
         return self.cost_model.ticks(nbytes / self.cost_model.device.streaming_bandwidth)
 
+
 def _matmul_ticks(cand: Candidate) -> MatmulTicks:
     """(forward, backward) compute ticks per strategy of a matmul node; None for any other node."""
     if cand.node.op not in MATMUL_OPS or cand.forward_costs is None:

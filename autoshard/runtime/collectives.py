@@ -1,17 +1,21 @@
 """Execute reshard steps on local tensors with torch.distributed, with and without autograd.
 
-:func:`run_steps` is the plain executor of a ``reshard.Step`` list (semantics in
-``autoshard/sharding/reshard.py``); :func:`reshard` wraps it in an autograd Function whose backward runs
-the plan's gradient steps, which are not the autograd transpose of the forward: a forward
-all-reduce P->R has an identity backward (the gradient of a replicated tensor is full on every
-rank), a forward slice R->S has an all-gather backward, and a forward identity may all-reduce a
-partial gradient (Megatron's "f").
+A plan's ``reshard.Step`` list (semantics in ``autoshard/sharding/reshard.py``) is resolved once
+per rank into :class:`Op` s (:func:`resolve`: the step with its group's name, size and this
+rank's coordinate), which the lowered program (``runtime/graph``) carries as constants.
+:func:`run_ops` applies them; :func:`start_ops` stops at the last collective, left in flight,
+and :func:`arrive` waits for it (``wait_tensor``) and finishes it: an issue and its first use.
+:func:`reshard` wraps them in an autograd Function whose backward runs the plan's gradient
+steps, which are not the autograd transpose of the forward: a forward all-reduce P->R has an
+identity backward (the gradient of a replicated tensor is full on every rank), a forward slice
+R->S has an all-gather backward, and a forward identity may all-reduce a partial gradient
+(Megatron's "f").
 
 Each step is one of PyTorch's functional collectives (``torch.ops._c10d_functional``: out of
 place, waited by ``wait_tensor``), which gloo runs on CPU (also on subgroups) and NCCL on GPUs,
 so each step is exactly one collective call and the bytes logged in :class:`CommLog` are those
-of the collective the cost model priced. Being functional, they can be cached by selective
-checkpointing (``runtime/recompute.py``) and traced by ``torch.compile``.
+of the collective the cost model priced. Being functional, they are traced by ``torch.compile``
+(the log is written by eager runs only) and cached by selective checkpointing.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
@@ -63,152 +66,139 @@ def charged_bytes(steps: tuple[Step, ...] | list[Step], mesh_shape: tuple[int, .
     return sum(s.sent_bytes(mesh_shape[s.axis]) for s in steps)
 
 
-def _pieces(x: torch.Tensor, dim: int, n: int, what: str) -> int:
+@dataclass(frozen=True)
+class Op:
+    """One reshard step as this rank runs it: the step, the devices along its axis, this rank's
+    coordinate there and the registered name of the axis's process group (None for one device)."""
+
+    step: Step
+    size: int
+    coord: int
+    group: str | None
+
+    @property
+    def communicates(self) -> bool:
+        """True for a collective over more than one device (a slice, or any step on one device, is local)."""
+        return self.step.kind != SLICE and self.size > 1
+
+
+_KINDS = (SLICE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL)
+
+
+def resolve(steps: tuple[Step, ...] | list[Step], groups: MeshGroups) -> tuple[Op, ...]:
+    """``steps`` as this rank runs them on ``groups``."""
+    ops = []
+    for step in steps:
+        if step.kind not in _KINDS:
+            raise ValueError(f"unknown reshard step kind {step.kind!r}")
+        group = groups.groups[step.axis]
+        ops.append(Op(step, groups.axis_size(step.axis), groups.coords[step.axis],
+                      group.group_name if group is not None else None))
+    return tuple(ops)
+
+
+def aliases(ops: tuple[Op, ...]) -> bool:
+    """True when running ``ops`` returns a view of their input (no collective runs: slices at most)."""
+    return not any(op.communicates for op in ops)
+
+
+def _pieces(x: torch.Tensor, dim: int, n: int, op: Op) -> int:
     if x.shape[dim] % n:
-        raise ValueError(f"{what}: dim {dim} of local shape {tuple(x.shape)} does not split into {n} pieces")
+        raise ValueError(f"{op.step.describe()}: dim {dim} of local shape {tuple(x.shape)} does not split into {n} pieces")
     return x.shape[dim] // n
 
 
-def _slice(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    n = groups.axis_size(step.axis)
-    k = _pieces(x, step.dim, n, step.describe())
-    return x.narrow(step.dim, groups.coords[step.axis] * k, k)
-
-
-def _group_name(step: Step, groups: MeshGroups) -> str:
-    """The registered name of the process group along the step's axis (functional collectives take names)."""
-    return groups.groups[step.axis].group_name
-
-
-def _all_gather(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    return _functional.all_gather_into_tensor(x.contiguous(), groups.axis_size(step.axis), _group_name(step, groups))
-
-
-def _gathered(out: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    if step.dim == 0:  # the pieces arrive stacked on dim 0: already the result
-        return out
-    return torch.cat(out.chunk(groups.axis_size(step.axis), dim=0), dim=step.dim)
-
-
-def _reduce_scatter(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    n = groups.axis_size(step.axis)
-    _pieces(x, step.dim, n, step.describe())
-    stacked = x.contiguous() if step.dim == 0 else torch.cat(x.chunk(n, dim=step.dim), dim=0)
-    return _functional.reduce_scatter_tensor(stacked, "sum", n, _group_name(step, groups))
-
-
-def _all_reduce(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    return _functional.all_reduce(x.contiguous(), "sum", _group_name(step, groups))
-
-
-def _all_to_all(x: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    n = groups.axis_size(step.axis)
-    _pieces(x, step.to_dim, n, step.describe())
-    sends = torch.stack(x.chunk(n, dim=step.to_dim))  # piece i, for group rank i, at index i of dim 0
+def _issue(x: torch.Tensor, op: Op) -> torch.Tensor:
+    """Start the collective of ``op`` on ``x``; its output, not yet arrived."""
+    kind, n = op.step.kind, op.size
+    if kind == ALL_GATHER:
+        return _functional.all_gather_into_tensor(x.contiguous(), n, op.group)
+    if kind == REDUCE_SCATTER:
+        _pieces(x, op.step.dim, n, op)
+        stacked = x.contiguous() if op.step.dim == 0 else torch.cat(x.chunk(n, dim=op.step.dim), dim=0)
+        return _functional.reduce_scatter_tensor(stacked, "sum", n, op.group)
+    if kind == ALL_REDUCE:
+        return _functional.all_reduce(x.contiguous(), "sum", op.group)
+    _pieces(x, op.step.to_dim, n, op)
+    sends = torch.stack(x.chunk(n, dim=op.step.to_dim))  # piece i, for group rank i, at index i of dim 0
     ones = [1] * n
-    return _functional.all_to_all_single(sends, ones, ones, _group_name(step, groups))
+    return _functional.all_to_all_single(sends, ones, ones, op.group)
 
 
-def _exchanged(out: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
-    return torch.cat(out.unbind(0), dim=step.dim)
-
-
-def _arrived(out: torch.Tensor, step: Step, groups: MeshGroups) -> torch.Tensor:
+def _finish(out: torch.Tensor, op: Op) -> torch.Tensor:
+    """An arrived collective output in the step's layout."""
+    kind = op.step.kind
+    if kind == ALL_GATHER and op.step.dim != 0:  # the pieces arrive stacked on dim 0
+        return torch.cat(out.chunk(op.size, dim=0), dim=op.step.dim)
+    if kind == ALL_TO_ALL:
+        return torch.cat(out.unbind(0), dim=op.step.dim)
     return out
 
 
-Issue = Callable[[torch.Tensor, Step, MeshGroups], torch.Tensor]
-_EXECUTORS: dict[str, tuple[Issue, Issue]] = {
-    ALL_GATHER: (_all_gather, _gathered),
-    REDUCE_SCATTER: (_reduce_scatter, _arrived),
-    ALL_REDUCE: (_all_reduce, _arrived),
-    ALL_TO_ALL: (_all_to_all, _exchanged),
-}
-"""Per collective kind: (issue, finish). ``issue`` starts the functional collective and returns its
-output before it has arrived; ``finish`` takes it once waited (``wait_tensor``) into the step's layout."""
+def _log(x: torch.Tensor, op: Op, log: CommLog | None, phase: str, ahead: bool) -> None:
+    if log is not None and op.step.kind != SLICE and not torch.compiler.is_compiling():
+        actual = replace(op.step, in_bytes=x.numel() * x.element_size())
+        log.records.append(CommRecord(op.step.kind, op.step.axis, actual.sent_bytes(op.size), phase, ahead=ahead))
+
+
+def start_ops(x: torch.Tensor, ops: tuple[Op, ...], log: CommLog | None = None, phase: str = FORWARD,
+              ahead: bool = False) -> torch.Tensor:
+    """Apply ``ops`` to this rank's piece ``x`` up to the last one; when that is a collective it is
+    left in flight (issued, not waited) and its raw output returned, for :func:`arrive`. Every
+    rank must call this in the same order as its other collectives on the same groups.
+    Collectives are logged as :func:`run_ops` does, ``ahead`` marking those issued before their use."""
+    for k, op in enumerate(ops):
+        _log(x, op, log, phase, ahead)
+        if op.step.kind == SLICE:
+            k_ = _pieces(x, op.step.dim, op.size, op)
+            x = x.narrow(op.step.dim, op.coord * k_, k_)
+        elif op.size > 1:
+            if k == len(ops) - 1:
+                return _issue(x, op)
+            x = _finish(_functional.wait_tensor(_issue(x, op)), op)  # the raw output dies here, as priced
+    return x
+
+
+def arrive(started: torch.Tensor, ops: tuple[Op, ...]) -> torch.Tensor:
+    """The result of :func:`start_ops`: its last collective waited for and finished."""
+    if ops and ops[-1].communicates:
+        return _finish(_functional.wait_tensor(started), ops[-1])
+    return started
+
+
+def run_ops(x: torch.Tensor, ops: tuple[Op, ...], log: CommLog | None = None, phase: str = FORWARD) -> torch.Tensor:
+    """Apply ``ops`` to this rank's local piece ``x``, blocking (each collective waited at once).
+
+    Plain tensor code (no autograd semantics of its own). Each collective is logged with the
+    bytes ``Step.sent_bytes`` gives for the actual local size, so the log checks the plan's price.
+    """
+    return arrive(start_ops(x, ops, log, phase), ops)
+
+
+def run_steps(x: torch.Tensor, steps: tuple[Step, ...] | list[Step], groups: MeshGroups, log: CommLog | None = None,
+              phase: str = FORWARD) -> torch.Tensor:
+    """:func:`run_ops` of ``steps`` resolved on ``groups``."""
+    return run_ops(x, resolve(steps, groups), log, phase)
 
 
 @dataclass
 class Pending:
     """A reshard whose last collective is in flight: :meth:`wait` is its first use."""
 
-    out: torch.Tensor
-    step: Step | None
-    groups: MeshGroups
+    started: torch.Tensor
+    ops: tuple[Op, ...]
 
     def wait(self) -> torch.Tensor:
         """The reshard's result, once its collective has arrived."""
-        if self.step is None:
-            return self.out
-        return _EXECUTORS[self.step.kind][1](_functional.wait_tensor(self.out), self.step, self.groups)
-
-
-def _log(x: torch.Tensor, step: Step, groups: MeshGroups, log: CommLog | None, phase: str, ahead: bool) -> None:
-    if step.kind != SLICE and log is not None:
-        actual = replace(step, in_bytes=x.numel() * x.element_size())
-        log.records.append(CommRecord(step.kind, step.axis, actual.sent_bytes(groups.axis_size(step.axis)), phase,
-                                      ahead=ahead))
-
-
-def start_steps(
-    x: torch.Tensor,
-    steps: tuple[Step, ...] | list[Step],
-    groups: MeshGroups,
-    log: CommLog | None = None,
-    phase: str = FORWARD,
-    ahead: bool = False,
-) -> Pending:
-    """Apply reshard ``steps`` to this rank's piece ``x`` up to the last collective, which is left in
-    flight (issued, not waited): the result is ``Pending.wait()``. Steps before it run to completion
-    now. Every rank must call this in the same order as its other collectives on the same groups.
-    Collectives are logged as :func:`run_steps` does, ``ahead`` marking those issued before their use.
-    """
-    for k, step in enumerate(steps):
-        if step.kind != SLICE and step.kind not in _EXECUTORS:
-            raise ValueError(f"unknown reshard step kind {step.kind!r}")
-        _log(x, step, groups, log, phase, ahead)
-        if step.kind == SLICE:
-            x = _slice(x, step, groups)
-        elif groups.axis_size(step.axis) > 1:
-            issue, _ = _EXECUTORS[step.kind]
-            if k == len(steps) - 1:
-                return Pending(issue(x, step, groups), step, groups)
-            x = Pending(issue(x, step, groups), step, groups).wait()
-    return Pending(x, None, groups)
-
-
-def run_steps(
-    x: torch.Tensor,
-    steps: tuple[Step, ...] | list[Step],
-    groups: MeshGroups,
-    log: CommLog | None = None,
-    phase: str = FORWARD,
-) -> torch.Tensor:
-    """Apply reshard ``steps`` to this rank's local piece ``x``; collective over each step's axis.
-
-    Plain tensor code (no autograd semantics of its own), blocking: each collective is waited at
-    once. Each collective is logged with the bytes ``Step.sent_bytes`` gives for the actual local
-    size, so the log checks the plan's price.
-    """
-    return start_steps(x, steps, groups, log, phase).wait()
+        return arrive(self.started, self.ops)
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
     """``t``, copied when it is a slice of a larger storage (a sliced gradient would keep the whole
     one alive, as long as the gradient is kept: until the optimizer step for a parameter)."""
-    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+    if not torch.compiler.is_compiling() and t.untyped_storage().nbytes() > t.numel() * t.element_size():
         return t.clone()
     return t
-
-
-def _owned(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``out``, copied if it aliases ``x``: a custom Function's view output cannot be modified in place.
-
-    Storages are compared by identity, not data pointer, so fake tensors (no data) are judged alike.
-    """
-    if StorageWeakRef(out.untyped_storage()) == StorageWeakRef(x.untyped_storage()):
-        return out.clone()
-    return out
 
 
 class _Reshard(torch.autograd.Function):
@@ -216,45 +206,60 @@ class _Reshard(torch.autograd.Function):
     plan's gradient steps (or handed to ``reduce``, which runs them in flight)."""
 
     @staticmethod
-    def forward(ctx, x, fwd_steps, bwd_steps, groups, log, phase, ready, reduce):  # type: ignore[override]
-        ctx.bwd_steps, ctx.groups, ctx.log, ctx.reduce = bwd_steps, groups, log, reduce
+    def forward(ctx, x, ready, fwd, bwd, log, phase, reduce):  # type: ignore[override]
+        ctx.bwd, ctx.log, ctx.reduce = bwd, log, reduce
         if ready is not None:
-            return _owned(ready.wait(), x)
-        if not fwd_steps:  # only the gradient is resharded: pass the value on without a copy
+            out = arrive(ready, fwd)
+        elif not fwd:  # only the gradient is resharded: pass the value on without a copy
             return x.view_as(x)
-        return _owned(run_steps(x, fwd_steps, groups, log, phase), x)
+        else:
+            out = run_ops(x, fwd, log, phase)
+        return out.clone() if aliases(fwd) else out  # a custom Function's view output cannot be modified in place
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        rest = (None,) * 7
+        rest = (None,) * 6
         if not ctx.needs_input_grad[0]:
             return (None, *rest)
         if ctx.reduce is not None:
             ctx.reduce(grad)
             return (None, *rest)
-        return (_compact(run_steps(grad, ctx.bwd_steps, ctx.groups, ctx.log, BACKWARD)), *rest)
+        return (_compact(run_ops(grad, ctx.bwd, ctx.log, BACKWARD)), *rest)
 
 
-def reshard(
-    x: torch.Tensor,
-    fwd_steps: tuple[Step, ...] | list[Step],
-    bwd_steps: tuple[Step, ...] | list[Step],
-    groups: MeshGroups,
-    log: CommLog | None = None,
-    phase: str = FORWARD,
-    ready: Pending | None = None,
-    reduce: Callable[[torch.Tensor], None] | None = None,
-) -> torch.Tensor:
-    """Reshard ``x`` by ``fwd_steps``; in backward, turn the incoming gradient by ``bwd_steps``.
+def reshard_ops(x: torch.Tensor, fwd: tuple[Op, ...], bwd: tuple[Op, ...], log: CommLog | None = None,
+                phase: str = FORWARD, ready: torch.Tensor | None = None,
+                reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    """Reshard ``x`` by ``fwd``; in backward, turn the incoming gradient by ``bwd``.
 
-    ``bwd_steps`` go from the gradient's layout at the consumer to the layout the producer
-    expects (``EdgeReshard.grad_steps``). Every rank must call this with the same steps.
-    ``phase`` names the pass the forward steps are logged in (a recomputation's are not the forward's).
-    ``ready``: the forward steps were issued ahead (:func:`start_steps`, logged then); this waits
-    for them. ``reduce``: takes the gradient instead of autograd (which then gets none for ``x``)
-    and delivers it itself, reduced by ``bwd_steps`` (``runtime/overlap.py``).
+    ``bwd`` goes from the gradient's layout at the consumer to the layout the producer expects
+    (``EdgeReshard.grad_steps``). Every rank must call this with the same steps. ``phase`` names
+    the pass the forward is logged in (a recomputation's is not the forward's). ``ready``: the
+    forward was issued ahead (:func:`start_ops` on ``x``'s value, logged then); this waits for it.
+    ``reduce``: takes the gradient instead of autograd (which then gets none for ``x``) and
+    delivers it itself, reduced by ``bwd`` (``runtime/overlap.py``).
     """
-    return _Reshard.apply(x, tuple(fwd_steps), tuple(bwd_steps), groups, log, phase, ready, reduce)
+    return _Reshard.apply(x, ready, fwd, bwd, log, phase, reduce)
+
+
+def reshard_value(x: torch.Tensor, fwd: tuple[Op, ...], log: CommLog | None = None, phase: str = FORWARD,
+                  ready: torch.Tensor | None = None) -> torch.Tensor:
+    """Reshard ``x`` by ``fwd`` where no gradient flows back (no autograd: a value read for its
+    data only, an integer mask, an inference plan); arguments as :func:`reshard_ops`."""
+    with torch.no_grad():
+        if ready is not None:
+            out = arrive(ready, fwd)
+        elif not fwd:
+            return x
+        else:
+            out = run_ops(x, fwd, log, phase)
+        return out.clone() if aliases(fwd) else out
+
+
+def reshard(x: torch.Tensor, fwd_steps: tuple[Step, ...] | list[Step], bwd_steps: tuple[Step, ...] | list[Step],
+            groups: MeshGroups, log: CommLog | None = None, phase: str = FORWARD) -> torch.Tensor:
+    """:func:`reshard_ops` of steps resolved on ``groups``."""
+    return reshard_ops(x, resolve(fwd_steps, groups), resolve(bwd_steps, groups), log, phase)
 
 
 class _Zeros(torch.autograd.Function):
@@ -268,6 +273,16 @@ class _Zeros(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         return (torch.zeros_like(grad) if ctx.mask_grad else grad), None
+
+
+def zeros_passing_grad(x: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``x``'s shape whose gradient passes to ``x`` unchanged (:func:`mask_to_first` off coordinate 0)."""
+    return _Zeros.apply(x, False)
+
+
+def masked_here(axes: tuple[int, ...] | frozenset[int], groups: MeshGroups) -> bool:
+    """True when this rank is off coordinate 0 of some axis in ``axes`` (:func:`mask_to_first` zeros its operand)."""
+    return not all(groups.coords[a] == 0 for a in axes)
 
 
 def mask_to_first(
@@ -285,6 +300,6 @@ def mask_to_first(
     the operand is a replicated parameter (Megatron's row-parallel bias, added after the
     all-reduce there, gets the full gradient on every rank).
     """
-    if all(groups.coords[a] == 0 for a in axes):
+    if not masked_here(axes, groups):
         return x
     return _Zeros.apply(x, mask_grad)

@@ -11,7 +11,7 @@
   ``cost/recompute.py`` prices them) runs each segment with ``create_selective_checkpoint_contexts``
   and :class:`KeptOps` as its policy: every op dispatched while a kept node computes its output
   is ``MUST_SAVE`` (views excepted: they are recomputed from what they view), every other op
-  ``PREFER_RECOMPUTE``; the executor keeps the reshard of another op's output into a kept op
+  ``PREFER_RECOMPUTE``; the program keeps the reshard of another op's output into a kept op
   from the forward for the recomputation (its result only, not the steps' intermediates). So
   the recomputation neither runs a kept op again nor the collectives into it (the cost model
   charges neither), while its parameters' gathers run again (charged: the backward needs the
@@ -34,15 +34,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import (CheckpointPolicy, SelectiveCheckpointContext, checkpoint,
                                    create_selective_checkpoint_contexts, set_checkpoint_early_stop)
 
-from autoshard.runtime.collectives import BACKWARD, FORWARD, RECOMPUTE, CommLog, Pending, run_steps
-from autoshard.runtime.groups import MeshGroups
-from autoshard.sharding.reshard import Step
+from autoshard.runtime.collectives import BACKWARD, CommLog, Op, arrive, run_ops
 
 
 class KeptOps:
     """The selective policy of one plan: ``MUST_SAVE`` for what runs inside :meth:`keeping`.
 
-    The executor enters ``keeping(True)`` around a kept node's op call, in the forward and
+    The program enters ``keeping(True)`` around a kept node's op call (``graph.calls.Kept``), in the forward and
     identically in the recomputation (the cache is matched op by op, in order).
     """
 
@@ -66,18 +64,10 @@ class KeptOps:
             self.active = before
 
 
-def run_recomputed(segment: Callable[[str, Sequence[Any]], list[Any]], inputs: Sequence[Any],
-                   kept: KeptOps | None = None) -> list[Any]:
-    """``segment(phase, inputs)`` under checkpointing: called with ``forward`` now, and with
-    ``recompute`` when the backward needs what it would have saved (``kept``: the selective
-    policy whose saved ops the recomputation takes from the forward instead of running them)."""
-    calls = [0]
-
-    def run(*args: Any) -> list[Any]:
-        phase = FORWARD if calls[0] == 0 else RECOMPUTE
-        calls[0] += 1
-        return segment(phase, args)
-
+def run_recomputed(run: Callable[..., Any], inputs: Sequence[Any], kept: KeptOps | None = None) -> Any:
+    """``run(*inputs)`` under checkpointing: called now, and again when the backward needs what it
+    would have saved (``kept``: the selective policy whose saved ops the recomputation takes from
+    the forward instead of running them). The whole block is replayed (early stop off, module doc)."""
     options: dict[str, Any] = {}
     if kept is not None:
         options["context_fn"] = partial(create_selective_checkpoint_contexts, kept.policy)
@@ -90,44 +80,42 @@ class _Gathered:
     """What a saved gathered parameter is packed into: its piece and how to gather it again."""
 
     piece: torch.Tensor
-    steps: tuple[Step, ...]
-    log: CommLog
+    ops: tuple[Op, ...]
+    log: CommLog | None
     size: torch.Size
     stride: tuple[int, ...]
     offset: int
-    again: Callable[[], Pending] | None
+    again: Callable[[], torch.Tensor | None] | None
 
 
 class Regathering(AbstractContextManager):
     """Saved-tensor hooks for one op call: gathered parameter copies are saved as their pieces."""
 
-    def __init__(self, groups: MeshGroups) -> None:
-        self.groups = groups
-        self.gathered: dict[StorageWeakRef, tuple[torch.Tensor, tuple[Step, ...], CommLog,
-                                                  Callable[[], Pending] | None]] = {}
+    def __init__(self) -> None:
+        self.gathered: dict[StorageWeakRef, tuple[torch.Tensor, tuple[Op, ...], CommLog | None,
+                                                  Callable[[], torch.Tensor | None] | None]] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
-    def add(self, gathered: torch.Tensor, piece: torch.Tensor, steps: tuple[Step, ...], log: CommLog,
-            again: Callable[[], Pending] | None = None) -> None:
-        """``gathered`` (what the op reads) is ``piece`` after ``steps``: save the piece instead
+    def add(self, gathered: torch.Tensor, piece: torch.Tensor, ops: tuple[Op, ...], log: CommLog | None,
+            again: Callable[[], torch.Tensor | None] | None = None) -> None:
+        """``gathered`` (what the op reads) is ``piece`` after ``ops``: save the piece instead
         (``again``: the gather issued ahead for the backward, ``runtime/overlap.py``; else run then)."""
-        self.gathered[StorageWeakRef(gathered.untyped_storage())] = (piece.detach(), steps, log, again)
+        self.gathered[StorageWeakRef(gathered.untyped_storage())] = (piece.detach(), ops, log, again)
 
     def _pack(self, t: torch.Tensor) -> Any:
         found = self.gathered.get(StorageWeakRef(t.untyped_storage()))
         if found is None:
             return t
-        piece, steps, log, again = found
-        return _Gathered(piece, steps, log, t.size(), t.stride(), t.storage_offset(), again)
+        piece, ops, log, again = found
+        return _Gathered(piece, ops, log, t.size(), t.stride(), t.storage_offset(), again)
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Gathered):
             return saved
         with torch.no_grad():
-            if saved.again is not None:
-                whole = saved.again().wait()
-            else:
-                whole = run_steps(saved.piece, saved.steps, self.groups, saved.log, BACKWARD)
+            ready = saved.again() if saved.again is not None else None
+            whole = arrive(ready, saved.ops) if ready is not None else run_ops(saved.piece, saved.ops, saved.log,
+                                                                                   BACKWARD)
         return whole.as_strided(saved.size, saved.stride, saved.offset)
 
     def __enter__(self) -> "Regathering":

@@ -1,9 +1,14 @@
 """Plans executed on forked gloo ranks against the unsharded model: numerics, shards and collectives.
 
-One forked run per (model, mesh) executes every plan of both modes: Megatron, data-parallel
-(MLP) and random choices, each of which must reproduce the reference outputs and every
-parameter gradient within 1e-5 relative, hold parameters in their planned local shapes, and run
-exactly the collectives the plan lists, with the bytes the cost model charged for each edge.
+One forked run per (model, mesh) executes every plan of both modes through its lowered program
+(``runtime/graph``: one GraphModule per rank, run eagerly): Megatron, data-parallel (MLP) and
+random choices, each of which must reproduce the reference outputs and every parameter gradient
+within 1e-5 relative, hold parameters in their planned local shapes, and run exactly the
+collectives the plan lists, with the bytes the cost model charged for each edge. The executed
+list is compared with ``expected_collectives`` by ``same_collectives``: per plan edge (or loss
+count, or expert exchange) and pass, the same collectives in the same order of execution, each
+with its kind, axis, bytes and ``ahead`` flag; the order between edges is the program's and is
+not compared (autograd interleaves one edge's gradient steps with a recomputation as it likes).
 Errors are those of ``relative_errors``: a reference gradient that is zero up to rounding (BERT's
 attention key biases) is judged against a floor of 1e-3 of the largest gradient.
 """
@@ -70,11 +75,15 @@ def _grad(p: nn.Parameter) -> torch.Tensor:
     return local_of(p.grad) if p.grad is not None else torch.zeros_like(local_of(p))
 
 
-def _run_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[Outcome]:
+def _run_cases(rank: int, world: int, t: Traced, cases: list[Case], compiled: dict | None = None) -> list[Outcome]:
+    """Each case's outputs, gradients and collectives on this rank (``compiled``: the program run
+    under ``torch.compile(**compiled)``, which logs no collectives)."""
     groups = MeshGroups.create(cases[0].plan.mesh)
     outcomes = []
     for case in cases:
         module = parallelize(t.model, case.plan, groups, graph=t.graph)
+        if compiled is not None:
+            module.compile(**compiled)
         local = module(*t.inputs)
         local = list(local) if isinstance(local, tuple) else [local]
         outputs = [gather_full(o.detach(), s, groups) for o, s in zip(local, module.output_specs)]
