@@ -11,6 +11,11 @@ Step semantics on one device's local tensor (``n`` = size of the step's mesh axi
 - ``all_reduce(a)``: sum the partial values over axis a.
 - ``all_to_all(a, d -> d2)``: axis a stops sharding d (it was d's minor axis) and becomes d2's minor axis.
 
+A dim the mesh does not divide is cut by one axis into ``torch.chunk`` pieces (``spec.cuts``):
+every step on it moves pieces of the largest size, padded (what is priced, ``in_bytes`` of the
+largest piece), and each step of a tensor with such a dim carries the tensor's global ``shape``,
+from which the runtime pads and trims (``runtime/uneven.py``); steps of evenly cut tensors carry none.
+
 Order: free slices first (they shrink what follows), then reductions of partial sums, then
 all-to-all / all-gather for axes that must leave a dim (minor axis first), then the last slices.
 """
@@ -41,6 +46,8 @@ class Step:
     in_bytes: int
     before: TensorSpec
     after: TensorSpec
+    shape: tuple[int, ...] = ()
+    """The tensor's global shape where some dim is cut unevenly (module doc), else empty."""
 
     def sent_bytes(self, axis_size: int) -> int:
         """Bytes each device sends in this step (ring algorithms; 0 for slices)."""
@@ -89,11 +96,12 @@ def reshard_steps(
         raise ValueError("a reshard cannot create partial sums")
     steps: list[Step] = []
     cur = src
+    uneven = tuple(shape) if src.uneven_dims(shape, mesh_shape) or dst.uneven_dims(shape, mesh_shape) else ()
 
     def emit(kind: str, axis: int, dim: int | None, to_dim: int | None, after: TensorSpec) -> None:
         nonlocal cur
         size = math.prod(cur.local_shape(shape, mesh_shape)) * itemsize
-        steps.append(Step(kind, axis, dim, to_dim, size, cur, after))
+        steps.append(Step(kind, axis, dim, to_dim, size, cur, after, uneven))
         cur = after
 
     def free_slices() -> None:

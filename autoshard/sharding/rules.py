@@ -44,7 +44,7 @@ from autoshard.sharding.rules_base import (Labels, OpInstance, Rule, RuleError, 
 from autoshard.sharding.rules_moe import MOE_KINDS, exchange_variants
 from autoshard.sharding.rules_shapes import SHAPE_KINDS, einsum_signature
 from autoshard.sharding.spec import TensorSpec
-from autoshard.sharding.strategy import OpStrategy, divides, make_strategy
+from autoshard.sharding.strategy import OpStrategy, make_strategy, splits
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,13 +260,24 @@ def _split(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
 
 
 def _select(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
+    """select / slice / narrow along ``dim``: the other dims pass through; ``dim`` passes whole
+    when sliced whole, truncated when a prefix is kept (start 0, step 1), and is fixed otherwise."""
     shape = shapes[0]
     dim = dims_of(attrs.get("dim", 0), len(shape))[0]
     labels = tuple(f"d{d}" for d in range(len(shape)))
-    full = rule.kind == "slice" and len(out_shape) == len(shape) and out_shape[dim] == shape[dim]
+    sizes = {l: (n,) for l, n in zip(labels, shape)}
     out = tuple(l for d, l in enumerate(labels) if rule.kind == "slice" or d != dim)
-    fixed = frozenset() if full else frozenset({labels[dim]})
-    return OpInstance((labels,), out, {l: (n,) for l, n in zip(labels, shape)}, fixed)
+    if rule.kind == "slice" and len(out_shape) == len(shape) and out_shape[dim] == shape[dim]:
+        return OpInstance((labels,), out, sizes)
+    if rule.kind == "slice" and len(out_shape) == len(shape) and _keeps_prefix(attrs):
+        sizes[labels[dim]] = (out_shape[dim], shape[dim])
+        return OpInstance((labels,), out, sizes, truncated=frozenset({labels[dim]}))
+    return OpInstance((labels,), out, sizes, frozenset({labels[dim]}))
+
+
+def _keeps_prefix(attrs: dict) -> bool:
+    """True for a slice or narrow that keeps the first elements of its dim (start 0, step 1)."""
+    return attrs.get("start") in (None, 0) and attrs.get("step") in (None, 1)
 
 
 def _identity(rule: Rule, shapes, out_shape, attrs) -> OpInstance:
@@ -317,7 +328,7 @@ def instantiate(rule: Rule, operands: Sequence[TensorMeta | None], out_shape: tu
 
 def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
                allowed: Callable[[int, int], bool] | None = None) -> list[OpStrategy]:
-    """Every assignment of mesh axes to free indices whose shard counts divide the sizes.
+    """Every assignment of mesh axes to free indices that cuts them into pieces (``strategy.splits``).
 
     ``allowed(dim, rank)`` may forbid sharding some dims of every tensor (Slapo's search space
     only shards the last two dims).
@@ -338,7 +349,7 @@ def strategies(instance: OpInstance, mesh_shape: tuple[int, ...],
                 axes_of[index] = axes_of.get(index, ()) + (axis,)
         if any(c is not None and n == 1 for c, n in zip(choice, mesh_shape)):
             continue  # a size-1 axis shards nothing; keep one strategy per layout
-        if divides(instance, axes_of, mesh_shape):
+        if splits(instance, axes_of, mesh_shape):
             result.append(make_strategy(instance, axes_of, mesh_shape))
     if instance.exchange is not None and instance.exchange[1] in free:
         result += exchange_variants(instance, result, mesh_shape)

@@ -44,6 +44,9 @@ class OpInstance:
     exchange: tuple[str, str] | None = None
     """(token index, expert index) that may share one mesh axis: the op then exchanges the
     tokens among that axis's devices itself (expert parallelism, ``rules_moe.py``)."""
+    truncated: frozenset[str] = frozenset()
+    """Indices whose sizes are prefixes of one another (``x[:stop]`` along them): their pieces line
+    up only where every size has the same piece size (``strategy.splits``)."""
 
     @property
     def contracted(self) -> frozenset[str]:

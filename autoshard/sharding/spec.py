@@ -4,6 +4,13 @@ Text form (the names used in tables, plans and schedules): one letter per tensor
 (replicated) or ``S`` followed by the mesh axes that shard it, major first; then optionally ``P``
 and the mesh axes over which the local values are partial sums. On a 1-D mesh the axis digits
 are dropped: ``RS``, ``SR``, ``RRP``. On N-D meshes: ``S0R``, ``S01R``, ``RS1``, ``S0RP1``.
+
+A dim of size ``n`` cut into ``p`` pieces is cut as ``torch.chunk`` and DTensor's ``Shard`` cut it:
+pieces of ``ceil(n / p)`` elements, the last one smaller (:func:`piece_range`). A dim that ``p``
+does not divide may be cut by one mesh axis only, and only where every piece is nonempty
+(:func:`cuts`): a dim cut by two axes in turn would not give the pieces of one cut by their
+product, and an empty piece holds a device for nothing. Sizes, bytes and flops of a device's
+piece are those of the largest piece (:meth:`TensorSpec.local_shape`), the device that sets the pace.
 """
 
 from __future__ import annotations
@@ -13,6 +20,28 @@ import re
 from dataclasses import dataclass, field
 
 from autoshard.errors import AutoshardError
+
+
+def piece_size(n: int, pieces: int) -> int:
+    """Elements of the largest piece of a dim of size ``n`` cut into ``pieces`` (``torch.chunk``)."""
+    return -(-n // pieces)
+
+
+def piece_range(n: int, pieces: int, index: int) -> tuple[int, int]:
+    """(start, length) of piece ``index`` of a dim of size ``n`` cut into ``pieces`` as ``torch.chunk``
+    cuts it: ``ceil(n / pieces)`` elements each, the last ones shorter or empty."""
+    size = piece_size(n, pieces)
+    start = min(index * size, n)
+    return start, min(size, n - start)
+
+
+def cuts(n: int, axis_sizes: tuple[int, ...]) -> bool:
+    """True when a dim of size ``n`` may be cut by mesh axes of these sizes (module doc): they
+    divide it, or one axis cuts it into nonempty pieces."""
+    pieces = math.prod(axis_sizes)
+    if n % pieces == 0:
+        return True
+    return len(axis_sizes) == 1 and n > (pieces - 1) * piece_size(n, pieces)
 
 
 @dataclass(frozen=True, order=True)
@@ -59,14 +88,23 @@ class TensorSpec:
         return math.prod(mesh_shape[a] for a in self.dims[dim])
 
     def local_shape(self, shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
-        """Shape of one device's piece (dims must divide evenly; see :meth:`fits`)."""
-        return tuple(n // self.shard_factor(d, mesh_shape) for d, n in enumerate(shape))
+        """Shape of the largest device's piece (module doc; see :meth:`fits`)."""
+        return tuple(piece_size(n, self.shard_factor(d, mesh_shape)) for d, n in enumerate(shape))
+
+    def piece_shape(self, shape: tuple[int, ...], coords: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Shape of the piece the device at ``coords`` holds (smaller than :meth:`local_shape` on uneven dims)."""
+        return tuple(piece_range(n, self.shard_factor(d, mesh_shape), self.chunk_index(d, coords, mesh_shape))[1]
+                     for d, n in enumerate(shape))
 
     def fits(self, shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> bool:
-        """True when every sharded dim divides evenly by its shard factor."""
+        """True when every sharded dim may be cut as the spec cuts it (:func:`cuts`)."""
         return len(shape) == self.ndim and all(
-            n % self.shard_factor(d, mesh_shape) == 0 for d, n in enumerate(shape)
+            cuts(n, tuple(mesh_shape[a] for a in axes)) for n, axes in zip(shape, self.dims)
         )
+
+    def uneven_dims(self, shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The dims whose pieces differ in size (their shard factor does not divide them)."""
+        return tuple(d for d, n in enumerate(shape) if n % self.shard_factor(d, mesh_shape))
 
     def chunk_index(self, dim: int, coords: tuple[int, ...], mesh_shape: tuple[int, ...]) -> int:
         """Which piece of dim ``dim`` the device at ``coords`` holds (major axis first)."""

@@ -17,7 +17,7 @@ from typing import Sequence
 from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.sharding.rules_base import Labels, OpInstance
-from autoshard.sharding.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec, cuts, piece_size
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,29 @@ def spec_of(labels: Labels, axes_of: dict[str, tuple[int, ...]], partial: frozen
 def divides(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> bool:
     """True when every index's sizes divide by the product of the mesh axes assigned to it."""
     return not any(n % math.prod(mesh_shape[a] for a in axes) for i, axes in axes_of.items() for n in instance.sizes[i])
+
+
+def splits(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...]) -> bool:
+    """True when the local op on every device's pieces computes its piece of the global op.
+
+    An index is cut as every tensor dim it labels is (``spec.cuts``: ``torch.chunk`` pieces).
+    Its sizes must all divide by its shard count, unless all are cut by one axis into pieces of
+    one size: an index of one size (every tensor's pieces then line up), or a truncated index
+    (``x[:stop]``: the pieces of ``stop`` are those of the whole, the last ones shortened).
+    Never unevenly for a mean's index: a mean of unequal pieces is not the mean of the means.
+    """
+    for index, axes in axes_of.items():
+        sizes = instance.sizes[index]
+        shards = tuple(mesh_shape[a] for a in axes)
+        pieces = math.prod(shards)
+        even = not any(n % pieces for n in sizes)
+        if even and index not in instance.truncated:
+            continue
+        if index in instance.mean_indices or not all(cuts(n, shards) for n in sizes):
+            return False
+        if len({piece_size(n, pieces) for n in sizes}) != 1 or (len(set(sizes)) > 1 and index not in instance.truncated):
+            return False
+    return True
 
 
 def make_strategy(instance: OpInstance, axes_of: dict[str, tuple[int, ...]], mesh_shape: tuple[int, ...],

@@ -56,7 +56,10 @@ def test_local_shapes_and_chunks():
     spec = TensorSpec.parse("S01R", 2, 2)
     assert spec.local_shape((16, 4), (2, 4)) == (2, 4)
     assert spec.chunk_index(0, (1, 2), (2, 4)) == 6
-    assert not TensorSpec.parse("S0R", 2, 2).fits((3, 4), (2, 4))
+    assert TensorSpec.parse("S0R", 2, 2).fits((3, 4), (2, 4))  # pieces of 2 and 1
+    assert TensorSpec.parse("S0R", 2, 2).local_shape((3, 4), (2, 4)) == (2, 4)
+    assert not TensorSpec.parse("RS1", 2, 2).fits((3, 5), (2, 4))  # pieces 2, 2, 1, 0: one empty
+    assert not TensorSpec.parse("S01R", 2, 2).fits((9, 4), (2, 4))  # uneven over two axes
 
 
 def test_byte_units():

@@ -83,7 +83,7 @@ def check_op(op: str, fn: Callable, operands: list, attrs: dict, mesh_shape, siz
                 # while its gradient passes through unmasked (the executor's mask_to_first).
                 masked = k in st.masked and any(c[a] for a in st.out_spec.partial)
                 inputs.append(leaf - leaf.detach() if masked else leaf)
-            local_shape = st.out_spec.local_shape(tuple(outs[0].shape), mesh_shape)
+            local_shape = st.out_spec.piece_shape(tuple(outs[0].shape), c, mesh_shape)  # as the runtime's local sizes
             if st.count_axes:
                 count = sum(count_fn(*[_piece(x, st.in_specs[k], g, mesh_shape) if isinstance(x, torch.Tensor) else x
                                        for k, x in enumerate(operands)]) for g in _partial_group(c, st.count_axes, mesh_shape))
