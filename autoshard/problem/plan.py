@@ -272,12 +272,13 @@ def _step_json(step: Step, mesh_ndim: int) -> dict:
         "in_bytes": step.in_bytes,
         "before": _spec_json(step.before, mesh_ndim),
         "after": _spec_json(step.after, mesh_ndim),
+        **({"shape": list(step.shape)} if step.shape else {}),
     }
 
 
 def _step_from(data: dict) -> Step:
     return Step(data["kind"], data["axis"], data["dim"], data["to_dim"], data["in_bytes"],
-                _spec_from(data["before"]), _spec_from(data["after"]))
+                _spec_from(data["before"]), _spec_from(data["after"]), tuple(data.get("shape", ())))
 
 
 def _node_json(node: NodePlacement, mesh_ndim: int) -> dict:
