@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autoshard.sharding.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec, piece_size
 
 SLICE = "slice"
 ALL_GATHER = "all_gather"
@@ -100,7 +100,11 @@ def reshard_steps(
 
     def emit(kind: str, axis: int, dim: int | None, to_dim: int | None, after: TensorSpec) -> None:
         nonlocal cur
-        size = math.prod(cur.local_shape(shape, mesh_shape)) * itemsize
+        local = list(cur.local_shape(shape, mesh_shape))
+        cut = dim if kind == REDUCE_SCATTER else to_dim if kind == ALL_TO_ALL else None
+        if cut is not None:  # the dim this step cuts travels padded to equal pieces (module doc)
+            local[cut] = mesh_shape[axis] * piece_size(local[cut], mesh_shape[axis])
+        size = math.prod(local) * itemsize
         steps.append(Step(kind, axis, dim, to_dim, size, cur, after, uneven))
         cur = after
 
