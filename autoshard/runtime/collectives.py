@@ -14,7 +14,8 @@ R->S has an all-gather backward, and a forward identity may all-reduce a partial
 Each step is one of PyTorch's functional collectives (``torch.ops._c10d_functional``: out of
 place, waited by ``wait_tensor``), which gloo runs on CPU (also on subgroups) and NCCL on GPUs,
 so each step is exactly one collective call and the bytes logged in :class:`CommLog` are those
-of the collective the cost model priced. Being functional, they are traced by ``torch.compile``
+of the collective the cost model priced. A step on a dim the mesh does not divide pads this
+rank's piece to the largest before its collective and trims the result after (``uneven.py``). Being functional, they are traced by ``torch.compile``
 (the log is written by eager runs only) and cached by selective checkpointing.
 """
 
@@ -27,6 +28,7 @@ import torch
 
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.uneven import pad_for, slice_piece, trim_after
 
 _functional = torch.ops._c10d_functional
 
@@ -129,10 +131,10 @@ def _finish(out: torch.Tensor, op: Op) -> torch.Tensor:
     """An arrived collective output in the step's layout."""
     kind = op.step.kind
     if kind == ALL_GATHER and op.step.dim != 0:  # the pieces arrive stacked on dim 0
-        return torch.cat(out.chunk(op.size, dim=0), dim=op.step.dim)
-    if kind == ALL_TO_ALL:
-        return torch.cat(out.unbind(0), dim=op.step.dim)
-    return out
+        out = torch.cat(out.chunk(op.size, dim=0), dim=op.step.dim)
+    elif kind == ALL_TO_ALL:
+        out = torch.cat(out.unbind(0), dim=op.step.dim)
+    return trim_after(out, op)
 
 
 def _log(x: torch.Tensor, op: Op, log: CommLog | None, phase: str, ahead: bool) -> None:
@@ -148,10 +150,14 @@ def start_ops(x: torch.Tensor, ops: tuple[Op, ...], log: CommLog | None = None, 
     rank must call this in the same order as its other collectives on the same groups.
     Collectives are logged as :func:`run_ops` does, ``ahead`` marking those issued before their use."""
     for k, op in enumerate(ops):
+        x = pad_for(x, op)  # a piece of an uneven cut padded to the largest, as sent and priced
         _log(x, op, log, phase, ahead)
         if op.step.kind == SLICE:
-            k_ = _pieces(x, op.step.dim, op.size, op)
-            x = x.narrow(op.step.dim, op.coord * k_, k_)
+            piece = slice_piece(x, op)
+            if piece is None:
+                k_ = _pieces(x, op.step.dim, op.size, op)
+                piece = x.narrow(op.step.dim, op.coord * k_, k_)
+            x = piece
         elif op.size > 1:
             if k == len(ops) - 1:
                 return _issue(x, op)
