@@ -50,6 +50,8 @@ from autoshard.runtime.graph.runtime import Runtime
 from autoshard.runtime.graph.segments import Recomputed
 from autoshard.runtime.groups import MeshGroups
 from autoshard.runtime.overlap import forward_issues
+from autoshard.runtime.uneven import piece_attrs
+from autoshard.sharding.spec import piece_range
 
 
 @dataclass
@@ -165,8 +167,8 @@ class _Lowering:
         for d, n in enumerate(node.tensor.shape):
             factor = spec.shard_factor(d, shape)
             if factor > 1:
-                k = n // factor
-                x = g.call_method("narrow", (x, d, spec.chunk_index(d, self.groups.coords, shape) * k, k))
+                start, length = piece_range(n, factor, spec.chunk_index(d, self.groups.coords, shape))
+                x = g.call_method("narrow", (x, d, start, length))
         return x
 
     def _issue(self, scope: _Scope, name: str) -> None:
@@ -204,7 +206,7 @@ class _Lowering:
         if place is not None and place.masked_operands and masked_here(place.out_spec.partial, self.groups):
             for k in place.masked_operands:
                 operands[k] = g.call_function(zeros_passing_grad, (operands[k],))
-        attrs = local_attrs(node, self.plan)
+        attrs = {**local_attrs(node, self.plan), **piece_attrs(node, place, self.groups)}
         special = self._special(node, place, attrs)
         regathered = self.regathered.get(node.name, [])
         out = None
