@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from autoshard.frontend.graph import OpNode
 from autoshard.problem.plan import NodePlacement
 from autoshard.runtime.groups import MeshGroups
+from autoshard.sharding.spec import piece_range
 
 
 def splits_causal_rows(node: OpNode, place: NodePlacement | None) -> bool:
@@ -31,8 +32,8 @@ def causal_rows_attention(operands: Sequence[Any], node: OpNode, place: NodePlac
     """This device's rows of causal attention over all keys and values (module doc)."""
     query, key, value = operands[:3]
     spec, row_dim = place.in_specs[0], place.in_specs[0].ndim - 2
-    rows = query.shape[-2]
-    first = spec.chunk_index(row_dim, groups.coords, groups.mesh.shape) * rows
+    rows, mesh = query.shape[-2], groups.mesh.shape
+    first, _ = piece_range(node.tensor.shape[-2], spec.shard_factor(row_dim, mesh), spec.chunk_index(row_dim, groups.coords, mesh))
     positions = torch.arange(first, first + rows, device=query.device)
     allowed = torch.arange(key.shape[-2], device=query.device)[None, :] <= positions[:, None]
     return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
