@@ -1,0 +1,102 @@
+"""Plans that cut a sequence the mesh does not divide run like the unsharded model.
+
+A tiny Hugging Face LLaMA (fused attention, its causal mask materialised by the export) with
+the usual shifted next-token loss (``logits[:, :-1]``): one sequence of 31 positions (30 scored)
+on 4 gloo ranks, so every sequence dim is cut as ``torch.chunk`` cuts it (8, 8, 8, 7 and
+8, 8, 8, 6). The plan that cuts every tensor along the sequence wherever a strategy can (the
+attention's query rows split, its keys and values gathered, the shifted logits and the loss on
+pieces), and random plans, must reproduce the reference outputs and every parameter gradient,
+and run exactly the collectives they list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from autoshard.frontend.graph import NodeKind
+from autoshard.frontend.load import load_model
+from autoshard.frontend.trace import trace
+from autoshard.problem.build import ModelProblem
+from autoshard.problem.readback import make_plan
+from autoshard.runtime.checks import expected_collectives, same_collectives
+
+from .dist import run_ranks
+from .plans import Traced, problem, random_choices, reference
+from .test_executor import TOLERANCE, Case, _run_cases
+
+MODEL = """import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SEQ = 31
+
+
+def build():
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=64, max_position_embeddings=64, use_cache=False,
+                         attn_implementation="sdpa")
+    return LlamaForCausalLM(config).eval(), (torch.randint(0, 64, (1, SEQ), generator=torch.Generator().manual_seed(1)),)
+
+
+example_targets = torch.randint(0, 64, (1, SEQ), generator=torch.Generator().manual_seed(2))
+
+
+def loss(outputs, labels):
+    logits = outputs.logits[:, :-1].float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
+"""
+
+
+def _traced(path: Path) -> Traced:
+    path.write_text(MODEL)
+    loaded = load_model(str(path)).for_training()
+    model = loaded.model.eval()
+    return Traced("tiny_llama_31", model, loaded.example_inputs, trace(model, loaded.example_inputs))
+
+
+def _cuts_unevenly(mp: ModelProblem, name: str, i: int) -> bool:
+    """True when strategy ``i`` of ``name`` holds some operand or its output in uneven pieces."""
+    cand, mesh = mp.candidates[name], mp.mesh.shape
+    s = cand.strategies[i]
+    metas = [mp.graph[src].tensor for src in cand.node.inputs]
+    pairs = [(s.out_spec, cand.node.tensor), *zip(s.in_specs, metas)]
+    return any(spec is not None and meta is not None and spec.ndim == len(meta.shape) and spec.uneven_dims(meta.shape, mesh)
+               for spec, meta in pairs)
+
+
+def sequence_choice(mp: ModelProblem) -> list[int]:
+    """Every op on uneven pieces of the sequence where one of its strategies is, the cheapest such;
+    parameters replicated (each then stored as its users read it)."""
+    choice = []
+    for name in mp.names:
+        cand = mp.candidates[name]
+        if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+            choice.append(next(i for i, s in enumerate(cand.strategies) if s.out_spec.is_replicated))
+            continue
+        options = [i for i in range(len(cand.strategies)) if _cuts_unevenly(mp, name, i)] or range(len(cand.strategies))
+        choice.append(min(options, key=lambda i: cand.costs[i]))
+    return mp.with_storage_of_users(choice)
+
+
+def test_a_sequence_the_mesh_does_not_divide_trains_like_one_device(tmp_path: Path) -> None:
+    t = _traced(tmp_path / "tiny_llama_31.py")
+    mp = problem(t, "4", "training")
+    chosen = {"sequence": sequence_choice(mp), **{f"random{k}": c for k, c in enumerate(random_choices(mp, 2, 54))}}
+    plans = {label: make_plan(mp, choice, model=t.name) for label, choice in chosen.items()}
+    sequence = plans["sequence"]
+    shifted = next(n.name for n in t.graph if n.op == "slice" and n.attrs.get("end") == -1)
+    assert sequence.nodes[shifted].out_spec.dims[1] == (0,)  # the shifted logits on pieces 8, 8, 8, 6
+    assert any(p.in_specs[0].dims[-2] for n, p in sequence.nodes.items() if t.graph[n].op == "scaled_dot_product_attention")
+    assert any(step.shape for e in sequence.edges for step in e.steps + e.grad_steps)  # padded collectives
+    outputs, grads = reference(t, True)
+    cases = [Case(label, plan, outputs, grads) for label, plan in plans.items()]
+    results = run_ranks(4, _run_cases, t, cases, timeout=240)
+    for k, case in enumerate(cases):
+        expected = expected_collectives(case.plan)
+        for rank, outcome in enumerate(r[k] for r in results):
+            bad = {name: err for name, (_, err) in outcome.errors.items() if not err <= TOLERANCE}
+            assert not bad, f"{case.label}: relative errors above {TOLERANCE} on rank {rank}: {bad}"
+            assert len(outcome.errors) == len(outputs) + len(grads)
+            assert same_collectives(outcome.collectives, expected), f"{case.label}: rank {rank} ran other collectives"
