@@ -1,5 +1,6 @@
 """Our layouts as DTensor placements: a TensorSpec on a mesh -> one placement per mesh axis; a
-rank's piece of a whole tensor (:func:`distribute`), the whole from the pieces (:func:`gather_full`).
+rank's piece of a whole tensor (:func:`distribute`), the whole from the pieces (:func:`gather_full`);
+a dim the mesh does not divide is cut as ``torch.chunk`` and DTensor's ``Shard`` cut it.
 
 A :class:`~autoshard.sharding.spec.TensorSpec` says, per tensor dim, which mesh axes cut it,
 major first: the device at coordinates ``c`` holds piece ``sum_i c[a_i] * prod_{j>i} n[a_j]`` of
@@ -31,7 +32,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from autoshard.runtime.collectives import run_steps
 from autoshard.runtime.groups import MeshGroups
 from autoshard.sharding.reshard import reshard_steps
-from autoshard.sharding.spec import TensorSpec
+from autoshard.sharding.spec import TensorSpec, piece_range
 
 
 def spec_placements(spec: TensorSpec, mesh_shape: tuple[int, ...]) -> tuple[Placement, ...]:
@@ -52,17 +53,22 @@ def distribute(full: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torc
         raise ValueError(f"cannot cut a whole tensor into the partial layout {spec}")
     shape = groups.mesh.shape
     for d, n in enumerate(full.shape):
-        k = n // spec.shard_factor(d, shape)
-        full = full.narrow(d, spec.chunk_index(d, groups.coords, shape) * k, k)
+        start, length = piece_range(n, spec.shard_factor(d, shape), spec.chunk_index(d, groups.coords, shape))
+        full = full.narrow(d, start, length)
     return full
 
 
-def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups) -> torch.Tensor:
+def gather_full(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups,
+                shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """The whole tensor on every rank from the local pieces of layout ``spec`` (collective, no autograd;
-    a DTensor contributes its local piece)."""
-    local = local_of(local)
+    a DTensor contributes its local piece). ``shape``, the whole's, is needed where the mesh cuts a
+    dim unevenly (a DTensor knows it; else the pieces are taken as even)."""
     mesh = groups.mesh.shape
-    shape = tuple(n * spec.shard_factor(d, mesh) for d, n in enumerate(local.shape))
+    if shape is None and isinstance(local, DTensor):
+        shape = tuple(local.shape)
+    local = local_of(local)
+    if shape is None:
+        shape = tuple(n * spec.shard_factor(d, mesh) for d, n in enumerate(local.shape))
     steps = reshard_steps(spec, TensorSpec.replicated(len(shape)), shape, local.element_size(), mesh)
     with torch.no_grad():
         return run_steps(local, steps, groups)
