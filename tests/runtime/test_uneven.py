@@ -100,3 +100,30 @@ def test_a_sequence_the_mesh_does_not_divide_trains_like_one_device(tmp_path: Pa
             assert not bad, f"{case.label}: relative errors above {TOLERANCE} on rank {rank}: {bad}"
             assert len(outcome.errors) == len(outputs) + len(grads)
             assert same_collectives(outcome.collectives, expected), f"{case.label}: rank {rank} ran other collectives"
+
+
+def _pieces_against_dtensor(rank: int, world: int) -> list[str]:
+    """On a 2x2 mesh, for layouts cutting dims of 7 and 5 unevenly: our piece against DTensor's
+    ``distribute_tensor`` (the reference), and the whole gathered back from our pieces."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from autoshard.runtime.groups import MeshGroups
+    from autoshard.runtime.placements import as_dtensor, distribute, gather_full, spec_placements
+    from autoshard.sharding.mesh import parse_mesh
+    from autoshard.sharding.spec import TensorSpec
+
+    groups = MeshGroups.create(parse_mesh("2x2"))
+    full = torch.arange(35.0).reshape(7, 5)
+    wrong = []
+    for text in ("S0R", "RS1", "S0S1", "S1S0", "S1R"):
+        spec = TensorSpec.parse(text, 2, 2)
+        mine = distribute(full, spec, groups)
+        theirs = distribute_tensor(full, groups.device_mesh, spec_placements(spec, (2, 2))).to_local()
+        whole = gather_full(as_dtensor(mine, spec, groups, tuple(full.shape)), spec, groups)
+        if not (torch.equal(mine, theirs) and torch.equal(whole, full)):
+            wrong.append(text)
+    return wrong
+
+
+def test_uneven_pieces_are_dtensors_and_gather_back_whole() -> None:
+    assert run_ranks(4, _pieces_against_dtensor, timeout=120) == [[]] * 4
