@@ -1,0 +1,110 @@
+"""``--float8`` at run time (runtime/float8.py): the plan's program runs torchao's Float8 linears.
+
+Checked against torchao itself: on one rank the program with its linears swapped computes the
+loss and every gradient of ``convert_to_float8_training`` applied to the same model (torchtitan's
+filter: the ``output`` projection stays bf16), bit for bit, for both recipes; and it differs from
+the bf16 program, so the swap is not a no-op. On CPU both run torchao's emulation (the same
+casts, fp32 products); what only a GPU checks is ``torch._scaled_mm`` itself. The program under
+``torch.compile`` stays one graph and follows the eager loss; ``autoshard.train --compile
+--float8 tensorwise`` on CPU is refused in one line.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from autoshard.api import build_model_problem
+from autoshard.errors import AutoshardError
+from autoshard.frontend.trace import trace
+from autoshard.problem.readback import make_plan
+from autoshard.runtime.executor import ParallelModule, parallelize
+from autoshard.runtime.groups import MeshGroups
+
+torchao_float8 = pytest.importorskip("torchao.float8")
+
+
+class Block(nn.Module):
+    """A residual MLP and a vocabulary projection, bf16: two linears torchao converts, one it skips."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down, self.output = nn.Linear(32, 64), nn.Linear(64, 32, bias=False), nn.Linear(32, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.down(nn.functional.gelu(self.up(x)))
+        return self.output(h).float().logsumexp(-1).mean()
+
+
+def _model_and_input() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Block().to(torch.bfloat16), torch.randn(4, 16, 32, dtype=torch.bfloat16)
+
+
+def _program(model: nn.Module, x: torch.Tensor, recipe: str | None) -> ParallelModule:
+    graph = trace(model, (x,))
+    mp = build_model_problem(graph, 1, mode="training")
+    plan = make_plan(mp, [0] * len(mp.names))
+    return parallelize(model, plan, MeshGroups.single(), graph=graph, float8=recipe)
+
+
+def _torchao(model: nn.Module, recipe: str) -> nn.Module:
+    config = replace(torchao_float8.Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    return torchao_float8.convert_to_float8_training(copy.deepcopy(model), config=config,
+                                                     module_filter_fn=lambda _, fqn: fqn != "output")
+
+
+def _local_grad(module: ParallelModule, name: str) -> torch.Tensor:
+    grad = module.get_parameter(name).grad
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_one_rank_program_computes_what_torchao_converted_model_computes(recipe: str) -> None:
+    model, x = _model_and_input()
+    ours, theirs, bf16 = _program(model, x, recipe), _torchao(model, recipe), _program(model, x, None)
+    assert "float8_linear_linear(" in ours.program.code and "float8_linear_linear_1(" in ours.program.code
+    assert "torch._C._nn.linear(add" in ours.program.code  # the output projection stays bf16
+    loss, want, plain = ours(x), theirs(x), bf16(x)
+    loss.backward()
+    want.backward()
+    assert loss.item() == want.item()
+    assert loss.item() != plain.item()
+    for name, parameter in theirs.named_parameters():
+        assert torch.equal(_local_grad(ours, name), parameter.grad), name
+
+
+def test_compiled_float8_program_is_one_graph_following_eager() -> None:
+    import torch._dynamo.utils
+
+    model, x = _model_and_input()
+    eager = _program(model, x, "tensorwise")(x).item()
+    compiled = _program(model, x, "tensorwise")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled.compile()
+    loss = compiled(x)
+    loss.backward()
+    counters = torch._dynamo.utils.counters
+    assert (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())) == (1, 0)
+    assert abs(loss.item() - eager) <= 1e-3 * abs(eager)
+
+
+def test_model_without_convertible_linears_is_refused() -> None:
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(30, 20)).to(torch.bfloat16), torch.randn(4, 30, dtype=torch.bfloat16)
+    with pytest.raises(AutoshardError, match="^--float8: the model has no linear torchao converts"):
+        _program(model, x, "tensorwise")
+
+
+def test_training_with_compile_and_float8_on_cpu_is_one_line() -> None:
+    from autoshard.cli.train import build_parser, check_args
+
+    args = build_parser().parse_args(["model.py", "--plan", "plan.json", "--steps", "1", "--compile",
+                                      "--float8", "tensorwise"])
+    with pytest.raises(AutoshardError, match=r"^--float8 runs torchao's Float8 GEMMs on CUDA GPUs [^\n]*$"):
+        check_args(args)
