@@ -41,6 +41,7 @@ from autoshard.runtime.checks import (Collective, check_backend, check_layouts, 
                                       edge_label, replayed_edges)
 from autoshard.runtime.collectives import CommLog
 from autoshard.runtime.experts import exchange_label
+from autoshard.runtime.float8 import convert_program
 from autoshard.runtime.graph.lower import lower
 from autoshard.runtime.graph.runtime import Runtime
 from autoshard.runtime.groups import MeshGroups
@@ -65,8 +66,9 @@ class ParallelModule(nn.Module):
     """
 
     def __init__(self, graph: OpGraph, plan: Plan, groups: MeshGroups, state: Mapping[str, torch.Tensor],
-                 transient: frozenset[str] = frozenset()) -> None:
-        """``state`` holds whole values by node name; buffers named in ``transient`` stay out of state_dict()."""
+                 transient: frozenset[str] = frozenset(), float8: str | None = None) -> None:
+        """``state`` holds whole values by node name; buffers named in ``transient`` stay out of state_dict();
+        ``float8``: a torchao recipe the converted linears run with (``runtime/float8.py``)."""
         super().__init__()
         self.plan, self.groups = plan, groups
         self.param_specs: dict[str, TensorSpec] = {}
@@ -91,6 +93,8 @@ class ParallelModule(nn.Module):
             self._runtime.overlap = Overlap(graph, plan, groups, logs, edge_label, replayed_edges(plan),
                                             self._pieces.of, self._pieces.accumulate)
         program = lower(graph, plan, groups, self._runtime)
+        if float8 is not None:
+            convert_program(program.module, graph, float8)
         object.__setattr__(self, "program", program.module)  # not a submodule: it holds no state of its own
         self._run = program.module.forward
         self._inputs = [(graph[name], self._input_shape(graph[name])) for name in program.inputs]
@@ -171,6 +175,7 @@ def parallelize(
     example_inputs: Sequence[torch.Tensor] | None = None,
     graph: OpGraph | None = None,
     validate: bool = True,
+    float8: str | None = None,
 ) -> ParallelModule:
     """This rank's part of ``model`` running ``plan``; call on every rank with the same arguments.
 
@@ -181,7 +186,8 @@ def parallelize(
     or that run deliberately wrong plans to test the executor, pass ``validate=False``.
     ``mesh_groups`` defaults to the plan mesh's groups over the initialized default process group.
     The mesh's first rank broadcasts its parameters and buffers to the others (collective);
-    ``model`` itself is not modified.
+    ``model`` itself is not modified. ``float8`` (``tensorwise``/``rowwise``) runs the linears torchao
+    converts as its Float8 training does (``runtime/float8.py``; emulated off CUDA).
     """
     if graph is None:
         if example_inputs is None:
@@ -201,5 +207,5 @@ def parallelize(
     if mesh_groups is None:
         mesh_groups = MeshGroups.create(plan.mesh) if distributed else MeshGroups.single()
     state = broadcast_state(model_state(model, graph), mesh_groups)
-    return ParallelModule(graph, plan, mesh_groups, state, transient_buffers(model, graph))
+    return ParallelModule(graph, plan, mesh_groups, state, transient_buffers(model, graph), float8)
 
