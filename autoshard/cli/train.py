@@ -106,21 +106,20 @@ def check_args(args: argparse.Namespace) -> None:
         raise AutoshardError("--steps and --checkpoint-every must be at least 1")
     if args.resume and not args.checkpoint:
         raise AutoshardError("--resume needs --checkpoint DIR: the folder to resume from")
-    if args.float8 is not None:
-        raise AutoshardError(float8_refusal(args.backend))
+    if args.float8 is not None and (refusal := float8_refusal(args.backend)) is not None:
+        raise AutoshardError(refusal)
 
 
-def float8_refusal(backend: str) -> str:
-    """Why ``--float8`` cannot train here, in one line: torchao's Float8 GEMMs need CUDA float8
-    tensor cores (sm89+) and torchao, and the executor runs the traced graph's ops, into which a
-    ``Float8Linear`` does not trace (``autoshard.solve --float8`` prices it on any machine)."""
+def float8_refusal(backend: str) -> str | None:
+    """Why ``--float8`` cannot train here, in one line (None: it can): torchao's Float8 GEMMs need
+    CUDA float8 tensor cores (sm89+) and torchao (the runtime swaps them into the plan's program,
+    ``runtime/float8.py``; ``autoshard.solve --float8`` prices them on any machine)."""
     if backend != "nccl" or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         return ("--float8 runs torchao's Float8 GEMMs on CUDA GPUs with float8 tensor cores (H100 and later): "
                 "train with --backend nccl on such GPUs, or drop --float8 (autoshard.solve --float8 prices it)")
     if importlib.util.find_spec("torchao") is None:
         return "--float8 needs torchao: pip install 'autoshard[float8]', or drop --float8"
-    return ("--float8: the executor runs the traced graph's ops and torchao's Float8Linear does not trace into them "
-            "yet: train without --float8 (autoshard.solve --float8 prices it)")
+    return None
 
 
 def prepare(args: argparse.Namespace, world_size: int, local_rank: int) -> Training:
@@ -177,7 +176,7 @@ def train(args: argparse.Namespace, training: Training, rank: int, out: TextIO =
                          example_targets=broadcast_from_first(loaded.example_targets))
     groups = MeshGroups.create(plan.mesh)
     module = parallelize(training.loaded.model, plan, groups, graph=training.graph,
-                         validate=False)  # prepare() checked it
+                         validate=False, float8=args.float8)  # prepare() checked it
     optimizer = make_optimizer(module, args)
     done, was, resumed = resume(args, module, optimizer)
     reporter = Reporter(out, args.steps, done + 1, out.isatty()) if rank == 0 else None
