@@ -15,7 +15,8 @@ GiB = 2**30
 def test_every_preset_figure_has_a_source_and_a_plausible_value(name: str) -> None:
     device = PRESETS[name]
     assert all(device.sources.get(key) for key in SOURCED), sorted(device.sources)
-    assert all(0.2 < device.achieved[k] <= 1.0 for k in KERNEL_CLASSES)
+    # the lowest sourced fraction: FlashAttention-2 on a B200 (Ampere's kernels on Blackwell), 14%
+    assert all(0.1 < device.achieved[k] <= 1.0 for k in KERNEL_CLASSES)
     assert device.peak_flops["bf16"] > device.peak_flops["fp32"] > 0
     assert device.intra_bandwidth > device.inter_bandwidth > 0
     assert 0 <= device.allocator_headroom < 1 and device.overlap
