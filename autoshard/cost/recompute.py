@@ -11,7 +11,8 @@ a tensor ``x`` produced in a recomputed block ``β`` (on the timeline of ``cost/
   block's last node ``B(last(β))``, to the backward of the earliest-in-forward of them;
 - what an op saves besides operands and output lives from ``B(last(β))`` to its own backward;
 - what enters the block from another op outside it (the residual stream) is kept by the
-  checkpoint from the end of its forward reads to ``B(last(β))`` (``checkpoint_readers``);
+  checkpoint from the end of its forward reads to ``B(last(β))`` (``checkpoint_readers``), once
+  when several blocks read it (a mask): to the recomputation of the first of them, the last to come;
 - the block's forward runs twice: its nodes' forward compute, and the forward reshards of the
   edges into them, are charged again (``candidates.py``, ``build.py``).
 
@@ -127,17 +128,21 @@ def backward_reads(graph: OpGraph, ops: list[str], kept: set[str]) -> set[str]:
 
 def checkpoint_readers(graph: OpGraph, blocks: Blocks) -> dict[str, list[int]]:
     """Per op node, the operands it is the first in its block to read that another op outside the
-    block produced: what the block's checkpoint keeps until its recomputation."""
+    block produced: what the block's checkpoint keeps until its recomputation.
+
+    A tensor that several blocks read (a causal mask, rotary tables) is kept once, not once per
+    block: it is charged on its first reader in the first block that reads it, whose
+    recomputation comes last in the backward, so that one window covers every other block's."""
     readers: dict[str, list[int]] = {}
-    seen: set[tuple[int, str]] = set()
+    seen: set[str] = set()
     for node in graph:
         block = blocks.block_of.get(node.name)
         if block is None:
             continue
         for k, src in enumerate(node.inputs):
             producer = graph[src]
-            if producer.kind == NodeKind.OP and blocks.block_of.get(src) != block and (block, src) not in seen:
-                seen.add((block, src))
+            if producer.kind == NodeKind.OP and blocks.block_of.get(src) != block and src not in seen:
+                seen.add(src)
                 readers.setdefault(node.name, []).append(k)
     return readers
 
