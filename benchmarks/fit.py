@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/fit.py [--meshes 8 2x8 8x8] [--budgets 80GiB 40GiB]
                                        [--attention sdpa eager] [--layers 32] [--timeout 120]
+                                       [--compile [model|layers]] [--float8 tensorwise|rowwise]
 
 LLaMA-3-8B as published (bf16, 8 sequences of 4096 tokens, Hugging Face's own next-token loss,
 built on the meta device), ``--mode training --device h100``, each budget. Per row: the
@@ -10,6 +11,8 @@ checkpointing, ``autoshard/problem/baselines/torchtitan.py``) and the Megatron p
 model (``-`` where it does not fit), our plan's step time and peak, the proof (or the gap at the
 time limit), what ours recomputes and re-gathers, and the solve time (the time limit is the
 solver's; tracing and building the problem are timed apart, once per attention kind).
+``--compile`` and ``--float8`` price the step as torch.compile and torchao's Float8 linears run it
+(``autoshard.solve``'s flags of the same names), for every plan of the row alike.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E4
 from autoshard.problem.build import ModelProblem  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
+from autoshard.cost.float8 import RECIPES as FLOAT8_RECIPES  # noqa: E402
+from autoshard.cost.fusion import COMPILE_SCOPES  # noqa: E402
 from autoshard.cost.units import format_bytes, parse_bytes  # noqa: E402
 
 
@@ -67,6 +72,10 @@ def main() -> None:
     parser.add_argument("--attention", nargs="*", default=["sdpa", "eager"])
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--compile", nargs="?", const="model", choices=COMPILE_SCOPES, default=None,
+                        help="price every plan under torch.compile (the whole model, or each layer alone)")
+    parser.add_argument("--float8", choices=FLOAT8_RECIPES, default=None,
+                        help="price every plan with torchao's Float8 linears of this scaling")
     args = parser.parse_args()
     print("| attention, mesh, budget | torchtitan | Megatron | ours | ours/torchtitan | our peak | layers "
           "recomputed | parameters re-gathered | proof | solve |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
@@ -80,7 +89,7 @@ def main() -> None:
             for budget in args.budgets:
                 start = time.monotonic()
                 mp = build_model_problem(graph, mesh, mode="training", memory_budget=parse_bytes(budget),
-                                         device="h100")
+                                         device="h100", compile=args.compile, float8=args.float8)
                 built = time.monotonic() - start
                 print(row(mp, f"{attention}, {mesh}, {budget}", args.timeout), flush=True)
                 print(f"<!-- traced in {traced:.1f} s, built in {built:.1f} s -->", file=sys.stderr, flush=True)
