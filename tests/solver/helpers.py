@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,24 @@ EXAMPLE = SHARED / "iopddl" / "example.json"
 needs_shared = pytest.mark.skipif(not EXAMPLE.is_file(), reason=f"needs {EXAMPLE} (shared/ beside the repository, "
                                   "or AUTOSHARD_SHARED pointing to it)")
 """Marks a test that reads the IOPDDL example from shared/: skipped, with the reason, without it."""
+
+
+HANG = 60.0
+"""Seconds after which a child that has not exited counts as hung: a guard against a test that
+would never end, not a measure (the children waited on here exit in well under a second)."""
+
+
+def exited(pid: int, guard: float = HANG) -> bool:
+    """True once process ``pid`` has exited (a zombie has; one already reaped is gone too): its
+    pidfd turns readable at exit, so a test waits on that event rather than polling the clock."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], guard)[0])
+    finally:
+        os.close(fd)
 
 
 def random_problem(

@@ -13,7 +13,7 @@ import numpy as np
 from autoshard.solver.procs.call_server import CallServer
 from autoshard.solver.core.reduced import Core
 
-from tests.solver.helpers import FakeClock, random_problem
+from tests.solver.helpers import FakeClock, exited, random_problem
 
 
 def _pid_times(k: int) -> tuple[int, int]:
@@ -33,23 +33,6 @@ def _exit_quietly() -> None:
     os._exit(0)  # as toulbar2 once did: the process gone, no answer written
 
 
-def _gone(pid: int) -> bool:
-    """True once pid is no longer a live process (it may still be a zombie for a moment).
-
-    A process reaped between opening and reading its stat file fails the read with ESRCH
-    (ProcessLookupError): gone as well.
-    """
-    for _ in range(100):
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_one_child_answers_every_call_until_one_overruns_its_deadline():
     clock = FakeClock(step=1.0)  # a second per reading: a call that hangs fails after ten readings
     with CallServer(clock) as server:
@@ -65,7 +48,7 @@ def test_one_child_answers_every_call_until_one_overruns_its_deadline():
         assert server.call(_exit_quietly, (), clock.now + 10) is None
         assert server.call(_pid_times, (1,), clock.now + 10)[1] == 3 and server.forks == 3
         last = server.pid
-    assert server.pid is None and last is not None and _gone(last)  # the child ends with the block
+    assert server.pid is None and last is not None and exited(last)  # the child ends with the block
 
 
 def test_a_core_pickles_without_its_derived_parts_and_comes_back_whole():

@@ -93,7 +93,7 @@ def repaired_start(comp, seed: int) -> Search:
 
 def stalled_of(problem, options, clock=None):
     """What a run on ``problem`` hands over to when its Lagrangian plans stall (nothing reduced or
-    started); ``clock``: a fake one, for the tests of ``due`` alone (the run's searches read it)."""
+    started), on a fake clock (the run's searches read it): ``clock``, else one that stands still."""
     from autoshard.solver.core.reduced import Core
     from autoshard.solver.run.engine_pool import EnginePool
     from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
@@ -101,7 +101,7 @@ def stalled_of(problem, options, clock=None):
     from autoshard.solver.run.handover import StalledSearch
     from autoshard.solver.run.state import RunState
 
-    state = RunState(problem, options, lambda event: None, clock=clock or time.monotonic)
+    state = RunState(problem, options, lambda event: None, clock=clock or FakeClock())
     core = Core(problem)
     attach_memory(core, problem)
     state.built(core)
