@@ -32,7 +32,8 @@ def apply_pins(candidates: dict[str, Candidate], pins: Mapping[str, str], mesh: 
         spec = TensorSpec.parse(text, len(meta.shape), mesh.ndim)
         if not spec.fits(meta.shape, mesh.shape):
             raise AutoshardError(f"--pin {name}={text}: shape {list(meta.shape)} does not divide by mesh "
-                                 f"{mesh.label} as {text}; pick a spec whose sharded dims divide")
+                                 f"{mesh.label} as {text}, and a dim the mesh does not divide is cut by one mesh "
+                                 f"axis only, into nonempty pieces; pick a spec whose sharded dims divide")
         keep = [i for i, s in enumerate(cand.strategies) if s.out_spec == spec]
         if not keep:
             raise AutoshardError(f"--pin {name}={text}: no strategy of {cand.node.op or cand.node.kind.value} "
