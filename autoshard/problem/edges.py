@@ -64,6 +64,11 @@ from autoshard.sharding.spec import TensorSpec
 from autoshard.solver.model.problem import FORBIDDEN
 
 
+_PRICES: dict[str, dict[tuple, int]] = {}
+"""Reshard prices per cost model (its ``repr``: kind, mesh, links, device), shared by every problem
+built in the process (pipeline stages, budgeted and free): a price depends on nothing else."""
+
+
 class EdgePrices:
     """Cost matrices of edges, shared across identical edges (repeated layers); ``async_tp``: an
     activation edge next to a matmul hides under it (``cost/async_tp.py``)."""
@@ -74,7 +79,7 @@ class EdgePrices:
                  kept_over: int = 0) -> None:
         self.mesh, self.cost_model, self.precision, self.fsdp2 = mesh, cost_model, precision, fsdp2
         self.kept_over = kept_over
-        self.reshards: dict[tuple, int] = {}
+        self.reshards = _PRICES.setdefault(repr(cost_model), {})
         self.matrices: dict[tuple, np.ndarray] = {}
 
     def reshard(self, src: TensorSpec, dst: TensorSpec, meta: TensorMeta) -> int:

@@ -26,7 +26,7 @@ edge's ends, producer strategy ``i`` and reader strategy ``j``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -127,7 +127,7 @@ class StepTimes:
     """The timeline the copies' windows are read from: the lifetimes with and without the handed
     savers (``life``, ``base``), the recomputable blocks, the handed savers, the views' spans
     (``lifetimes.view_spans``), the mesh, whether the step trains, and the bytes of the smallest
-    tensor whose copies are charged (:func:`negligible`); ``ties`` memoises :func:`_ties` per kind of edge."""
+    tensor whose copies are charged (:func:`negligible`)."""
 
     life: Lifetimes
     base: Lifetimes
@@ -137,7 +137,11 @@ class StepTimes:
     mesh: Mesh
     training: bool
     least: int = 0
-    ties: dict = field(default_factory=dict)
+
+
+_TIES: dict[tuple, tuple[tuple[Key, ...], np.ndarray, np.ndarray]] = {}
+""":func:`_ties` per kind of edge and mesh, shared by identical edges (repeated layers) and by every
+problem built in the process (pipeline stages): it depends on nothing else."""
 
 
 def _ties(outs: list[TensorSpec | None], ins: tuple[TensorSpec, ...], flags: tuple[bool, ...],
@@ -236,10 +240,10 @@ def reshard_copies(src: Candidate, dst: Candidate, operand: int, meta: TensorMet
         return None
     ins = tuple(s.in_specs[operand] for s in dst.strategies)
     flags = tuple(dst.recompute or [False] * len(ins))
-    memo = (tuple(outs), ins, flags, meta, frozenset(charged))
-    if memo not in times.ties:  # identical edges (repeated layers) share their keys and ties
-        times.ties[memo] = _ties(outs, ins, flags, charged, meta, mesh)
-    keys, to_src, to_dst = times.ties[memo]
+    memo = (tuple(outs), ins, flags, meta, frozenset(charged), mesh)
+    if memo not in _TIES:
+        _TIES[memo] = _ties(outs, ins, flags, charged, meta, mesh)
+    keys, to_src, to_dst = _TIES[memo]
     held = [_windows(k, edge, times) for k in keys]
     windows = sorted({w for h in held for w in h})
     items = [MemoryItem(reader.name, what, w, tuple(h.get((what, w), 0) for h in held)) for what, w in windows]

@@ -35,3 +35,28 @@ def test_later_layers_add_no_edge_prices_and_share_their_parameters_lists() -> N
     three, six = _distinct(3), _distinct(6)  # first, middle and last layers in both
     assert six[2] == 2 * three[2]  # twice the parameters ...
     assert six[:2] == three[:2]  # ... and not one more distinct matrix or parameter strategy list
+
+
+def _arrays(mp) -> list:
+    p = mp.problem
+    return [list(map(list, p.node_costs)), list(p.edges), [m.tolist() for m in p.edge_costs],
+            [list(u) for u in p.node_usages], list(p.intervals)]
+
+
+def test_problems_built_after_others_equal_those_built_alone() -> None:
+    """Reshard prices and copies' ties are shared by every build in the process, keyed by all they
+    depend on: a build after builds on another device and batch equals the same build alone."""
+    from autoshard.problem import edges, reshard_copies
+
+    def build(device: str, batch: int):
+        graph = trace(Stack(3), (torch.randn(batch, 16),))
+        return build_model_problem(graph, "2x2", mode="training", memory_budget=1 << 20, device=device)
+
+    edges._PRICES.clear()
+    reshard_copies._TIES.clear()
+    alone = _arrays(build("h100", 8))
+    edges._PRICES.clear()
+    reshard_copies._TIES.clear()
+    build("a100", 8)  # the same keys but for the device: its prices must not be reused
+    build("h100", 4)
+    assert _arrays(build("h100", 8)) == alone
