@@ -31,7 +31,7 @@ from titan_llama import titan_llama3_405b  # noqa: E402
 
 from autoshard.cli.pipeline import microbatch_inputs  # noqa: E402
 from autoshard.cost.devices import get_device  # noqa: E402
-from autoshard.frontend.trace import trace  # noqa: E402
+from autoshard.frontend.replicate import trace_replicated  # noqa: E402
 from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why  # noqa: E402
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
 from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> None:
     budget = None if args.budget is None else int(args.budget * 2**30)
     build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=budget,
                  recompute="full")
-    engine = PipelineSearch(lambda m: trace(model, microbatch_inputs(inputs, m)), mesh, 0, build,
+    engine = PipelineSearch(lambda m: trace_replicated(model, microbatch_inputs(inputs, m)), mesh, 0, build,
                             args.timeout - (time.monotonic() - start),
                             lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True))
     if args.recipes:
@@ -127,7 +127,7 @@ def auto_70b(timeout: float) -> None:
     mesh = parse_mesh("8x8", None, None, 8, device.intra, device.inter)
     build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full")
     say = lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True)  # noqa: E731
-    graph_for = lambda m: trace(model, microbatch_inputs(inputs, m))  # noqa: E731
+    graph_for = lambda m: trace_replicated(model, microbatch_inputs(inputs, m))  # noqa: E731
     left = timeout - (time.monotonic() - start)
     engines = {a: PipelineSearch(graph_for, mesh, a, build, left, say) for a in pipeline_axes(mesh)}
     options = in_turn([options_for(80, 8, microbatch_counts(8, batch), axis=a) for a in engines], 80)
