@@ -57,11 +57,12 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
                         "apply_compile)")
     p.add_argument("--float8", choices=FLOAT8_RECIPES, default=None,
                    help="price torchao's Float8 training of the linears with this scaling recipe (GEMMs at the "
-                        "fp8 rate, cast kernels, tensorwise weights all-gathered in float8); needs float8 tensor "
-                        "cores (--device h100, h200, b200)")
+                        "fp8 rate, cast kernels, tensorwise weights all-gathered in float8 as torchtitan gathers "
+                        "them; autoshard.train --float8 gathers them in bf16); needs float8 tensor cores "
+                        "(--device h100, h200, b200)")
     p.add_argument("--async-tp", action="store_true",
-                   help="price tensor parallelism's collectives overlapped with the matmuls beside them "
-                        "(torch's async TP, which runs under torch.compile)")
+                   help="price tensor parallelism's collectives overlapped with the one matmul torch fuses each "
+                        "with (torch's async TP, which runs under torch.compile)")
 
 
 def parse_pins(items: Sequence[str]) -> dict[str, str]:
