@@ -1,17 +1,23 @@
-"""Asynchronous tensor parallelism (``--async-tp``): activation collectives hidden under the matmuls beside them.
+"""Asynchronous tensor parallelism (``--async-tp``): activation collectives hidden under the matmul fused with them.
 
 torch's async TP (``torch._inductor`` micro-pipeline TP pass, ``enable_symm_mem_for_group``;
-torchtitan's ``--experimental.enable_async_tensor_parallel``, which needs torch.compile) splits
-the all-gather in front of a column-parallel matmul and the reduce-scatter behind a row-parallel
-one into chunks over symmetric memory, each chunk's transfer running while the matmul works on
-the previous chunk. Priced on every activation edge next to a matmul: with ``F`` and ``B`` its
-forward and backward reshards, and the adjacent matmuls' own forward and backward compute
-(``fwd_src + fwd_dst``, ``bwd_src + bwd_dst``, where the producer or the consumer is a matmul,
-else 0), the edge is charged what they cannot hide,
+torchtitan's ``--experimental.enable_async_tensor_parallel``, which needs torch.compile) fuses an
+all-gather with the matmul that consumes it (``fused_all_gather_matmul``) and a reduce-scatter
+with the matmul that produces it (``fused_matmul_reduce_scatter``; their ``_scaled_mm`` forms under
+Float8): the matmul runs chunk by chunk, each chunk's transfer under the previous chunk's product.
+One collective hides under that one matmul only, not under the ops on its other side. In the
+backward the collective's reverse fuses with the same matmul's input-gradient product, half its
+backward (a linear's input and weight gradients are products of equal flops). Priced on every
+activation edge next to a matmul: with ``F`` and ``B`` its forward and backward reshards and
+``M``, ``G`` the forward and backward compute of the matmul beside it (the producer's or the
+consumer's, whichever hides more where both are matmuls; 0 for other ops),
 
-    cost(i, j) = max(0, F_ij - fwd_src_i - fwd_dst_j) + max(0, B_ij - bwd_src_i - bwd_dst_j).
+    cost(i, j) = max(0, F_ij - M_ij) + max(0, B_ij - G_ij / 2),   M_ij = max(fwd_src_i, fwd_dst_j),
+                                                                  G_ij = max(bwd_src_i, bwd_dst_j).
 
-Edges between other ops are charged in full, as without it.
+The chunked pipeline leaves the first chunk's transfer (or the last chunk's product) in the open,
+1/n of it over n devices; that is not charged, so the rule is an upper bound on what is hidden.
+Edges between other ops are charged in full, as without async TP.
 """
 
 from __future__ import annotations
@@ -24,13 +30,13 @@ MatmulTicks = tuple[np.ndarray, np.ndarray] | None
 
 def exposed(forward: np.ndarray, backward: np.ndarray, producer: MatmulTicks, consumer: MatmulTicks) -> np.ndarray:
     """What an edge's forward and backward reshard matrices (producer x consumer strategies) leave
-    exposed next to the matmuls ``producer`` and ``consumer`` (module doc)."""
+    exposed beside the matmul fused with their collectives, ``producer`` or ``consumer`` (module doc)."""
     hide_forward = np.zeros_like(forward)
     hide_backward = np.zeros_like(backward)
     if producer is not None:
-        hide_forward = hide_forward + producer[0][:, None]
-        hide_backward = hide_backward + producer[1][:, None]
+        hide_forward = np.maximum(hide_forward, producer[0][:, None])
+        hide_backward = np.maximum(hide_backward, producer[1][:, None])
     if consumer is not None:
-        hide_forward = hide_forward + consumer[0][None, :]
-        hide_backward = hide_backward + consumer[1][None, :]
-    return np.maximum(0, forward - hide_forward) + np.maximum(0, backward - hide_backward)
+        hide_forward = np.maximum(hide_forward, consumer[0][None, :])
+        hide_backward = np.maximum(hide_backward, consumer[1][None, :])
+    return np.maximum(0, forward - hide_forward) + np.maximum(0, backward - hide_backward // 2)

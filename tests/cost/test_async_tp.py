@@ -12,13 +12,17 @@ from autoshard.frontend.trace import trace
 from autoshard.problem.baselines.megatron import megatron_choice
 
 
-def test_exposed_is_what_the_matmuls_cannot_hide() -> None:
-    """max(0, F - fwd) + max(0, B - bwd), the matmuls' times added over both ends."""
+def test_exposed_is_what_the_fused_matmul_cannot_hide() -> None:
+    """max(0, F - M) + max(0, B - G / 2): one matmul hides (the larger of the two ends), in the
+    backward only its input-gradient half."""
     forward = np.array([[10, 0], [30, 5]])
     backward = np.array([[8, 8], [0, 20]])
     producer = (np.array([4, 1]), np.array([2, 2]))
-    consumer = (np.array([3, 3]), np.array([5, 30]))
-    assert exposed(forward, backward, producer, consumer).tolist() == [[3 + 1, 0 + 0], [26 + 0, 1 + 0]]
+    consumer = (np.array([3, 3]), np.array([6, 30]))
+    want = [[max(0, 10 - 4) + max(0, 8 - 6 // 2), 0 + max(0, 8 - 30 // 2)],
+            [max(0, 30 - 3) + 0, max(0, 5 - 3) + max(0, 20 - 30 // 2)]]
+    assert exposed(forward, backward, producer, consumer).tolist() == want == [[11, 0], [27, 7]]
+    assert exposed(forward, backward, producer, None).tolist() == [[6 + 7, 0 + 7], [29 + 0, 4 + 19]]
     assert exposed(forward, backward, None, None).tolist() == (forward + backward).tolist()
 
 
