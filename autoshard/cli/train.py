@@ -27,7 +27,9 @@ mode, so dropout is off. A pipelined plan (``autoshard.solve --pipeline --out``)
 ``cli/train_pipeline.py``, with the same flags and checkpoints. ``--compile`` runs the plan's
 lowered program (one GraphModule per rank: the model's ops and the plan's collectives) under
 ``torch.compile`` (``ParallelModule.compile``; the losses equal the eager run's within 1e-4,
-``tests/runtime/test_train_compile.py``).
+``tests/runtime/test_train_compile.py``). ``--float8 tensorwise|rowwise`` runs the linears torchao
+converts as its Float8 training does (``runtime/float8.py``), on CUDA GPUs with float8 tensor
+cores; elsewhere it is refused in one line.
 """
 
 from __future__ import annotations
