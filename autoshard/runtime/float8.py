@@ -25,6 +25,8 @@ Not run here: FSDP all-gathers of weights in float8 (the cost model prices torch
 
 from __future__ import annotations
 
+import importlib.util
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -41,8 +43,6 @@ _LINEAR_TARGETS = frozenset({torch.nn.functional.linear, torch._C._nn.linear, to
 
 def _config(recipe: str, emulate: bool) -> Any:
     """torchao's ``Float8LinearConfig`` of ``recipe``, emulated (fp32 products) or not."""
-    from dataclasses import replace
-
     from torchao.float8 import Float8LinearConfig
 
     return replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
@@ -112,6 +112,8 @@ def convert_program(module: fx.GraphModule, graph: OpGraph, recipe: str) -> list
     call for :class:`Float8Call`; returns the names of the linears swapped, in graph order."""
     if recipe not in RECIPES:
         raise AutoshardError(f"--float8 {recipe!r} is not a recipe: use one of {', '.join(RECIPES)}")
+    if importlib.util.find_spec("torchao") is None:
+        raise AutoshardError("--float8 needs torchao: pip install 'autoshard[float8]', or drop --float8")
     wanted = [node.name for node in graph if converted(graph, node)]
     if not wanted:
         raise AutoshardError("--float8: the model has no linear torchao converts (weights with both dims divisible "

@@ -135,6 +135,12 @@ def test_model_without_convertible_linears_is_refused() -> None:
         _program(model, x, "tensorwise")
 
 
+def test_unknown_recipe_is_refused() -> None:
+    model, x = _model_and_input()
+    with pytest.raises(AutoshardError, match="^--float8 'blockwise' is not a recipe: use one of tensorwise, rowwise$"):
+        _program(model, x, "blockwise")
+
+
 def test_training_with_compile_and_float8_on_cpu_is_one_line() -> None:
     from autoshard.cli.train import build_parser, check_args
 
