@@ -50,3 +50,32 @@ def test_every_bound_is_at_most_the_optimum_and_the_steps_raise_it() -> None:
         if checked >= 12:
             break
     assert checked >= 12 and raised >= 3
+
+
+def test_back_to_best_returns_to_the_multipliers_of_the_best_dual_value_at_each_halving() -> None:
+    """A target ten times the optimum makes the steps overshoot; at each halving lam goes back to
+    where the best L so far was measured (recomputed here by enumeration), and every bound holds."""
+    halvings = 0
+    for seed in range(200):
+        comp = core_of(seed, nodes=6)
+        if comp is None or comp.n == 0 or not comp.has_memory:
+            continue
+        best = optimum(comp)
+        if best is None or best >= INF:
+            continue
+        reference = Enumeration(comp)
+        lagrangian = Lagrangian(comp, Enumeration(comp), back_to_best=True)
+        top, top_lam = -np.inf, lagrangian.lam
+        for _ in range(40):
+            lam, alpha = lagrangian.lam.copy(), lagrangian.alpha
+            value = reference.minimise(lam, lagrangian.penalties(), 0.0).value
+            if value > top + 1e-9 * abs(value):
+                top, top_lam = value, lam
+            result = lagrangian.step(10 * best + 100, 0.0)
+            assert result.bound is not None and result.bound <= best
+            if lagrangian.alpha < alpha:
+                halvings += 1
+                assert np.array_equal(lagrangian.lam, top_lam) and not lagrangian.direction.any()
+        if halvings >= 5:
+            break
+    assert halvings >= 5

@@ -101,12 +101,18 @@ class Lagrangian(Generic[M]):
     """Subgradient ascent on the multipliers ``lam`` of ``comp``'s memory rows, each step's
     penalised core minimised by ``minimiser``. ``deflect``: deflected or plain steps. ``halving``
     (for approximate minimisers): g's entries that would push a zero lam below 0 are dropped and
-    alpha halves after HALVE_AFTER steps without a better L; exact minimisers take full steps."""
+    alpha halves after HALVE_AFTER steps without a better L; exact minimisers take full steps.
+    ``back_to_best`` (with ``halving``): each halving also moves lam back to the multipliers of the
+    best L so far, so steps that overshot from a target U far above the optimum do not leave lam
+    stranded where L is low (the search beside toulbar2, whose first plans are far from it)."""
 
-    def __init__(self, comp: FrozenCore, minimiser: M, deflect: bool = True, halving: bool = True) -> None:
+    def __init__(self, comp: FrozenCore, minimiser: M, deflect: bool = True, halving: bool = True,
+                 back_to_best: bool = False) -> None:
         self.comp, self.minimiser, self.deflect, self.halving = comp, minimiser, deflect, halving
+        self.back_to_best = back_to_best
         self.capacity = np.zeros(0) if comp.capacity is None else comp.capacity.astype(np.float64)
         self.lam = np.zeros(len(self.capacity))
+        self.best_lam = self.lam.copy()
         self.direction = np.zeros(len(self.capacity))
         self.alpha = 1.0
         self.best_value = -np.inf
@@ -139,11 +145,14 @@ class Lagrangian(Generic[M]):
         direction leaves lam and the last direction as they were."""
         if self.halving:
             if value > self.best_value + 1e-9 * abs(value):
-                self.best_value, self.stale = value, 0
+                self.best_value, self.best_lam, self.stale = value, self.lam, 0
             else:
                 self.stale += 1
                 if self.stale >= HALVE_AFTER:
                     self.alpha, self.stale = max(self.alpha / 2, 1e-3), 0
+                    if self.back_to_best:
+                        self.lam, self.direction = self.best_lam, np.zeros(len(self.capacity))
+                        return
             g = np.where((self.lam <= 0) & (g < 0), 0.0, g)
         d = deflected(g, self.direction) if self.deflect else g
         if self.halving:

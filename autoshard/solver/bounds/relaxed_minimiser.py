@@ -93,6 +93,6 @@ class RelaxedMinimiser:
 
 
 def relaxed_lagrangian(comp: FrozenCore, rng: np.random.Generator, plan: EliminationPlan | None = None,
-                       deflect: bool = True, sweeps: int = SWEEPS) -> Lagrangian[RelaxedMinimiser]:
+                       deflect: bool = True, sweeps: int = SWEEPS, back_to_best: bool = False) -> Lagrangian[RelaxedMinimiser]:
     """The Lagrangian search with TRW-S or elimination (``plan``) as its minimiser."""
-    return Lagrangian(comp, RelaxedMinimiser(comp, rng, plan, sweeps), deflect=deflect)
+    return Lagrangian(comp, RelaxedMinimiser(comp, rng, plan, sweeps), deflect=deflect, back_to_best=back_to_best)
