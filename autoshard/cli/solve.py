@@ -134,7 +134,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.load import load_model
     from autoshard.frontend.loss import check_loss_output
     from autoshard.frontend.table import graph_table
-    from autoshard.frontend.trace import trace
+    from autoshard.frontend.replicate import trace_replicated
     from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
     from autoshard.cli.report import (device_line, expert_parallel_line, fit_line, iteration_table, layout_summary,
@@ -150,9 +150,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         if with_loss:  # a training plan shards the model's loss too (model file convention)
             loaded = loaded.for_training()
         if args.pipeline is not None:
-            return run_pipeline(args, console, loaded, mesh, build, lambda x: trace(loaded.model, x, args.frontend),
+            traced = lambda x: trace_replicated(loaded.model, x, args.frontend)  # noqa: E731
+            return run_pipeline(args, console, loaded, mesh, build, traced,
                                 clock.solver_budget())
-        graph = trace(loaded.model, loaded.example_inputs, args.frontend)
+        graph = trace_replicated(loaded.model, loaded.example_inputs, args.frontend)
     if with_loss:
         check_loss_output(graph, loaded.name)
     console.print(_frontend_line(graph), highlight=False, markup=False)
