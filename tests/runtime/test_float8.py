@@ -16,7 +16,10 @@ tensorwise`` on CPU is refused in one line (``train()`` itself runs the emulatio
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +33,8 @@ from autoshard.runtime.executor import ParallelModule, parallelize
 from autoshard.runtime.groups import MeshGroups
 
 from .dist import run_ranks
-from .test_train import _args, _megatron, _reference, _with_plan, _worst
+from .plans import EXAMPLES
+from .test_train import TORCHRUN, _args, _megatron, _reference, _with_plan, _worst
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 
@@ -148,3 +152,24 @@ def test_training_with_compile_and_float8_on_cpu_is_one_line() -> None:
                                       "--float8", "tensorwise"])
     with pytest.raises(AutoshardError, match=r"^--float8 runs torchao's Float8 GEMMs on CUDA GPUs [^\n]*$"):
         check_args(args)
+
+
+def _cli_losses(plan: Path, *flags: str) -> list[float]:
+    """``autoshard.train examples/llama.py`` on one CUDA rank (nccl), 20 steps: the printed losses."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=1", "-m", "autoshard.train",
+                           str(EXAMPLES / "llama.py"), "--plan", str(plan), "--steps", "20", "--lr", "3e-3",
+                           "--backend", "nccl", *flags], cwd=EXAMPLES.parent, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("step ")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="autoshard.train --float8 needs a CUDA GPU with float8 tensor cores")
+def test_cli_trains_llama_compiled_in_float8_on_one_gpu_within_float8_tolerance(tmp_path: Path) -> None:
+    _megatron("llama", "1").save(tmp_path / "plan.json")
+    unconverted = _cli_losses(tmp_path / "plan.json", "--compile")
+    converted = _cli_losses(tmp_path / "plan.json", "--compile", "--float8", "tensorwise")
+    assert len(converted) == len(unconverted) == 20
+    assert 0 < _worst(converted, unconverted) <= FLOAT8_TOLERANCE, (converted, unconverted)
