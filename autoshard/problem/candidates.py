@@ -97,8 +97,14 @@ def gathers_only(stored: TensorSpec, use: TensorSpec, meta: TensorMeta, mesh: Me
     return bool(steps) and all(s.kind == ALL_GATHER for s in steps)
 
 
+_OPS: dict[tuple, Candidate] = {}
+"""Op candidates (strategies, compute costs, flops; no memory items) shared by every build in the
+process (pipeline stages), keyed by the op's sharing key and all that ``CandidateBuilder._op``
+reads of its builder (``CandidateBuilder.config``)."""
+
+
 class CandidateBuilder:
-    """Computes candidates node by node; identical nodes (repeated layers) share theirs."""
+    """Computes candidates node by node; identical nodes (repeated layers, and other builds' ops) share theirs."""
 
     def __init__(self, graph: OpGraph, mesh: Mesh, cost_model: CostModel, life: Lifetimes, training: bool,
                  precision: str, optimizer_slots: int, slapo_space: bool, local_flops: LocalFlops | None = None,
@@ -121,6 +127,7 @@ class CandidateBuilder:
         self.param_lists: dict[object, tuple[list[OpStrategy], list[int], list[ParamStorage], list[bool] | None]] = {}
         self.unsupported: Counter[str] = Counter()
         self.first_readers: dict[str, list[int]] | None = None
+        self.config = (mesh, repr(cost_model), training, slapo_space, capacity_factor, local_flops is None)
 
     def build(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
         """The candidate of ``node``; ``built`` holds those of the nodes before it (a parameter's
@@ -137,7 +144,12 @@ class CandidateBuilder:
                node.no_grad_operands, node.work, life_key)
         if node.kind == NodeKind.OP and node.op is None:
             key = node.name  # unknown ops are not shared (their warnings name them)
-        if key not in self.cache:
+        if key not in self.cache and node.kind == NodeKind.OP and node.op is not None:
+            shared = (self.config, key)
+            if shared not in _OPS:
+                _OPS[shared] = self._op(node, operands)
+            self.cache[key] = _OPS[shared]
+        elif key not in self.cache:
             self.cache[key] = self._op(node, operands) if node.kind == NodeKind.OP else self._state(node)
         found = self.cache[key]
         if node.kind == NodeKind.OP and found.instance is None:

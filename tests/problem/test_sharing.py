@@ -44,19 +44,22 @@ def _arrays(mp) -> list:
 
 
 def test_problems_built_after_others_equal_those_built_alone() -> None:
-    """Reshard prices and copies' ties are shared by every build in the process, keyed by all they
-    depend on: a build after builds on another device and batch equals the same build alone."""
-    from autoshard.problem import edges, reshard_copies
+    """Reshard prices, copies' ties and op candidates are shared by every build in the process, keyed
+    by all they depend on: a build after builds on another device, batch and mode equals it alone."""
+    from autoshard.problem import candidates, edges, reshard_copies
 
-    def build(device: str, batch: int):
+    def clear() -> None:
+        for cache in (edges._PRICES, reshard_copies._TIES, candidates._OPS):
+            cache.clear()
+
+    def build(device: str, batch: int, mode: str = "training"):
         graph = trace(Stack(3), (torch.randn(batch, 16),))
-        return build_model_problem(graph, "2x2", mode="training", memory_budget=1 << 20, device=device)
+        return build_model_problem(graph, "2x2", mode=mode, memory_budget=1 << 20, device=device)
 
-    edges._PRICES.clear()
-    reshard_copies._TIES.clear()
+    clear()
     alone = _arrays(build("h100", 8))
-    edges._PRICES.clear()
-    reshard_copies._TIES.clear()
+    clear()
     build("a100", 8)  # the same keys but for the device: its prices must not be reused
     build("h100", 4)
+    build("h100", 8, "inference")
     assert _arrays(build("h100", 8)) == alone
