@@ -66,8 +66,9 @@ class Float8Call(Named):
         from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
 
         self.matmul = matmul_with_hp_or_float8_args
-        self.configs = {emulate: (config, _mm_config(config))
-                        for emulate in (False, True) for config in (_config(recipe, emulate),)}
+        emulated, native = _config(recipe, True), _config(recipe, False)
+        # by whether the products are emulated: (config, its LinearMMConfig)
+        self.configs = {True: (emulated, _mm_config(emulated)), False: (native, _mm_config(native))}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         config, mm_config = self.configs[not x.is_cuda]
@@ -91,7 +92,9 @@ def _linear_operands(node: fx.Node) -> tuple[Any, ...]:
 
 def _swap(node: fx.Node, call: Float8Call) -> bool:
     """Run ``call`` where ``node`` ran its linear: its own target, or the traced call a wrapper
-    (``calls.Kept``, ``calls.Regathered``: their ``inner``) runs; False when it is neither."""
+    (``calls.Kept``, ``calls.Regathered``: their ``inner``) runs, the wrapper keeping its part (a
+    re-gathered weight's transposed view is saved and restored by its storage, as any view); False
+    when it is neither."""
     if node.target in _LINEAR_TARGETS:
         node.target, node.args, node.kwargs = call, _linear_operands(node), {}
         return True

@@ -4,13 +4,15 @@ Checked against torchao itself: on one rank the program with its linears swapped
 loss and every gradient of ``convert_to_float8_training`` applied to the same model (torchtitan's
 filter: the ``output`` projection stays bf16), bit for bit, for both recipes; and it differs from
 the bf16 program, so the swap is not a no-op. On CPU both run torchao's emulation (the same
-casts, fp32 products); what only a GPU checks is ``torch._scaled_mm`` itself. The program under
-``torch.compile`` stays one graph and follows the eager loss. Training the LLaMA example under
-its Megatron plan on 2 gloo ranks with Float8 (each shard scaled by its own abs-max) follows the
-unsharded, unconverted run within Float8's tolerance: every one of 20 steps' loss within 3%
-relative (measured: 1.6%; e4m3 keeps 3 mantissa bits, a rounding of up to 2^-4 per element that
-the GEMMs' sums average down), and not equal to it. ``autoshard.train --compile --float8
-tensorwise`` on CPU is refused in one line (``train()`` itself runs the emulation, as here).
+casts, fp32 products); what only a GPU checks is ``torch._scaled_mm`` itself (the ``cuda`` cases,
+skipped elsewhere). The program under ``torch.compile`` stays one graph and follows the eager
+loss. Training the LLaMA example under its Megatron plan on 2 gloo ranks, every layer
+recomputed, with Float8 (each shard scaled by its own abs-max) follows the unsharded, unconverted
+run within Float8's tolerance: every one of 20 steps' loss within 3% relative (measured: 1.6%;
+e4m3 keeps 3 mantissa bits, a rounding of up to 2^-4 per element that the GEMMs' sums average
+down), and not equal to it. ``autoshard.train --compile --float8 tensorwise`` on CPU is refused in
+one line (``train()`` itself runs the emulation, as here); on a float8 GPU it trains the example
+within the same tolerance of the unconverted run.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from torch import nn
 from autoshard.api import build_model_problem
 from autoshard.errors import AutoshardError
 from autoshard.frontend.trace import trace
+from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.executor import ParallelModule, parallelize
 from autoshard.runtime.groups import MeshGroups
 
 from .dist import run_ranks
 from .plans import EXAMPLES
-from .test_train import TORCHRUN, _args, _megatron, _reference, _with_plan, _worst
+from .test_recompute import recompute_everything
+from .test_train import TORCHRUN, _args, _megatron, _reference, _training, _with_plan, _worst
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 
@@ -126,9 +130,12 @@ def _train_float8(rank: int, world: int, training) -> list[float]:
     return train(_args("--float8", "tensorwise"), training, rank, io.StringIO())
 
 
-def test_sharded_float8_training_follows_unconverted_training_within_float8_tolerance() -> None:
+def test_sharded_recomputed_float8_training_follows_unconverted_training_within_float8_tolerance() -> None:
+    mp = build_model_problem(_training("llama").graph, "2", mode="training", memory_budget=10**15)
+    plan = make_plan(mp, recompute_everything(mp, megatron_choice(mp)), model="llama")
+    assert plan.recompute  # the linears inside recomputed blocks run in float8 too
     want = _reference("llama")
-    for got in run_ranks(2, _train_float8, _with_plan("llama", _megatron("llama", "2")), timeout=600):
+    for got in run_ranks(2, _train_float8, _with_plan("llama", plan), timeout=600):
         assert 1e-4 < _worst(got, want) <= FLOAT8_TOLERANCE, (got, want)
 
 
