@@ -118,7 +118,6 @@ def replicate(small: OpGraph, model: nn.Module, path: str, count: int) -> OpGrap
     back = {name: p for p, name in enumerate(previous)}
     last = TEMPLATE - 1
     names = {i: [_advance(name, step, i - last) for name, step in zip(template, steps)] for i in range(last, count)}
-    names[last - 1] = list(previous)
     traced: dict[str, NodeCall] = small.module.meta[NODE_CALLS_KEY]
     old_path = f"{layers.container}.{last}"
     nodes = {name: small[name] for name in order[:end + 1]}
