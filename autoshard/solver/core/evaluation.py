@@ -8,9 +8,9 @@ see benchmarks/README.md, "Solver throughput"). Here both are loops over flat ar
 
 - ``Expansion``: the records as flat arrays; a removed node's strategy is its table entry at the
   positions of its scope's strategies in the snapshots taken when it was removed.
-- ``FlatProblem``: node costs, edge matrices and memory intervals flat; the cost is exact in
-  int64 while no term is forbidden and the sum stays below 2**62, else ``ShardingProblem.evaluate``
-  decides (Python ints); the peak is the largest prefix sum of usage changes on the sorted times.
+- ``FlatProblem``: node costs, edge matrices (each distinct one once, ``pool.py``) and memory
+  intervals flat; the cost is exact in int64 while no term is forbidden and the sum stays below
+  2**62, else ``ShardingProblem.evaluate`` decides (Python ints); the peak is the largest prefix sum of usage changes on the sorted times.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from autoshard.solver.model.problem import FORBIDDEN, Evaluation, ShardingProblem
+from autoshard.solver.core.pool import matrix_pool
 from autoshard.solver.core.reduced import Core, flat, offsets
 
 
@@ -123,10 +124,12 @@ class FlatProblem:
         if compiled:  # no usage sum past int64 (at most each node's largest usage at once)
             compiled = sum(int(np.max(u, initial=0)) for u in problem.node_usages) < 2**62
         pick = _flat if compiled else (lambda arrays: np.zeros(0, dtype=np.int64))
+        # edges sharing a matrix (repeated layers) point at one copy: 405B on 8x8x8 would flatten 259 GiB
+        mats, m_off = matrix_pool(problem.edge_costs) if compiled else (pick([]), np.zeros(len(edges), np.int64))
         return cls(
             problem=problem, k=k, c_off=offsets(k), costs=pick(problem.node_costs),
-            eu=edges[:, 0].copy(), ev=edges[:, 1].copy(), m_off=offsets([m.size for m in problem.edge_costs]),
-            mats=pick(problem.edge_costs), usages=pick(problem.node_usages),
+            eu=edges[:, 0].copy(), ev=edges[:, 1].copy(), m_off=m_off,
+            mats=mats, usages=pick(problem.node_usages),
             t_start=t_start, t_end=t_end, times=len(times), compiled=compiled,
         )
 
