@@ -10,7 +10,8 @@ see benchmarks/README.md, "Solver throughput"). Here both are loops over flat ar
   positions of its scope's strategies in the snapshots taken when it was removed.
 - ``FlatProblem``: node costs, edge matrices (each distinct one once, ``pool.py``) and memory
   intervals flat; the cost is exact in int64 while no term is forbidden and the sum stays below
-  2**62, else ``ShardingProblem.evaluate`` decides (Python ints); the peak is the largest prefix sum of usage changes on the sorted times.
+  2**62, else ``ShardingProblem.evaluate`` decides (Python ints); the peak is the largest prefix
+  sum of usage changes on the sorted times.
 """
 
 from __future__ import annotations
