@@ -17,8 +17,10 @@ because tracing is deterministic per block: block ``i`` of a full trace equals b
 
 Two traced blocks differ from each other only in those respects (``sharding.layers`` checks the
 rest), and ``tests/frontend/test_replicate.py`` checks the whole graph against a full trace.
-When a model does not have this shape (no such list, blocks that trace differently, ops after the
-blocks that read an earlier block), the model is traced whole.
+When a model does not have this shape (no such list, blocks configured differently, blocks that
+trace differently, ops after the blocks that read an earlier block), the model is traced whole.
+Assumed, not checkable without tracing: the forward treats every block alike but for the block's
+own attributes (no ``if i == 40`` in the loop over the blocks).
 
 The graph's ``module`` is the cut model's traced module: it replays every node's call (the copied
 blocks' ops with their block's call, their parameters fetched from the whole model), which is
@@ -73,12 +75,32 @@ def repeated_blocks(model: nn.Module) -> tuple[str, int] | None:
 
 
 def _alike(blocks: list[nn.Module]) -> bool:
-    """Same class and the same named parameters and buffers (shape, dtype, whether trained) throughout."""
+    """Same class, the same named parameters and buffers (shape, dtype, whether trained), and the same
+    plain attributes in every submodule, but for those that already differ between the last two
+    traced blocks (a layer index): a block that alone attends through a sliding window, or is
+    configured otherwise, would trace otherwise than the block copied for it."""
     def shape(block: nn.Module) -> tuple:
         state = [(n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in block.named_parameters()]
         return type(block), tuple(state), tuple((n, tuple(t.shape), t.dtype) for n, t in block.named_buffers())
     first = shape(blocks[0])
-    return all(shape(b) == first for b in blocks[1:])
+    if any(shape(b) != first for b in blocks[1:]):
+        return False
+    settings = [_settings(b) for b in blocks]
+    indexed = {k for k in settings[TEMPLATE - 1] if settings[TEMPLATE - 1][k] != settings[TEMPLATE - 2].get(k)}
+    copied = {k: v for k, v in settings[TEMPLATE - 1].items() if k not in indexed}
+    return all({k: v for k, v in later.items() if k not in indexed} == copied for later in settings[TEMPLATE:])
+
+
+def _settings(block: nn.Module) -> dict[str, object]:
+    """Every plain attribute (numbers, strings, flags, None, tuples of them) of the block and its
+    submodules, by dotted name: what a forward may branch on."""
+    plain = (bool, int, float, str, type(None))
+    found: dict[str, object] = {}
+    for path, module in block.named_modules():
+        for key, value in vars(module).items():
+            if isinstance(value, plain) or isinstance(value, tuple) and all(isinstance(v, plain) for v in value):
+                found[f"{path}.{key}"] = value
+    return found
 
 
 @contextlib.contextmanager

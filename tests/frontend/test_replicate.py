@@ -73,3 +73,16 @@ def test_blocks_that_differ_are_not_copied() -> None:
     model, _ = _titan(5)
     model.layers[4].feed_forward.w2 = torch.nn.Linear(64, 48, bias=False)  # a different shape: not alike
     assert repeated_blocks(model) is None
+
+
+def test_a_block_configured_otherwise_is_traced_whole() -> None:
+    """A later block whose attributes differ (as a sliding-window layer among full ones) is not a copy
+    of the traced ones; an attribute that differs in every block (a layer index) is allowed."""
+    model, _ = _titan(6)
+    for i, block in enumerate(model.layers):
+        block.layer_index = i
+    assert repeated_blocks(model) == ("layers", 6)
+    model.layers[5].attention.window = 4
+    for block in list(model.layers)[:5]:
+        block.attention.window = None
+    assert repeated_blocks(model) is None
