@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from autoshard.frontend.graph import OpNode
 from autoshard.problem.plan import NodePlacement
 from autoshard.runtime.groups import MeshGroups
-from autoshard.sharding.spec import piece_range
+from autoshard.sharding.spec import piece_size
 
 
 def splits_causal_rows(node: OpNode, place: NodePlacement | None) -> bool:
@@ -33,7 +33,10 @@ def causal_rows_attention(operands: Sequence[Any], node: OpNode, place: NodePlac
     query, key, value = operands[:3]
     spec, row_dim = place.in_specs[0], place.in_specs[0].ndim - 2
     rows, mesh = query.shape[-2], groups.mesh.shape
-    first, _ = piece_range(node.tensor.shape[-2], spec.shard_factor(row_dim, mesh), spec.chunk_index(row_dim, groups.coords, mesh))
+    pieces = 1
+    for axis in spec.dims[row_dim]:  # a plain loop, which torch.compile traces without a break
+        pieces *= mesh[axis]
+    first = spec.chunk_index(row_dim, groups.coords, mesh) * piece_size(node.out.shape[-2], pieces)
     positions = torch.arange(first, first + rows, device=query.device)
     allowed = torch.arange(key.shape[-2], device=query.device)[None, :] <= positions[:, None]
     return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
