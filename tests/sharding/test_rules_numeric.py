@@ -158,7 +158,7 @@ def test_attention_shards_batch_heads_queries_and_value_dim(mesh_shape):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         coords, strategy = at
         groups = SimpleNamespace(coords=coords, mesh=SimpleNamespace(shape=mesh_shape))
-        node = SimpleNamespace(attrs={"is_causal": True}, tensor=SimpleNamespace(shape=(2, 4, 4, 8)))
+        node = SimpleNamespace(attrs={"is_causal": True}, out=SimpleNamespace(shape=(2, 4, 4, 8)))
         return causal_rows_attention([q, k, v], node, SimpleNamespace(in_specs=strategy.in_specs), groups)
 
     found_causal = check_op("scaled_dot_product_attention", causal, [R(2, 4, 4, 8)] * 3, {"is_causal": True}, mesh_shape)

@@ -105,7 +105,7 @@ def test_causal_attention_splits_odd_query_rows(mesh_shape):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         coords, strategy = at
         groups = SimpleNamespace(coords=coords, mesh=SimpleNamespace(shape=mesh_shape))
-        node = SimpleNamespace(attrs={"is_causal": True}, tensor=SimpleNamespace(shape=(2, 4, 7, 8)))
+        node = SimpleNamespace(attrs={"is_causal": True}, out=SimpleNamespace(shape=(2, 4, 7, 8)))
         return causal_rows_attention([q, k, v], node, SimpleNamespace(in_specs=strategy.in_specs), groups)
 
     found = check_op("scaled_dot_product_attention", causal, [R(2, 4, 7, 8)] * 3, {"is_causal": True}, mesh_shape)
