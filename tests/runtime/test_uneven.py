@@ -3,10 +3,12 @@
 A tiny Hugging Face LLaMA (fused attention, its causal mask materialised by the export) with
 the usual shifted next-token loss (``logits[:, :-1]``): one sequence of 31 positions (30 scored)
 on 4 gloo ranks, so every sequence dim is cut as ``torch.chunk`` cuts it (8, 8, 8, 7 and
-8, 8, 8, 6). The plan that cuts every tensor along the sequence wherever a strategy can (the
-attention's query rows split, its keys and values gathered, the shifted logits and the loss on
-pieces), and random plans, must reproduce the reference outputs and every parameter gradient,
-and run exactly the collectives they list.
+8, 8, 8, 6). The plans the solver picks for LLaMA-3.1-8B at 131072 and 262144 tokens have the
+structures checked here: every tensor cut along the sequence wherever a strategy can (the
+shifted logits and the loss on pieces), parameters stored split (FSDP), and attention either
+split by query rows (context parallelism, keys and values gathered) or by heads (the sequence
+exchanged around it) with every layer recomputed. They, and random plans, must reproduce the
+reference outputs and every parameter gradient, and run exactly the collectives they list.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ from pathlib import Path
 
 import torch
 
+from autoshard.cost.communication import make_cost_model
 from autoshard.frontend.graph import NodeKind
 from autoshard.frontend.load import load_model
 from autoshard.frontend.trace import trace
-from autoshard.problem.build import ModelProblem
+from autoshard.problem.baselines.torchtitan import fsdp_storage
+from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import expected_collectives, same_collectives
+from autoshard.sharding.mesh import parse_mesh
 
 from .dist import run_ranks
-from .plans import Traced, problem, random_choices, reference
+from .plans import Traced, random_choices, reference
 from .test_executor import TOLERANCE, Case, _run_cases
 
 MODEL = """import torch
@@ -66,30 +71,43 @@ def _cuts_unevenly(mp: ModelProblem, name: str, i: int) -> bool:
                for spec, meta in pairs)
 
 
-def sequence_choice(mp: ModelProblem) -> list[int]:
+def sequence_choice(mp: ModelProblem, attention: str = "rows", recompute: bool = False) -> list[int]:
     """Every op on uneven pieces of the sequence where one of its strategies is, the cheapest such;
-    parameters replicated (each then stored as its users read it)."""
+    attention split by query ``rows`` (context parallelism) or by ``heads``; every layer recomputed
+    or none; parameters stored split over the mesh and gathered for use (FSDP)."""
     choice = []
     for name in mp.names:
         cand = mp.candidates[name]
         if cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
             choice.append(next(i for i, s in enumerate(cand.strategies) if s.out_spec.is_replicated))
             continue
-        options = [i for i in range(len(cand.strategies)) if _cuts_unevenly(mp, name, i)] or range(len(cand.strategies))
+        options = list(range(len(cand.strategies)))
+        if cand.recompute is not None:
+            options = [i for i in options if cand.recompute[i] == recompute]
+        if cand.node.op == "scaled_dot_product_attention":
+            split = -2 if attention == "rows" else 1
+            options = [i for i in options if cand.strategies[i].in_specs[0].dims[split]] or options
+        else:
+            options = [i for i in options if _cuts_unevenly(mp, name, i)] or options
         choice.append(min(options, key=lambda i: cand.costs[i]))
-    return mp.with_storage_of_users(choice)
+    return fsdp_storage(mp, mp.with_storage_of_users(choice), 0)
 
 
 def test_a_sequence_the_mesh_does_not_divide_trains_like_one_device(tmp_path: Path) -> None:
     t = _traced(tmp_path / "tiny_llama_31.py")
-    mp = problem(t, "4", "training")
-    chosen = {"sequence": sequence_choice(mp), **{f"random{k}": c for k, c in enumerate(random_choices(mp, 2, 54))}}
+    mesh = parse_mesh("4")  # a memory budget, so that layers may be recomputed
+    mp = build_problem(t.graph, mesh, make_cost_model("alpha-beta", mesh), BuildOptions(mode="training", memory_budget=10**15))
+    chosen = {"rows": sequence_choice(mp), "heads, recomputed": sequence_choice(mp, "heads", True),
+              **{f"random{k}": c for k, c in enumerate(random_choices(mp, 2, 54))}}
     plans = {label: make_plan(mp, choice, model=t.name) for label, choice in chosen.items()}
-    sequence = plans["sequence"]
     shifted = next(n.name for n in t.graph if n.op == "slice" and n.attrs.get("end") == -1)
-    assert sequence.nodes[shifted].out_spec.dims[1] == (0,)  # the shifted logits on pieces 8, 8, 8, 6
-    assert any(p.in_specs[0].dims[-2] for n, p in sequence.nodes.items() if t.graph[n].op == "scaled_dot_product_attention")
-    assert any(step.shape for e in sequence.edges for step in e.steps + e.grad_steps)  # padded collectives
+    for label, split in (("rows", -2), ("heads, recomputed", 1)):
+        plan = plans[label]
+        assert plan.nodes[shifted].out_spec.dims[1] == (0,)  # the shifted logits on pieces 8, 8, 8, 6
+        assert all(p.in_specs[0].dims[split] for n, p in plan.nodes.items() if t.graph[n].op == "scaled_dot_product_attention")
+        assert any(step.shape for e in plan.edges for step in e.steps + e.grad_steps)  # padded collectives
+        assert any(spec.used_axes for spec in plan.param_specs.values())  # parameters stored split (FSDP)
+    assert plans["heads, recomputed"].recompute and not plans["rows"].recompute
     outputs, grads = reference(t, True)
     cases = [Case(label, plan, outputs, grads) for label, plan in plans.items()]
     results = run_ranks(4, _run_cases, t, cases, timeout=240)
