@@ -23,7 +23,7 @@ from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
-from autoshard.pipeline.search import PipelineResult, PipelineSearch, Recipe, Searched
+from autoshard.pipeline.search import PipelineResult, PipelineSearch, Recipe, Searched, floor_ticks
 from autoshard.sharding.mesh import Mesh
 from autoshard.solver import SolveOptions
 
@@ -77,8 +77,7 @@ class AxesSearch:
             raise AutoshardError("the unpipelined candidate has no recipe to cost: solve it")
         solved = self._solve(bounded)
         ticks = solved.model_problem.cost_model.ticks_per_unit
-        lower = solved.solution.lower_bound
-        searched = Searched(option, (lower if lower is not None else solved.solution.cost) / ticks)
+        searched = Searched(option, floor_ticks(solved.solution) / ticks)
         searched.solutions[()], searched.groups[()] = solved, [0]
         if bounded:
             searched.step = solved.solution.cost / ticks

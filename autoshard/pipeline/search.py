@@ -343,10 +343,17 @@ def _as_solution(mp: ModelProblem, choice: Sequence[int], stage: Stage) -> Model
 
 
 def _seconds(solution: ModelSolution, lower: bool) -> float:
-    """A device's seconds per microbatch: its plan's cost, or the solver's lower bound on it."""
-    sol = solution.solution
-    ticks = sol.lower_bound if lower and sol.lower_bound is not None else sol.cost
+    """A device's seconds per microbatch: its plan's cost, or what is proved below it (:func:`floor_ticks`)."""
+    ticks = floor_ticks(solution.solution) if lower else solution.solution.cost
     return ticks / solution.model_problem.cost_model.ticks_per_unit
+
+
+def floor_ticks(solution: Solution) -> int:
+    """What is proved below every plan: the solver's lower bound, the cost of a plan proved optimal,
+    else 0 (a plan found without a bound, or a recipe's plan taken as it is, bounds nothing)."""
+    if solution.lower_bound is not None:
+        return solution.lower_bound
+    return solution.cost if solution.status == "optimal" else 0
 
 
 def critical_path(option: PipelineOption, stages: list[Stage], orders: list, per_device: Sequence[float]) -> float:
