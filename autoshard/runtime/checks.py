@@ -38,7 +38,8 @@ NOISE_FLOOR = 1e-3
 @dataclass(frozen=True)
 class Collective:
     """One collective of a plan edge: its kind, mesh axis, bytes each device sends, and pass
-    (``ahead``: issued before its use and waited at first use, ``cost/overlap.py``)."""
+    (``ahead``: issued before its use and waited at first use, ``cost/overlap.py``). ``uneven``: the
+    tensor has a dim the mesh cuts unevenly, so the plan's bytes are those of the largest pieces."""
 
     edge: str
     kind: str
@@ -47,6 +48,7 @@ class Collective:
     phase: str
     routed: bool = False
     ahead: bool = False
+    uneven: bool = False
 
 
 def edge_label(edge: EdgeReshard) -> str:
@@ -83,7 +85,8 @@ def expected_collectives(plan: Plan) -> list[Collective]:
             for step in steps:
                 if step.kind != SLICE:
                     sent = step.sent_bytes(plan.mesh.shape[step.axis])
-                    result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase, ahead=ahead))
+                    result.append(Collective(edge_label(edge), step.kind, step.axis, sent, phase, ahead=ahead,
+                                             uneven=bool(step.shape)))
     for node in plan.nodes.values():
         again = node.name in rerun and plan.mode == "training"
         phases = [FORWARD, RECOMPUTE] if again else [FORWARD]
@@ -115,12 +118,14 @@ def same_collectives(executed: Sequence[Collective], planned: Sequence[Collectiv
     """The executed collectives are the plan's: per edge and pass the same collectives in the same
     order (how autograd interleaves one edge's backward steps with a recomputation is its own
     business), except that a routed exchange sent what the routing asked for (the plan holds the
-    balanced-routing estimate)."""
+    balanced-routing estimate), and that a device holding shorter pieces of an uneven cut sends at
+    most the bytes of the largest pieces the plan prices."""
     def by_pass(collectives: Sequence[Collective]) -> list[Collective]:
         return sorted(collectives, key=lambda c: (c.edge, c.phase))  # stable: each pass keeps its order
 
     return len(executed) == len(planned) and all(
         e == p or (p.routed and e.routed and replace(e, sent_bytes=p.sent_bytes) == p)
+        or (p.uneven and e.sent_bytes <= p.sent_bytes and replace(e, sent_bytes=p.sent_bytes, uneven=True) == p)
         for e, p in zip(by_pass(executed), by_pass(planned)))
 
 
