@@ -123,6 +123,7 @@ def test_a_token_sharded_mean_loss_lists_and_charges_its_count_all_reduce(monkey
     assert [(s.kind, s.axis, s.sent_bytes(4)) for s in steps] == [(ALL_REDUCE, 0, 6)]
     # charged: each counted strategy costs one all-reduce of a float32 scalar more than its computation alone
     monkeypatch.setattr("autoshard.problem.candidates.count_steps", lambda *args: ())
+    monkeypatch.setattr("autoshard.problem.candidates._OPS", {})  # the process's shared op candidates
     uncharged = build_model_problem(t.graph, "4", mode="training").candidates[loss].costs
     mesh = mp.mesh
     extra = mp.cost_model.ticks(mesh.latency[0] + 6 / mesh.bandwidth[0])
