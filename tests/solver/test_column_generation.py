@@ -114,7 +114,9 @@ def test_branching_on_the_count_of_recomputing_layers_proves_the_whole_number_op
 def test_a_stalled_search_runs_the_hull_once_and_its_closed_dive_proves_the_best_plan() -> None:
     """The hand-over when the Lagrangian plans stall (handover.py): whole-layer flips take the
     all-recomputing start to the optimum, then the dive closes both counts and proves it."""
-    stalled = stalled_of(layers_that_must_partly_recompute(), SolveOptions())
+    # the run's own clock: the hull's TRW-S sweeps and local search read time.monotonic, so a
+    # fake clock would put their deadlines out of step with the hand-over's
+    stalled = stalled_of(layers_that_must_partly_recompute(), SolveOptions(timeout=20.0), time.monotonic)
     state = stalled.state
     assert stalled.hull_due and state.offer(np.ones(8, dtype=np.int64), "test", None)
     stalled.run()
