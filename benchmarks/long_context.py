@@ -63,14 +63,20 @@ def hf_row(seq: int, timeout: float, device: str, compile: str | None) -> str:
     loaded = load_model(str(EXAMPLE)).for_training()
     mp = build_model_problem(trace(loaded.model, loaded.example_inputs), str(GPUS), mode="training", device=device,
                              compile=compile)
-    head = f"| {seq:,} x 1 | {seq - 1:,} | {compile or 'eager'} |"
+    return solved_row(f"| {seq:,} x 1 | {seq - 1:,} | {compile or 'eager'} |", mp, timeout, seq, start)
+
+
+def solved_row(head: str, mp, timeout: float, tokens: int, start: float) -> str:
+    """``head`` followed by our plan's cells for ``mp`` (step, tokens/s/GPU over ``tokens`` per
+    step, peak, attention split, recomputed layers, claim, wall time since ``start``), or the
+    reason none was found."""
     try:
         result = solve_model_problem(mp, default_solve_options(mp, timeout))
     except AutoshardError as err:
         return f"{head} none: {err} | | | | | {time.monotonic() - start:.0f} s |"
     choice = list(result.solution.choice)
     seconds = result.solution.cost / mp.cost_model.ticks_per_unit
-    return (f"{head} {seconds:.2f} s | {seq / GPUS / seconds:,.0f} | {mp.problem.peak_usage(choice) / 2**30:.1f} | "
+    return (f"{head} {seconds:.2f} s | {tokens / GPUS / seconds:,.0f} | {mp.problem.peak_usage(choice) / 2**30:.1f} | "
             f"{attention_split(mp, choice)} | {len(result.plan.recompute)} | {claim(result)} | "
             f"{time.monotonic() - start:.0f} s |")
 
@@ -90,15 +96,7 @@ def row(seq: int, timeout: float, device: str) -> str:
     model, inputs = titan_llama3_8b(32, seq=seq, batch=batch)
     mp = build_model_problem(trace(model, inputs), str(GPUS), mode="training", device=device, precision="bf16-mixed")
     label, tps, gib = PUBLISHED[seq]
-    head = f"| {seq:,} x {batch} | {label}: {tps:,} tok/s/GPU, {gib} GiB |"
-    try:
-        result = solve_model_problem(mp, default_solve_options(mp, timeout))
-    except AutoshardError as err:
-        return f"{head} none fits: {err} | | | | | {time.monotonic() - start:.0f} s |"
-    choice = list(result.solution.choice)
-    seconds = result.solution.cost / mp.cost_model.ticks_per_unit
-    return (f"{head} {seconds:.2f} s | {seq * batch / GPUS / seconds:,.0f} | {mp.problem.peak_usage(choice) / 2**30:.1f} | "
-            f"{attention_split(mp, choice)} | {len(result.plan.recompute)} | {claim(result)} | {time.monotonic() - start:.0f} s |")
+    return solved_row(f"| {seq:,} x {batch} | {label}: {tps:,} tok/s/GPU, {gib} GiB |", mp, timeout, seq * batch, start)
 
 
 def main() -> None:
