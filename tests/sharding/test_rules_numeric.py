@@ -145,6 +145,21 @@ def test_contractions_and_windows(case, mesh_shape):
     check_op(op, fn, operands, attrs, mesh_shape)
 
 
+def causal_attention(mesh_shape: tuple[int, ...], shape: tuple[int, ...]) -> Callable:
+    """Causal attention on ``shape`` (batch, heads, rows, dim) as the executor runs it, for
+    ``check_op``: rows split over the mesh are masked by their global positions."""
+
+    def causal(q, k, v, local, at=None):
+        if at is None or not at[1].in_specs[0].dims[-2]:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        coords, strategy = at
+        groups = SimpleNamespace(coords=coords, mesh=SimpleNamespace(shape=mesh_shape))
+        node = SimpleNamespace(attrs={"is_causal": True}, out=SimpleNamespace(shape=shape))
+        return causal_rows_attention([q, k, v], node, SimpleNamespace(in_specs=strategy.in_specs), groups)
+
+    return causal
+
+
 @pytest.mark.parametrize("mesh_shape", MESHES)
 def test_attention_shards_batch_heads_queries_and_value_dim(mesh_shape):
     mask = torch.zeros(4, 4, dtype=torch.float64)
@@ -152,16 +167,8 @@ def test_attention_shards_batch_heads_queries_and_value_dim(mesh_shape):
     found = check_op("scaled_dot_product_attention", fn, [R(2, 4, 4, 8), R(2, 4, 4, 8), R(2, 4, 4, 8), mask], {},
                      mesh_shape)
 
-    def causal(q, k, v, local, at=None):
-        """Causal attention as the executor runs it: split rows masked by their global positions."""
-        if at is None or not at[1].in_specs[0].dims[-2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        coords, strategy = at
-        groups = SimpleNamespace(coords=coords, mesh=SimpleNamespace(shape=mesh_shape))
-        node = SimpleNamespace(attrs={"is_causal": True}, out=SimpleNamespace(shape=(2, 4, 4, 8)))
-        return causal_rows_attention([q, k, v], node, SimpleNamespace(in_specs=strategy.in_specs), groups)
-
-    found_causal = check_op("scaled_dot_product_attention", causal, [R(2, 4, 4, 8)] * 3, {"is_causal": True}, mesh_shape)
+    found_causal = check_op("scaled_dot_product_attention", causal_attention(mesh_shape, (2, 4, 4, 8)),
+                            [R(2, 4, 4, 8)] * 3, {"is_causal": True}, mesh_shape)
     assert any(s.in_specs[0].dims[-2] for s in found_causal) and len(found_causal) <= len(found)
 
 

@@ -16,7 +16,7 @@ from autoshard.frontend.graph import TensorMeta
 from autoshard.sharding.reshard import reshard_steps
 from autoshard.sharding.rules import instantiate, load_rules, strategies
 from autoshard.sharding.spec import TensorSpec, cuts, piece_range
-from tests.sharding.test_rules_numeric import R, check_op
+from tests.sharding.test_rules_numeric import R, causal_attention, check_op
 
 
 @pytest.mark.parametrize("n", range(1, 20))
@@ -96,17 +96,6 @@ def test_uneven_steps_carry_the_global_shape_and_price_the_largest_piece():
 @pytest.mark.parametrize("mesh_shape", [(2,), (4,)])
 def test_causal_attention_splits_odd_query_rows(mesh_shape):
     """Rows 7 on 2 or 4 devices: each device's mask starts at its piece's global position."""
-    from types import SimpleNamespace
-
-    from autoshard.runtime.context import causal_rows_attention
-
-    def causal(q, k, v, local, at=None):
-        if at is None or not at[1].in_specs[0].dims[-2]:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        coords, strategy = at
-        groups = SimpleNamespace(coords=coords, mesh=SimpleNamespace(shape=mesh_shape))
-        node = SimpleNamespace(attrs={"is_causal": True}, out=SimpleNamespace(shape=(2, 4, 7, 8)))
-        return causal_rows_attention([q, k, v], node, SimpleNamespace(in_specs=strategy.in_specs), groups)
-
-    found = check_op("scaled_dot_product_attention", causal, [R(2, 4, 7, 8)] * 3, {"is_causal": True}, mesh_shape)
+    found = check_op("scaled_dot_product_attention", causal_attention(mesh_shape, (2, 4, 7, 8)), [R(2, 4, 7, 8)] * 3,
+                     {"is_causal": True}, mesh_shape)
     assert any(s.in_specs[0].dims[-2] for s in found)

@@ -6,12 +6,13 @@ import itertools
 import os
 import select
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 
 from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
-from autoshard.solver.core.reduced import FrozenCore, Core
+from autoshard.solver.core.reduced import INF, FrozenCore, Core
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.core.reduce import NoAssignment, reduce_core
 
@@ -149,6 +150,18 @@ def optimum(comp: FrozenCore) -> int | None:
     costs = [comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs])
              if comp.is_feasible(list(x))]
     return min(costs, default=None)
+
+
+def memory_cores(seeds: range, nodes: int) -> Iterator[tuple[int, FrozenCore, int]]:
+    """(seed, core, optimum by enumeration) for the seeds whose random ``nodes``-node core has
+    memory rows and at least one plan that fits."""
+    for seed in seeds:
+        comp = core_of(seed, nodes=nodes)
+        if comp is None or comp.n == 0 or not comp.has_memory:
+            continue
+        best = optimum(comp)
+        if best is not None and best < INF:
+            yield seed, comp, best
 
 
 class FakeClock:

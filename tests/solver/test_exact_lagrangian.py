@@ -12,7 +12,7 @@ import numpy as np
 from autoshard.solver.core.reduced import INF
 from autoshard.solver.bounds.exact_lagrangian import exact_lagrangian, search
 from autoshard.solver.engines.toulbar import prove_penalised
-from tests.solver.helpers import core_of, optimum
+from tests.solver.helpers import core_of, memory_cores
 
 
 def direct(call, seconds):
@@ -39,13 +39,7 @@ def test_with_no_penalty_the_proved_minimum_is_the_optimum_without_rows() -> Non
 
 def test_bounds_never_pass_the_optimum_and_offered_plans_fit() -> None:
     checked = bounded = 0
-    for seed in range(120):
-        comp = core_of(seed, nodes=8)
-        if comp is None or comp.n == 0 or not comp.has_memory:
-            continue
-        best = optimum(comp)
-        if best is None or best >= INF:
-            continue
+    for seed, comp, best in memory_cores(range(120), 8):
         plans: list[np.ndarray] = []
         bounds: list[int] = []
 

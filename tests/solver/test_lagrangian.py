@@ -10,7 +10,7 @@ import numpy as np
 from autoshard.solver.bounds.lagrangian import Lagrangian, Minimum
 from autoshard.solver.core.certify import proved_bound
 from autoshard.solver.core.reduced import INF, FrozenCore
-from tests.solver.helpers import core_of, optimum
+from tests.solver.helpers import core_of, memory_cores, optimum
 
 
 class Enumeration:
@@ -56,13 +56,7 @@ def test_back_to_best_returns_to_the_multipliers_of_the_best_dual_value_at_each_
     """A target ten times the optimum makes the steps overshoot; at each halving lam goes back to
     where the best L so far was measured (recomputed here by enumeration), and every bound holds."""
     halvings = 0
-    for seed in range(200):
-        comp = core_of(seed, nodes=6)
-        if comp is None or comp.n == 0 or not comp.has_memory:
-            continue
-        best = optimum(comp)
-        if best is None or best >= INF:
-            continue
+    for _, comp, best in memory_cores(range(200), 6):
         reference = Enumeration(comp)
         lagrangian = Lagrangian(comp, Enumeration(comp), back_to_best=True)
         top, top_lam = -np.inf, lagrangian.lam

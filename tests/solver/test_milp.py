@@ -10,24 +10,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from autoshard.solver.core.reduced import INF, FrozenCore
+from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.engines.milp import solve_core_milp
-from tests.solver.helpers import core_of, exited, optimum
+from tests.solver.helpers import exited, memory_cores
 
 
 def cores(count: int) -> list[tuple[FrozenCore, int]]:
     """Random cores with memory rows and at least one plan that fits, with their optima."""
-    found = []
-    for seed in range(400):
-        comp = core_of(seed, nodes=8)
-        if comp is None or comp.n == 0 or not comp.has_memory:
-            continue
-        best = optimum(comp)
-        if best is not None and best < INF:
-            found.append((comp, best))
-        if len(found) == count:
-            break
-    return found
+    return [(comp, best) for _, comp, best in itertools.islice(memory_cores(range(400), 8), count)]
 
 
 def fitting_plans(comp: FrozenCore) -> list[list[int]]:
