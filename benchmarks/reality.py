@@ -14,11 +14,12 @@ TransformerBlock compiled alone, ``--compile layers``), torchao Float8 with tens
 torchtitan's plan in our model (FSDP2 resharding after forward in the layers; on a tensor-parallel
 axis its Megatron plan, ``--baseline torchtitan``; on a context-parallel axis every activation split
 along the sequence, attention gathering keys and values, the parameters sharded over every axis as
-torchtitan's ``dp_shard_cp`` mesh does) and prints its step, tokens/s/GPU and reserved memory beside
-the published figures and their ratios, then our optimum in the same model, on the preset of the
-runs' hosts (``h100-hbm2e``). A ratio above 1 means our model is optimistic. The published figures
-are in ``RUNS`` (SOURCE); the device preset's figures have their own sources (devices.toml), and
-nothing here is tuned to these rows.
+torchtitan's ``dp_shard_cp`` mesh does, and the attention priced as torch's load-balanced ring
+attention runs it, ``cost/ring.py``, not as our runtime's contiguous query rows) and prints its
+step, tokens/s/GPU and reserved memory beside the published figures and their ratios, then our
+optimum in the same model, on the preset of the runs' hosts (``h100-hbm2e``). A ratio above 1
+means our model is optimistic. The published figures are in ``RUNS`` (SOURCE); the device preset's
+figures have their own sources (devices.toml), and nothing here is tuned to these rows.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from titan_llama import Transformer, titan_llama3_8b  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.cost.compute import kernel_classes  # noqa: E402
+from autoshard.cost.compute import causal_split_load, kernel_classes  # noqa: E402
 from autoshard.cost.memory import local_bytes  # noqa: E402
+from autoshard.cost.ring import merge_bytes, ring_load  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
 from autoshard.frontend.graph import NodeKind  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
@@ -204,20 +206,54 @@ def _sequence_split(shape: tuple[int, ...], run: Run, dp_axes: tuple[int, ...], 
     return TensorSpec(tuple(dims))
 
 
-def figures(mp: ModelProblem, choice: list[int], run: Run) -> tuple[float, float, float]:
-    """(step seconds, tokens/s/GPU, reserved GiB) of ``choice`` in our model."""
-    seconds = mp.problem.cost(choice) / mp.cost_model.ticks_per_unit
+def ring_node_ticks(mp: ModelProblem, choice: list[int]) -> list[int]:
+    """Each node's ticks under ``choice`` as torch's ``context_parallel`` runs torchtitan's FSDP x CP
+    plan (``cost/ring.py``): a causal attention whose query rows are split over ``p`` devices does
+    an even share of the causal work (load-balanced chunks; our runtime's contiguous rows leave the
+    last device ``causal_split_load(p)`` times it), plus the ring's fp32 merges, once more in a
+    recomputed forward. Every other node as our model prices it."""
+    ticks = [int(c[s]) for c, s in zip(mp.problem.node_costs, choice)]
+    device = mp.cost_model.device
+    for i, name in enumerate(mp.names):
+        cand = mp.candidates[name]
+        node, strategy = cand.node, cand.strategies[choice[i]]
+        if node.op != "scaled_dot_product_attention" or not node.attrs.get("is_causal") or node.tensor is None:
+            continue
+        parts = mp.mesh.axes_size(strategy.in_specs[0].dims[-2])
+        if parts < 2:
+            continue
+        elements = local_bytes(strategy.out_spec, node.tensor, mp.mesh) // node.tensor.itemsize
+        forward, backward = merge_bytes(elements, parts, node.tensor.itemsize)
+        passes = 2 if cand.reruns is not None and cand.reruns[choice[i]] else 1
+        merges = mp.cost_model.ticks((passes * forward + backward) / device.streaming_bandwidth)
+        ticks[i] = round(ticks[i] * ring_load(parts) / causal_split_load(parts)) + merges
+    return ticks
+
+
+def plan_ticks(mp: ModelProblem, choice: list[int], ring: bool) -> tuple[list[int], int]:
+    """(each node's ticks, the edges' total) of ``choice``: as our model prices it, or with ``ring``
+    its attention as torch's ring attention runs it (``ring_node_ticks``)."""
+    nodes = ring_node_ticks(mp, choice) if ring else [int(c[s]) for c, s in zip(mp.problem.node_costs, choice)]
+    edges = sum(int(m[choice[a], choice[b]]) for (a, b), m in zip(mp.problem.edges, mp.problem.edge_costs))
+    return nodes, edges
+
+
+def figures(mp: ModelProblem, choice: list[int], run: Run, ring: bool = False) -> tuple[float, float, float]:
+    """(step seconds, tokens/s/GPU, reserved GiB) of ``choice`` in our model (``ring``: its attention
+    as torch's ring attention runs it)."""
+    nodes, edges = plan_ticks(mp, choice, ring)
+    seconds = (sum(nodes) + edges) / mp.cost_model.ticks_per_unit
     device = mp.cost_model.device
     reserved = device.device_bytes(mp.problem.peak_usage(choice))
     return seconds, run.dp * run.local_batch * run.seq / run.gpus / seconds, reserved / GIB
 
 
-def breakdown(mp: ModelProblem, choice: list[int]) -> str:
+def breakdown(mp: ModelProblem, choice: list[int], ring: bool = False) -> str:
     """Seconds of the plan's step by kernel class (GEMM, attention, other ops) and exposed communication."""
     classes = {"matmul": 0, "attention_forward": 0, "peak": 0}
-    for i, name in enumerate(mp.names):
-        classes[kernel_classes(mp.candidates[name].node.op)[0]] += int(mp.problem.node_costs[i][choice[i]])
-    edges = sum(int(m[choice[a], choice[b]]) for (a, b), m in zip(mp.problem.edges, mp.problem.edge_costs))
+    nodes, edges = plan_ticks(mp, choice, ring)
+    for name, ticks in zip(mp.names, nodes):
+        classes[kernel_classes(mp.candidates[name].node.op)[0]] += ticks
     tick = mp.cost_model.ticks_per_unit
     return " / ".join(f"{v / tick:.2f}" for v in (*classes.values(), edges))
 
@@ -243,7 +279,8 @@ def row(run: Run, timeout: float, optimum: bool) -> tuple[str, float, float]:
     mp = build(run)
     titan = baseline(mp if not run.async_tp else same_plan_problem(mp, run), run)
     built = time.monotonic() - start
-    t_step, t_tps, t_mem = figures(mp, titan, run)
+    ring = run.cp > 1  # torchtitan's context parallelism runs torch's ring attention, not ours
+    t_step, t_tps, t_mem = figures(mp, titan, run, ring)
     ours = "| | | not solved (--no-optimum)"
     if optimum:
         try:
@@ -254,7 +291,7 @@ def row(run: Run, timeout: float, optimum: bool) -> tuple[str, float, float]:
             ours = f"none fits: {err} | | |"
     speed, memory = t_tps / run.tokens_per_s_per_gpu, t_mem / run.memory_gib
     text = (f"| {run.label} | {run.tokens_per_s_per_gpu:,.0f} | {run.memory_gib:.1f} | {t_step:.3f} s | "
-            f"{t_tps:,.0f} | {speed:.2f} | {t_mem:.1f} | {memory:.2f} | {breakdown(mp, titan)} | {ours} | "
+            f"{t_tps:,.0f} | {speed:.2f} | {t_mem:.1f} | {memory:.2f} | {breakdown(mp, titan, ring)} | {ours} | "
             f"{built:.0f} s |")
     return text, speed, memory
 
