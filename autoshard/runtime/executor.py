@@ -57,7 +57,8 @@ class ParallelModule(nn.Module):
     """A model running one plan on this rank: DTensor parameters and the plan's program.
 
     Parameters and buffers keep their original dotted names (``named_parameters()`` and
-    ``state_dict()`` match the model's) and global shapes; ``local_value(name)`` is this rank's
+    ``state_dict()`` match the model's) and global shapes (with one rank in all they are plain
+    tensors, each its own whole piece, ``placements.as_dtensor``); ``local_value(name)`` is this rank's
     piece, ``param_specs[name]`` its layout and ``output_specs`` that of each output, for
     :func:`gather_full`. ``program`` is the lowered GraphModule. The program differentiates the
     parameters' local tensors, whose gradients the DTensor parameters show after each backward
@@ -71,6 +72,7 @@ class ParallelModule(nn.Module):
         ``float8``: a torchao recipe the converted linears run with (``runtime/float8.py``)."""
         super().__init__()
         self.plan, self.groups = plan, groups
+        self._training = plan.mode == "training"
         self.param_specs: dict[str, TensorSpec] = {}
         self._parameter_names = {n.qualname for n in graph if n.kind == NodeKind.PARAM}
         self._pieces = LocalPieces()
@@ -135,15 +137,16 @@ class ParallelModule(nn.Module):
                                  f"({', '.join(node.name for node, _ in self._inputs)}) but got {len(inputs)}: "
                                  "pass them positionally as to the original model")
         for (node, want), value in zip(self._inputs, inputs):
-            if not isinstance(value, torch.Tensor) or (want is not None and tuple(value.shape) != want):
+            if not isinstance(value, torch.Tensor) or (want is not None and value.shape != want):
                 got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 raise AutoshardError(f"input {node.name} is {got} but the plan was made for shape {want}: "
                                      "pass inputs of the traced shapes (or re-plan for the new ones)")
-        grad = self.plan.mode == "training" and torch.is_grad_enabled()
-        with torch.set_grad_enabled(grad):
+        if self._training and torch.is_grad_enabled():
             outputs = self._run(*self._pieces.values(), *inputs)
-        if grad:
             self._pieces.watch(outputs)
+        else:
+            with torch.no_grad():
+                outputs = self._run(*self._pieces.values(), *inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def compile(self, **options: Any) -> None:  # type: ignore[override]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -83,9 +84,10 @@ def as_dtensor(local: torch.Tensor, spec: TensorSpec, groups: MeshGroups, shape:
     """``local`` as the DTensor of global ``shape`` laid out by ``spec`` on the groups' DeviceMesh.
 
     No communication: every rank passes its own piece. Without a DeviceMesh (one device, no
-    torch.distributed) the local tensor is the whole tensor and is returned as is.
+    torch.distributed) or with one rank in all, the local tensor is the whole tensor and is
+    returned as is: a DTensor on a mesh of one device would only wrap every use.
     """
-    if groups.device_mesh is None:
+    if groups.device_mesh is None or dist.get_world_size() == 1:
         return local
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, groups.device_mesh, spec_placements(spec, groups.mesh.shape),
