@@ -18,16 +18,17 @@ each axis gets the role PyTorch's APIs give a mesh dimension:
   replicated: the forward and the gradients are the same);
 - **replica** (``replica``): the plan does nothing on the axis; its ranks compute the same batch.
 
-An axis whose view has no such form (expert routing, attention split by an all-to-all, a second
-axis that shards weights for use) runs as replicas, and the source says so in a comment naming
-the choice and why, so the rest of the plan still exports and runs: a plan never fails to
-export. Per repeated block (``lower.blocks``): ``checkpoint_wrapper`` (full, or torchtitan's
-selective op policy) where the plan recomputes, and ``reshard_after_forward`` as it keeps or
-re-gathers the parameters. Gradients: ``fully_shard`` sums them over its ranks
-(``set_gradient_divide_factor(1.0)``) and each rank's loss is its share of the whole batch's
-(``loss_share``: the mean over the rows it holds divided by the number of batch slices,
-torchtitan's normalisation by the global token count), which holds alike for parameters that
-data parallelism reduces and for the styled ones, whose gradients DTensor sums over the ranks.
+An axis whose view has no such form (expert routing, attention split over the sequence by heads
+or by query rows, ``lower.context``; a second axis that shards weights for use) runs as
+replicas, and the source says so in a comment naming the choice and why, so the rest of the
+plan still exports and runs: a plan never fails to export. Per repeated block (``lower.blocks``):
+``checkpoint_wrapper`` (full, or torchtitan's selective op policy) where the plan recomputes,
+and ``reshard_after_forward`` as it keeps or re-gathers the parameters. Gradients:
+``fully_shard`` sums them over its ranks (``set_gradient_divide_factor(1.0)``) and each rank's
+loss is its share of the whole batch's (``loss_share``: the mean over the rows it holds divided
+by the number of batch slices, torchtitan's normalisation by the global token count), which
+holds alike for parameters that data parallelism reduces and for the styled ones, whose
+gradients DTensor sums over the ranks.
 
 Only what depends on a parameter is held to the plan; the model's own code computes position
 ids, masks and rotary tables from what it is fed (``lower.project``).
@@ -41,6 +42,7 @@ from torch import nn
 
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.lower.blocks import memory_units
+from autoshard.lower.context import sequence_attention
 from autoshard.lower.native_source import render
 from autoshard.lower.project import parameter_dependent, project
 from autoshard.lower.roles import DP, REPLICA, TP, NativeLayout
@@ -97,6 +99,9 @@ def _role(view: Plan, graph: OpGraph, model: nn.Module, dependent: frozenset[str
     if any(n.op == "moe_experts" and n.in_specs[3].dims[0] for n in view.nodes.values()):
         raise NotMappable("it runs experts split over devices (expert routing), which no parallelize_module style "
                           "expresses for transformers' experts modules")
+    attention = sequence_attention(view, graph, dependent)
+    if attention is not None:
+        raise NotMappable(attention)
     used_sharded = any(graph[e.src].kind == NodeKind.PARAM and not e.dst_spec.is_replicated for e in view.edges)
     role = TP if used_sharded else DP
     _check_inputs(view, graph, dependent, role)

@@ -9,8 +9,10 @@ layer re-gathering two of its weights for backward. Carried to mesh 4, each expo
 note, and the exported ``build_mesh`` / ``parallelize`` / ``loss_share`` give the unsharded
 model's loss (the ranks' shares summed) and every gradient within 1e-5. The same structure under
 the selective policy exports torchtitan's op policy. The 2x8 optimum carried to 2x2 exports its
-first axis and names why its second (attention split by all-to-all, weights gathered on the axis
-that splits the MLP) has no PyTorch form; that export runs equal to the unsharded model too.
+first axis and names why its second (the layers on sequence slices, attention split by heads
+through all-to-alls) has no PyTorch form; that export runs equal to the unsharded model too, and
+so does a plan splitting attention by query rows, whose note names torch's context_parallel and
+why it cannot run it (``lower/context.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import relative_errors
 from autoshard.sharding.mesh import parse_mesh
 from tests.runtime.dist import run_ranks
+from tests.runtime.test_uneven import sequence_choice
 
 from .models import tiny_llama3
 from .structure import structure_choice
@@ -122,11 +125,29 @@ def test_llama3_8b_optima_on_mesh_2x8_export_their_first_axis_and_name_the_secon
     fused = _export("llama3_8b_sdpa_2x8", "sdpa", "2x2", recompute="none")
     eager = _export("llama3_8b_eager_2x8", "eager", "2x2")  # 8B layers 22 (kept) and 24 (recomputed)
     for export in (fused, eager):
-        assert len(export.notes) == 1 and export.notes[0].startswith(
-            "mesh axis 1 (2 devices): model.layers.0.self_attn.q_proj.weight is stored SR and gathered whole for "
-            "linear (linear), which runs as RSR, not on the rank's batch slice")
+        assert len(export.notes) == 1 and export.notes[0].startswith("mesh axis 1 (2 devices): it splits attention ")
+        assert "(model.layers.0.self_attn) by heads through all-to-alls from the layers' sequence slices (Ulysses-" \
+               in export.notes[0] and "where torch's context_parallel would split it by query rows" in export.notes[0]
+        assert f"# not exported: {export.notes[0]}" in export.source
         assert "mesh_dim_names=('tp', 'replica')" in export.source
         assert '"lm_head": ColwiseParallel(input_layouts=Shard(0), output_layouts=Replicate()),' in export.source
         assert "    return loss\n" in export.source  # the loss reads the whole batch along axis 0
     assert "for i in (1,):\n        blocks.register_module(str(i), checkpoint_wrapper(" in eager.source
     _check(4, [(fused.source, "sdpa"), (eager.source, "eager")])
+
+
+def test_attention_split_by_query_rows_names_context_parallel_and_the_rest_runs() -> None:
+    model, _, graph = tiny_llama3("sdpa")
+    mesh = parse_mesh("2")
+    mp = build_problem(graph, mesh, make_cost_model("alpha-beta", mesh), BuildOptions(mode="training"))
+    plan = make_plan(mp, sequence_choice(mp, "rows"), model="llama3_tiny")
+    attention = [n for n in graph if n.op == "scaled_dot_product_attention"]
+    assert all(plan.nodes[n.name].in_specs[0].dims[-2] == (0,) for n in attention)  # the query rows split
+    export = export_dtensor(plan, graph, model)
+    assert export.notes == (f"mesh axis 0 (2 devices): it splits attention {attention[0].name} "
+                            "(model.layers.0.self_attn) by query rows, the keys and values gathered, which torch's "
+                            "context_parallel runs only over SDPA's CUDA kernels and only for a model taking its "
+                            "position ids and shifted labels as inputs (it shards the sequence of the tensors it is "
+                            "handed); PyTorch has no API for that, so its ranks compute as replicas here (run the "
+                            "JSON plan with autoshard.run for the rest)",)
+    _check(2, [(export.source, "sdpa")])
