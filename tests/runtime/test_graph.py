@@ -4,7 +4,8 @@ collectives, hidden gathers issued ahead, and it runs under torch.compile as one
 The structure is checked on programs lowered in this process under a fake process group (no
 collective runs): one reshard node per plan edge that moves data or a gradient, each hidden
 edge's gather issued before the layer ahead of its owner's starts and waited by its reshard,
-and on one device nothing but the model's ops. The compiled programs run on forked gloo ranks
+and on one device nothing but the model's ops (on one rank in all, on plain parameters, step
+after step as the model). The compiled programs run on forked gloo ranks
 (dynamo and AOTAutograd, ``backend="aot_eager"``, so the test compiles in seconds; inductor
 runs in ``test_train_compile.py``) for plans with every feature a graph carries: hidden edges
 with their gradient reductions, recomputed and re-gathered layers, selective recomputation,
@@ -14,6 +15,7 @@ split query rows, a mean loss over a global count, an inference plan. Each is ca
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 import torch.fx as fx
 
@@ -96,6 +98,31 @@ def test_on_one_device_the_program_is_the_models_ops() -> None:
     nodes = _calls(_lowered(t, case).program)
     assert not any(isinstance(n.target, (Issue, Reshard)) for n in nodes)
     assert len(nodes) == sum(1 for n in t.graph if n.kind.value == "op")
+
+
+def _one_rank(rank: int, world: int, t: Traced, case: Case) -> tuple[set[type], bool, list]:
+    """The parameter types of the plan's module on this rank, whether a second step after
+    ``zero_grad`` gives the first step's gradients again, and ``_run_cases``'s outcome."""
+    module = parallelize(t.model, case.plan, MeshGroups.create(case.plan.mesh), graph=t.graph)
+    steps = []
+    for _ in range(2):
+        module(*t.inputs).sum().backward()
+        steps.append({name: p.grad.clone() for name, p in module.named_parameters()})
+        module.zero_grad()
+    again = steps[0].keys() == steps[1].keys() and all(torch.equal(g, steps[1][n]) for n, g in steps[0].items())
+    return {type(p) for p in module.parameters()}, again, _run_cases(rank, world, t, [case])
+
+
+def test_with_one_rank_the_parameters_are_plain_and_train_as_the_model() -> None:
+    """World size 1: each piece is the whole tensor, so the parameters are plain (no DTensor to
+    wrap every use), and the program reproduces the model, step after step."""
+    t = traced("attention")
+    outputs, grads = reference(t, True)
+    case = Case("one rank", plans(t, "1", "training", 0)["megatron"], outputs, grads)
+    ((types, again, (outcome,)),) = run_ranks(1, _one_rank, t, case, timeout=120)
+    assert types == {torch.nn.Parameter} and again
+    bad = {name: err for name, (_, err) in outcome.errors.items() if not err <= TOLERANCE}
+    assert not bad and len(outcome.errors) == len(outputs) + len(grads), bad
 
 
 def _compiled_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[tuple]:
