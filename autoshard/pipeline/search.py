@@ -26,8 +26,10 @@ the layout the first device sends its kind (shape, dtype) in (``boundary_of``; a
 first device is solved again with its own received tensors fixed so too), and the plans are
 checked to agree (``Searched.mismatches``).
 
-Search (``claim.py``). Every option first gets a lower bound: its critical path with each ``T_d`` from the
-problem without a memory budget and without fixed layouts, which can only be cheaper. Options
+Search (``claim.py``). Every option first gets a lower bound: its critical path with each ``T_d``
+bounded without a memory budget and without fixed layouts, which can only be cheaper: from the
+device's parts on the option shortened to two layers per stage, its ends plus its further layers
+times one layer's optimum (``layer_bound.py``), else from the device's whole problem. Options
 are then solved in order of bound until the best step found is no more than the next bound; a
 solved option's bound is its critical path over the first device's solver bound and the others'
 unbudgeted bounds. The result is the optimum over the enumerated options when the best step meets
@@ -53,6 +55,7 @@ from autoshard.solver import Solution, SolveOptions
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_label
 from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
+from autoshard.pipeline.layer_bound import LayerFloors, solved_floor
 from autoshard.pipeline.boundaries import boundary_layouts, boundary_mismatches, boundary_of, device_layouts
 from autoshard.pipeline.stages import Stage, cut, shared_parameters
 from autoshard.sharding.layers import find_repeated_layers
@@ -132,6 +135,7 @@ class PipelineSearch:
         self.cuts: dict[tuple, list[Stage]] = {}
         self.graphs: dict[int, OpGraph] = {}
         self.problems: dict[tuple, ModelProblem] = {}
+        self.floors = LayerFloors(self, solved_floor(self.remaining))
         self.warned = False
 
     def remaining(self) -> float | None:
@@ -199,7 +203,7 @@ class PipelineSearch:
             self.problems[key] = build_model_problem(stage.graph, self.inner, stage=stage_options, **build)
         return self.problems[key]
 
-    def choose_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool, share: int = 1,
+    def choose_stage(self, option: PipelineOption, stage: Stage, in_flight: int, share: int = 1,
                      boundary: Mapping[str, TensorSpec] | None = None,
                      recipe: Recipe | None = None) -> tuple[ModelSolution, float]:
         """The device's better plan over its two parameter policies, kept gathered over the step or
@@ -207,19 +211,15 @@ class PipelineSearch:
         per-microbatch problem is solved only where its bound without a budget is below the kept
         plan's time. ``recipe`` (torchtitan's) keeps them gathered, as torchtitan does under PP."""
         if recipe is not None:
-            found = self.solve_stage(option, stage, in_flight, bounded, share, boundary, recipe, kept=True)
+            found = self.solve_stage(option, stage, in_flight, True, share, boundary, recipe, kept=True)
             return found, _seconds(found, lower=True)
-        if not bounded:
-            both = [self.solve_stage(option, stage, in_flight, False, 2 * share, kept=k) for k in (True, False)]
-            best = min(both, key=lambda s: _seconds(s, lower=True))
-            return best, _seconds(best, lower=True)
         found: ModelSolution | None = None
         floor, failure = float("inf"), None
         for kept in (True, False):
             if found is not None:
-                free = self.choose_free(option, stage, in_flight, kept)
-                if free is not None and _seconds(free, lower=True) >= _seconds(found, lower=False):
-                    floor = min(floor, _seconds(free, lower=True))  # pruned: its bound is no better
+                free = self.free_floor(option, stage, in_flight, kept)
+                if free is not None and free >= _seconds(found, lower=False):
+                    floor = min(floor, free)  # pruned: its bound is no better
                     continue
             try:
                 solved = self.solve_stage(option, stage, in_flight, True, share, boundary, kept=kept)
@@ -233,11 +233,15 @@ class PipelineSearch:
             raise failure
         return found, floor
 
-    def choose_free(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool) -> ModelSolution | None:
-        """The device's problem under one parameter policy without a budget (its bound), or None
-        when no plan was found in time."""
+    def free_floor(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool) -> float | None:
+        """At most the device's seconds per microbatch under one parameter policy, whatever its
+        memory and boundary layouts: from its parts on the shortened option (``layer_bound.py``),
+        else from its whole problem without a budget; None when that found no plan in time."""
         try:
-            return self.solve_stage(option, stage, in_flight, False, 4, kept=kept)
+            parts = self.floors.seconds(option, stage, kept)
+            if parts is not None:
+                return parts
+            return _seconds(self.solve_stage(option, stage, in_flight, False, 4, kept=kept), lower=True)
         except AutoshardError:
             return None
 
@@ -292,13 +296,15 @@ class PipelineSearch:
             searched.groups.setdefault(stage.signature, []).append(d)
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
         if not bounded:
-            for sig, ds in searched.groups.items():
-                searched.solutions[sig] = self.choose_stage(option, stages[ds[0]], held[sig], False, 2)[0]
-            searched.bound = critical_path(option, stages, orders, self._times(stages, searched, lower=True))
+            free = {sig: [self.free_floor(option, stages[ds[0]], held[sig], kept) for kept in (True, False)]
+                    for sig, ds in searched.groups.items()}
+            if any(None in floors for floors in free.values()):
+                raise AutoshardError(f"no bound in time: {option.label}")
+            searched.bound = critical_path(option, stages, orders, [min(free[st.signature]) for st in stages])
             return searched
         first = stages[0].signature
         rest = [sig for sig in searched.groups if sig != first]
-        searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first], True,
+        searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first],
                                                              2 * (len(rest) + 1), recipe=recipe)
         lower = {first: floor}
         sent = boundary_layouts(stages[0], searched.solutions[first])
@@ -306,26 +312,26 @@ class PipelineSearch:
         received = device_layouts(stages[0], searched.solutions[first])[0]
         if any(received.get(n, l) != l for n, l in own.items()):
             # an interleaved first device also receives: in the layouts it sends in
-            searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first], True,
+            searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first],
                                                                  2 * (len(rest) + 1), own, recipe)
             lower[first] = min(lower[first], floor)
         for k, sig in enumerate(sorted(rest, key=lambda g: -held[g] * sum(g[0]))):  # the fullest first
             stage = stages[searched.groups[sig][0]]
-            searched.solutions[sig] = self.choose_stage(option, stage, held[sig], True, 2 * (len(rest) - k),
+            searched.solutions[sig] = self.choose_stage(option, stage, held[sig], 2 * (len(rest) - k),
                                                         boundary_of(stage, sent), recipe)[0]
             if recipe is None:
-                free = [self.choose_free(option, stage, held[sig], kept) for kept in (True, False)]
+                free = [self.free_floor(option, stage, held[sig], kept) for kept in (True, False)]
                 # a free problem without a plan in time bounds nothing from below
-                lower[sig] = 0.0 if None in free else min(_seconds(f, lower=True) for f in free)
+                lower[sig] = 0.0 if None in free else min(free)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
-        searched.step = critical_path(option, stages, orders, self._times(stages, searched, lower=False))
+        searched.step = critical_path(option, stages, orders, self._times(stages, searched))
         if recipe is None:  # a recipe's plans, not solved, bound nothing
             searched.bound = critical_path(option, stages, orders, [lower[st.signature] for st in stages])
         return searched
 
     @staticmethod
-    def _times(stages: list[Stage], searched: Searched, lower: bool) -> list[float]:
-        return [_seconds(searched.solutions[st.signature], lower) for st in stages]
+    def _times(stages: list[Stage], searched: Searched) -> list[float]:
+        return [_seconds(searched.solutions[st.signature], lower=False) for st in stages]
 
 
 def kept_gathered(solution: ModelSolution) -> bool:

@@ -109,6 +109,7 @@ def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -
     """A stage solve that ends without a plan leaves its option without a bound, not the search
     without an answer: the recipe's plans stand (on the seed's option or, as incumbents, on
     another), and the claim has no lower bound."""
+    import autoshard.pipeline.layer_bound as layer_bound
     import autoshard.pipeline.search as pipeline_search
 
     def nothing_in_time(*args, **kwargs):
@@ -120,6 +121,7 @@ def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -
     build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
     seed = torchtitan_options(4, 2, BATCH)[0]
     monkeypatch.setattr(pipeline_search, "solve_model_problem", nothing_in_time)
+    monkeypatch.setattr(layer_bound, "solve", nothing_in_time)  # the bounds' parts too
     engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=60)
     options = options_for(4, 2, [2, 4], ("1f1b",))
     result = search(engine, options, [seed])

@@ -1,0 +1,219 @@
+"""A lower bound on a pipeline device's time per microbatch from its parts: its ends (the ops
+outside the repeated layers with the first and last layer of each stage) and one layer times its
+further layers, both solved on the option shortened to two layers per stage.
+
+Formulation. Without a memory budget a device's problem is
+
+    min_s C(s),   C(s) = sum_i c_i(s_i) + sum_{(u,v) in E} M_uv(s_u, s_v),   c_i >= 0, M_uv >= 0.
+
+Group its nodes: G_0 everything outside the repeated layers (the embedding, the head and loss,
+received inputs, the output), G_l per layer l (the nodes of its module path, the parameters it
+holds included, and the memory and reshard-copy nodes that follow them). Let A be G_0 with the
+first and last layer of each stage (``sampled`` = 2 v layers on a device of v stages) and B the
+other ``n - sampled`` layers. Dropping every edge between two different layers drops
+non-negative terms and leaves A's problem (its edges to the outside kept) and one problem per
+layer of B, so
+
+    min C  >=  min C_A' + sum_{l in B} min C_l,
+
+C_A' being A's problem without the edges between its layers. The layers are identical and,
+without a budget, what a layer costs does not depend on where it sits (its strategies, compute
+costs and edge prices are its own ops'; the overlap rule prices a parameter's traffic against its
+twin in the neighbouring layer, the same for every layer of a run of two or more), so every
+min C_l is one number, the layer floor, and
+
+    min C  >=  min C_A' + (n - sampled) * layer floor.
+
+Both are read off the same device of the option shortened to two layers per stage
+(:func:`shortened`, :class:`LayerFloors`): its whole problem is A, with the same nodes outside the
+layers and the same first and last layers, and its layers give the layer floor (the least
+optimum over them). Each distinct problem is solved once, exactly or to its solver's lower bound
+(:func:`part_floors`). ``tests/pipeline/test_layer_bound.py`` checks the bound against the exact
+optimum of whole device problems, and the full device's parts against the shortened device's,
+problem for problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+import numpy as np
+
+from autoshard.frontend.graph import RECEIVED, OpGraph
+from autoshard.problem.build import ModelProblem
+from autoshard.pipeline.stages import Stage, cut
+from autoshard.sharding.layers import RepeatedLayers, find_repeated_layers
+from autoshard.solver import SolveOptions, solve
+from autoshard.solver.model.problem import ShardingProblem
+
+if TYPE_CHECKING:
+    from autoshard.pipeline.options import PipelineOption
+    from autoshard.pipeline.search import PipelineSearch
+
+OUTSIDE = -1
+"""The group of the nodes outside every repeated layer."""
+
+
+@dataclass(frozen=True)
+class PartFloors:
+    """What every plan of a device costs at least, in ticks: its ends (``ends``: the nodes outside
+    the layers with the first and last layer of each stage, ``sampled`` layers in all) and each
+    further layer (``layer``)."""
+
+    ends: int
+    layer: int
+    sampled: int
+
+    def device(self, layers: int) -> int:
+        """The bound on a device running ``layers`` layers: ``ends + (layers - sampled) * layer``."""
+        return self.ends + (layers - self.sampled) * self.layer
+
+
+def shortened(graph: OpGraph, repeated: RepeatedLayers, keep: int) -> OpGraph:
+    """``graph`` with its first ``keep`` repeated layers only: the ops after the layers read the
+    last kept layer's node where they read the last layer's (same position in the layer)."""
+    if not 1 <= keep <= repeated.count:
+        raise ValueError(f"cannot keep {keep} of {repeated.count} layers")
+    dropped = {name for layer in repeated.layers[keep:] for name in layer}
+    moved = dict(zip(repeated.layers[-1], repeated.layers[keep - 1]))
+    nodes = {}
+    for node in graph:
+        if node.name in dropped:
+            continue
+        inputs = tuple(moved.get(src, src) for src in node.inputs)
+        nodes[node.name] = node if inputs == node.inputs else replace(node, inputs=inputs)
+    short = OpGraph(nodes, graph.frontend, graph.module, graph.frontend_note)
+    short.name = getattr(graph, "name", "") or "model"
+    return short
+
+
+def node_groups(mp: ModelProblem, layer_of: Mapping[str, int]) -> list[int]:
+    """Per problem node, its layer (``layer_of`` by graph node name) or :data:`OUTSIDE`: graph
+    tensors by name (a received input, named as its producer in an earlier stage, is outside),
+    memory nodes with their owner, an edge's copy nodes with the edge's reader."""
+    groups = [OUTSIDE if mp.graph[name].attrs.get(RECEIVED) else layer_of.get(name, OUTSIDE) for name in mp.names]
+    groups += [groups[owner] for owner in mp.aux_owner]
+    for copies in mp.reshards:
+        groups += [layer_of.get(copies.dst, OUTSIDE)] * len(copies.intervals)
+    if len(groups) != mp.problem.num_nodes:
+        raise ValueError(f"{len(groups)} groups for the {mp.problem.num_nodes} nodes of {mp.problem.name}")
+    return groups
+
+
+def subproblem(problem: ShardingProblem, nodes: Sequence[int]) -> ShardingProblem:
+    """The problem on ``nodes`` alone: their costs and the edges between them, no memory limit."""
+    local = {n: k for k, n in enumerate(nodes)}
+    edges, matrices = [], []
+    for (u, v), matrix in zip(problem.edges, problem.edge_costs):
+        if u in local and v in local:
+            edges.append((local[u], local[v]))
+            matrices.append(matrix)
+    return ShardingProblem([problem.node_costs[n] for n in nodes], [problem.node_usages[n] for n in nodes],
+                           [problem.intervals[n] for n in nodes], edges, matrices, None, problem.name,
+                           [problem.node_name(n) for n in nodes])
+
+
+def _digest(problem: ShardingProblem) -> str:
+    """Equal for equal problems (costs, edges and matrices; names and memory aside)."""
+    h = hashlib.sha1()
+    for costs in problem.node_costs:
+        h.update(np.ascontiguousarray(costs).tobytes() + b"|")
+    for (u, v), matrix in zip(problem.edges, problem.edge_costs):
+        h.update(f"{u},{v},{matrix.shape}".encode() + np.ascontiguousarray(matrix).tobytes())
+    return h.hexdigest()
+
+
+def part_floors(problem: ShardingProblem, groups: Sequence[int], floor: Callable[[ShardingProblem], int]
+                ) -> PartFloors:
+    """The shortened device's :class:`PartFloors` (module formulation): ``floor`` of the whole
+    problem without the edges between two layers (``ends``), and the least ``floor`` over its
+    layers alone (``layer``), each distinct layer problem solved once. ``floor`` must return at
+    most a problem's optimum (its cost when proved, else a proved lower bound)."""
+    for (u, v), matrix in zip(problem.edges, problem.edge_costs):
+        if groups[u] != groups[v] and matrix.size and matrix.min() < 0:
+            raise ValueError(f"edge {problem.node_name(u)} -> {problem.node_name(v)} has a negative price: "
+                             f"dropping it would not bound the problem from below")
+    members: dict[int, list[int]] = {}
+    for node, group in enumerate(groups):
+        members.setdefault(group, []).append(node)
+    layers = [g for g in members if g != OUTSIDE]
+    if not layers:
+        raise ValueError(f"{problem.name} has no repeated layers to split off")
+    apart = [k for k, (u, v) in enumerate(problem.edges) if OUTSIDE != groups[u] != groups[v] != OUTSIDE]
+    ends = floor(without_edges(problem, apart))
+    solved: dict[str, int] = {}
+    for group in layers:
+        part = subproblem(problem, members[group])
+        key = _digest(part)
+        if key not in solved:
+            solved[key] = floor(part)
+    return PartFloors(ends, min(solved.values()), len(layers))
+
+
+def without_edges(problem: ShardingProblem, dropped: Sequence[int]) -> ShardingProblem:
+    """The problem less the edges at positions ``dropped``, no memory limit."""
+    gone = set(dropped)
+    kept = [k for k in range(len(problem.edges)) if k not in gone]
+    return ShardingProblem(problem.node_costs, problem.node_usages, problem.intervals, [problem.edges[k] for k in kept],
+                           [problem.edge_costs[k] for k in kept], None, problem.name, problem.node_names)
+
+
+SAMPLE = 2
+"""Layers per stage of the shortened option: a layer first in its stage and one after it."""
+
+
+class LayerFloors:
+    """Lower bounds on the devices' seconds per microbatch without a memory budget (module
+    formulation), each from the same device of the option shortened to :data:`SAMPLE` layers per
+    stage; its parts are solved once per microbatch count, schedule shape, device and parameter
+    policy. ``engine`` is the :class:`~autoshard.pipeline.search.PipelineSearch` whose graphs and
+    device problems it reads; ``floor`` returns at most a part's optimum, in ticks."""
+
+    def __init__(self, engine: PipelineSearch, floor: Callable[[ShardingProblem], int]) -> None:
+        self.engine, self.floor = engine, floor
+        self.graphs: dict[tuple[int, int], tuple[OpGraph, RepeatedLayers] | None] = {}
+        self.parts: dict[tuple, tuple[PartFloors, int] | None] = {}
+
+    def seconds(self, option: PipelineOption, stage: Stage, kept: bool) -> float | None:
+        """At most the device's seconds per microbatch under ``option`` with its parameters kept
+        gathered (``kept``) or gathered per microbatch, or None where the model has too few layers
+        to shorten."""
+        device = stage.stages[0]
+        key = (option.microbatches, option.devices, option.virtual, device, kept)
+        if key not in self.parts:
+            self.parts[key] = self._solve_parts(option, device, kept)
+        if self.parts[key] is None or min(stage.counts) < SAMPLE:
+            return None
+        found, ticks_per_second = self.parts[key]
+        return found.device(sum(stage.counts)) / ticks_per_second
+
+    def _solve_parts(self, option: PipelineOption, device: int, kept: bool) -> tuple[PartFloors, int] | None:
+        """The parts of ``device`` of the shortened option, in ticks, and the ticks per second."""
+        keep = SAMPLE * len(option.counts)
+        key = (option.microbatches, keep)
+        if key not in self.graphs:
+            graph = self.engine.graph(option.microbatches)
+            repeated = find_repeated_layers(graph)
+            enough = repeated is not None and repeated.count >= keep
+            self.graphs[key] = (shortened(graph, repeated, keep), RepeatedLayers(repeated.container,
+                                                                                 repeated.layers[:keep])) \
+                if enough else None
+        if self.graphs[key] is None:
+            return None
+        graph, layers = self.graphs[key]
+        short = replace(option, counts=(SAMPLE,) * len(option.counts))
+        stage = cut(graph, layers, short.counts, short.devices)[device]
+        mp = self.engine.stage_problem(short, stage, short.virtual, bounded=False, kept=kept)
+        layer_of = {name: i for i, layer in enumerate(layers.layers) for name in layer}
+        return part_floors(mp.problem, node_groups(mp, layer_of), self.floor), mp.cost_model.ticks_per_unit
+
+
+def solved_floor(timeout: Callable[[], float | None]) -> Callable[[ShardingProblem], int]:
+    """A part's floor by the solver within ``timeout()`` seconds: its cost where proved optimal, else
+    its proved lower bound (0 where it proved none)."""
+    def floor(part: ShardingProblem) -> int:
+        found = solve(part, SolveOptions(timeout=timeout()))
+        return found.cost if found.status == "optimal" else found.lower_bound or 0
+    return floor
