@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_model(args: argparse.Namespace, console: Console) -> int:
     """Solve a model file end to end and print everything a user needs."""
     from autoshard.api import build_model_problem, default_solve_options, solve_model_problem
+    from autoshard.problem.build import build_deadline
     from autoshard.frontend.load import load_model
     from autoshard.frontend.loss import check_loss_output
     from autoshard.frontend.table import graph_table
@@ -159,7 +160,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print(_frontend_line(graph), highlight=False, markup=False)
     if args.graph or not args.quiet and len(graph) <= GRAPH_TABLE_MAX_NODES:
         console.print(graph_table(graph))
-    with _working(console, f"building the problem: strategies and costs on mesh {mesh.label}", args.quiet):
+    with _working(console, f"building the problem: strategies and costs on mesh {mesh.label}", args.quiet), \
+            build_deadline(clock.hard_deadline()):
         mp = build_model_problem(graph, mesh, **build)
     links = mesh if args.bandwidth is not None or args.latency is not None else None
     console.print(device_line(mp.cost_model.device, args.device is None, args.peak_flops, args.memory_bandwidth,

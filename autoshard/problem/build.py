@@ -22,10 +22,13 @@ merge it back into its owner (functional merging carries memory), so it costs th
 
 from __future__ import annotations
 
+import contextlib
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cached_property
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -53,6 +56,31 @@ from autoshard.sharding.strategy import OpStrategy
 from autoshard.sharding.spec import TensorSpec
 
 MODES = ("inference", "training")
+
+_DEADLINE: ContextVar[float | None] = ContextVar("build_deadline", default=None)
+
+
+class BuildTimeout(AutoshardError):
+    """The time limit passed while a problem was being built (no plan exists yet)."""
+
+
+@contextlib.contextmanager
+def build_deadline(at: float | None) -> Iterator[None]:
+    """Builds inside end with :class:`BuildTimeout` once ``time.monotonic()`` passes ``at`` (None:
+    no limit), checked node by node, so a build never runs past the caller's time limit."""
+    token = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _on_time(done: int, total: int, what: str) -> None:
+    """Raise :class:`BuildTimeout` when the deadline of :func:`build_deadline` has passed."""
+    at = _DEADLINE.get()
+    if at is not None and time.monotonic() > at:
+        raise BuildTimeout(f"the time limit passed while building the problem ({what} of {done:,} of {total:,} "
+                           f"nodes done, no plan yet): raise --timeout")
 
 
 @dataclass(frozen=True)
@@ -273,7 +301,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
                                options.receive_link, options.kept_over > 0)
     candidates: dict[str, Candidate] = {}
     wanted = [n for n in graph if n.kind == NodeKind.OUTPUT or out_metas(n)]
-    for node in sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM):
+    for done, node in enumerate(sorted(wanted, key=lambda n: n.kind == NodeKind.PARAM)):
+        _on_time(done, len(wanted), "strategies")
         candidates[node.name] = builder.build(node, candidates)
     candidates = {n.name: candidates[n.name] for n in wanted}
     if options.in_flight != 1 or options.accumulate:
@@ -293,9 +322,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     copies: list[ReshardCopies] = []
     pairs: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []
-    for node in graph:
+    for done, node in enumerate(graph):
         if node.name not in candidates:
             continue
+        _on_time(done, len(graph), "edges")
         dst = candidates[node.name]
         for operand, src in enumerate(node.inputs):
             meta = operand_meta(graph, node, src)
