@@ -28,6 +28,7 @@ import torch
 
 from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
 from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.step_ops import Op
 from autoshard.runtime.uneven import pad_for, slice_piece, trim_after
 
 _functional = torch.ops._c10d_functional
@@ -66,22 +67,6 @@ class CommLog:
 def charged_bytes(steps: tuple[Step, ...] | list[Step], mesh_shape: tuple[int, ...]) -> int:
     """Bytes per device the plan charges for ``steps`` (the sum of ``Step.sent_bytes``)."""
     return sum(s.sent_bytes(mesh_shape[s.axis]) for s in steps)
-
-
-@dataclass(frozen=True)
-class Op:
-    """One reshard step as this rank runs it: the step, the devices along its axis, this rank's
-    coordinate there and the registered name of the axis's process group (None for one device)."""
-
-    step: Step
-    size: int
-    coord: int
-    group: str | None
-
-    @property
-    def communicates(self) -> bool:
-        """True for a collective over more than one device (a slice, or any step on one device, is local)."""
-        return self.step.kind != SLICE and self.size > 1
 
 
 _KINDS = (SLICE, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL)

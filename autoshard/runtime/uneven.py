@@ -14,22 +14,20 @@ rank holding a shorter one, :func:`piece_attrs` gives the sizes of its own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from autoshard.frontend.graph import OpNode
 from autoshard.problem.plan import NodePlacement
 from autoshard.runtime.groups import MeshGroups
+from autoshard.runtime.step_ops import Op
 from autoshard.sharding.reshard import ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER
 from autoshard.sharding.rules import load_rules
 from autoshard.sharding.spec import piece_range, piece_size
 
-if TYPE_CHECKING:  # collectives.py calls this module's pads and trims
-    from autoshard.runtime.collectives import Op
 
-
-def _uneven(op: "Op", dim: int | None) -> bool:
+def _uneven(op: Op, dim: int | None) -> bool:
     """True when the step's axis cuts ``dim`` of its tensor into pieces of different sizes."""
     return bool(op.step.shape) and dim is not None and op.step.shape[dim] % op.size != 0
 
@@ -44,12 +42,12 @@ def _resize(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim)
 
 
-def _own(op: "Op", dim: int) -> int:
+def _own(op: Op, dim: int) -> int:
     """Elements of this rank's piece of ``dim`` when the step's axis alone cuts it."""
     return piece_range(op.step.shape[dim], op.size, op.coord)[1]
 
 
-def slice_piece(x: torch.Tensor, op: "Op") -> torch.Tensor | None:
+def slice_piece(x: torch.Tensor, op: Op) -> torch.Tensor | None:
     """This rank's piece of a whole dim cut unevenly by a slice step (None: an even cut)."""
     dim = op.step.dim
     if not _uneven(op, dim):
@@ -58,7 +56,7 @@ def slice_piece(x: torch.Tensor, op: "Op") -> torch.Tensor | None:
     return x.narrow(dim, start, length)
 
 
-def pad_for(x: torch.Tensor, op: "Op") -> torch.Tensor:
+def pad_for(x: torch.Tensor, op: Op) -> torch.Tensor:
     """``x`` padded so the collective of ``op`` moves equal pieces (module doc)."""
     kind, step, n = op.step.kind, op.step, op.size
     if kind == ALL_GATHER and _uneven(op, step.dim):
@@ -73,7 +71,7 @@ def pad_for(x: torch.Tensor, op: "Op") -> torch.Tensor:
     return x
 
 
-def trim_after(out: torch.Tensor, op: "Op") -> torch.Tensor:
+def trim_after(out: torch.Tensor, op: Op) -> torch.Tensor:
     """A finished collective's result without the padding :func:`pad_for` added."""
     kind, step = op.step.kind, op.step
     if kind in (ALL_GATHER, ALL_TO_ALL) and _uneven(op, step.dim):
