@@ -239,7 +239,7 @@ def _all_replicated(mp: Any) -> str:
     """Why a plan shards nothing: the mesh divides no dim any op could shard, or sharding does not pay."""
     ops = [c for c in mp.candidates.values() if c.node.kind == NodeKind.OP]
     if ops and all(len(c.strategies) == 1 for c in ops):
-        return f"all replicated: mesh {mp.mesh.label} divides no shardable dim of this model"
+        return f"all replicated: mesh {mp.mesh.label} cuts no shardable dim of this model (each is too small for it)"
     return ALL_REPLICATED
 
 

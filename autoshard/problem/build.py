@@ -373,6 +373,6 @@ def _warnings(unsupported, candidates: dict[str, Candidate], mesh: Mesh) -> list
         warnings.append(f"no sharding rule for {listed}: kept replicated (add a rule in specs/ops.toml to shard them)")
     ops = [c for c in candidates.values() if c.node.kind == NodeKind.OP]
     if mesh.size > 1 and ops and all(len(c.strategies) == 1 for c in ops):
-        warnings.append(f"mesh {mesh.label} divides no shardable dim of this model: the plan is replicated "
+        warnings.append(f"mesh {mesh.label} cuts no shardable dim of this model (each is too small for it): the plan is replicated "
                         f"(choose a mesh whose axis sizes divide the batch, sequence or hidden sizes)")
     return warnings

@@ -64,15 +64,28 @@ def test_the_device_line_shows_the_figures_the_flags_gave(capsys: pytest.Capture
     assert "axis 0 25 GB/s and 1 us (--bandwidth, --latency)" in device
 
 
-def test_a_mesh_that_divides_nothing_is_named_as_the_reason_and_no_given_flag_is_suggested(
-        capsys: pytest.CaptureFixture) -> None:
-    out = solve(capsys, MLP, "--mesh", "3", "--quiet", "--tables", "none", "--peak-flops", "1e12",
+TINY = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(2, 2), nn.GELU(), nn.Linear(2, 2))
+example_inputs = torch.randn(2, 2)
+"""
+
+
+def test_a_mesh_that_cuts_nothing_is_named_as_the_reason_and_no_given_flag_is_suggested(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Every dim is 2: three devices cannot each hold a nonempty piece of any (sharding/spec.py's cuts)."""
+    path = tmp_path / "tiny.py"
+    path.write_text(TINY)
+    out = solve(capsys, str(path), "--mesh", "3", "--quiet", "--tables", "none", "--peak-flops", "1e12",
                 "--baseline", "megatron")
+    reason = "mesh 3 cuts no shardable dim of this model (each is too small for it)"
     replicated = next(line for line in out.splitlines() if line.startswith("all replicated"))
-    assert replicated.startswith("all replicated: mesh 3 divides no shardable dim of this model")
-    assert "--peak-flops" not in replicated and "too small" not in out
-    assert next(line for line in out.splitlines() if line.startswith("Megatron baseline")).endswith(
-        "mesh 3 divides no shardable dim of this model")
+    assert replicated.startswith(f"all replicated: {reason}")
+    assert "--peak-flops" not in replicated and "worth sharding" not in out
+    assert next(line for line in out.splitlines() if line.startswith("Megatron baseline")).endswith(reason)
 
 
 def test_repeated_layers_are_summarised_and_listed_in_full_on_request(

@@ -143,9 +143,9 @@ def test_indivisible_pin_names_the_shape():
         build(mlp_graph(8, 1024, 1024, 5), pins={"fc1.weight": "SR"})
 
 
-def test_a_mesh_that_divides_nothing_warns_and_replicates():
+def test_a_mesh_that_cuts_nothing_warns_and_replicates():
     mp = build(mlp_graph(3, 5, 7, 11))
-    assert any("divides no shardable dim" in w for w in mp.warnings)
+    assert any("cuts no shardable dim" in w for w in mp.warnings)
     assert all(len(mp.candidates[n].strategies) == 1 for n in ("linear", "gelu", "linear_1"))
 
 
