@@ -31,10 +31,11 @@ from autoshard.cost.compute import causal_split_load, op_times
 from autoshard.cost.float8 import compute_dtype, with_casts
 from autoshard.cost.fusion import compiled_bytes
 from autoshard.cost.lifetimes import Lifetimes
-from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, op_items, out_metas, param_items,
-                                   param_precision, recompute_variants, state_items)
+from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, out_metas, param_items, param_precision,
+                                   recompute_variants, state_items)
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, checkpoint_readers
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode, OpWork, TensorMeta
+from autoshard.problem.retimed import RetimedItems
 
 LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
 """(op node, local operand shapes) -> (forward, backward) flops of one device's piece
@@ -128,6 +129,7 @@ class CandidateBuilder:
         self.unsupported: Counter[str] = Counter()
         self.first_readers: dict[str, list[int]] | None = None
         self.config = (mesh, repr(cost_model), training, slapo_space, capacity_factor, local_flops is None)
+        self.retimed = RetimedItems(life, mesh, training)
 
     def build(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
         """The candidate of ``node``; ``built`` holds those of the nodes before it (a parameter's
@@ -183,8 +185,7 @@ class CandidateBuilder:
 
     def _op_items(self, node: OpNode, options: list[OpStrategy], recomputed: Blocks | None = None,
                   kept_until: int | None = None) -> list[MemoryItem]:
-        return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
-                        self.training, recomputed, self._gathered_keys(node, options), kept_until)
+        return self.retimed.items(node, options, recomputed, self._gathered_keys(node, options), kept_until)
 
     def _checkpointed_inputs(self, node: OpNode, options: list[OpStrategy]) -> list[MemoryItem]:
         """What a recomputed block keeps of its inputs from outside (the residual stream), charged

@@ -1,0 +1,35 @@
+"""Items re-timed from a twin equal items computed in full, item for item, on every node of a build."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoshard.api import build_model_problem
+from autoshard.cost.devices import get_device
+from autoshard.cost.memory import op_items
+from autoshard.problem.retimed import RetimedItems
+from tests.pipeline.models import tiny_llama, traced
+
+
+def _full(self, node, options, recomputed, gathered, kept_until):
+    return op_items(node, [s.out_spec for s in options], [s.degree for s in options], self.life, self.mesh,
+                    self.training, recomputed, gathered, kept_until)
+
+
+@pytest.mark.parametrize("budget", [None, 1 << 30])
+def test_retimed_items_are_the_items(monkeypatch, budget) -> None:
+    """LLaMA training on 2x2 (with a budget: recomputable blocks, so the recomputed windows too)."""
+    graph = traced(tiny_llama(4), 4)
+    device = get_device("h100")
+    options = dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
+                   memory_budget=None if budget is None else device.runtime_bytes + budget)
+    calls = []
+    first = RetimedItems.items
+    monkeypatch.setattr(RetimedItems, "items", lambda self, *a: calls.append(1) or first(self, *a))
+    retimed = build_model_problem(graph, "2x2", **options)
+    monkeypatch.setattr(RetimedItems, "items", _full)
+    full = build_model_problem(graph, "2x2", **options)
+    assert len(calls) > 100
+    assert {n: c.items for n, c in retimed.candidates.items()} == {n: c.items for n, c in full.candidates.items()}
+    assert retimed.problem.intervals == full.problem.intervals
+    assert all((a == b).all() for a, b in zip(retimed.problem.node_usages, full.problem.node_usages))
