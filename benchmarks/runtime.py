@@ -8,7 +8,12 @@ loss of its first floating output, backward) as the plain module and as the
 (no collective: what is left is the runtime's own cost), eager and under ``torch.compile``
 (inductor: the plain module compiled whole, the parallel module's lowered program compiled by
 ``ParallelModule.compile``). Models: the small examples and a 2-layer LLaMA (hidden 512,
-2 x 256 tokens). Median of ``--steps`` steps after warm-up.
+2 x 256 tokens). Median of ``--steps`` samples after warm-up (a sample: as many consecutive
+steps as last 10 ms), the variants taking turns; each ratio is the median of the per-turn
+ratios (``paired_ratio``), which a passing load on the shared cores moves less than it moves
+the medians. The samples are the process's CPU seconds (``time.process_time``): on one rank
+everything the step runs, runs on this process's threads, and what other processes take of
+the shared cores is not counted.
 
 Overlap (2 and 4 forked gloo ranks, one thread each, on however many cores the machine has): a
 4-layer LLaMA (hidden 512, 2 x 128 tokens per rank) under torchtitan's plan on a 1-D mesh (FSDP:
@@ -31,6 +36,7 @@ step's seconds.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -101,20 +107,50 @@ Variant = tuple[Callable[..., torch.Tensor], Callable[[], None], Callable[[], An
 """A way to run the step: the module, how to drop its gradients, and a context to run it in."""
 
 
-def step_times(variants: dict[str, Variant], inputs: tuple[torch.Tensor, ...], steps: int) -> dict[str, float]:
-    """Median seconds of one training step (forward, backward) of each variant, after two warm-up
-    steps. The variants take turns step by step, so a load that comes and goes on the machine
-    (other processes on its cores) weighs on each alike."""
+SAMPLE_SECONDS = 0.01
+"""The least time one sample of a step takes: a step shorter than this is timed over as many
+consecutive steps as reach it (a small model's step is a millisecond, which one time slice that
+another process takes on the shared cores would double)."""
+
+
+def _timed(variant: Variant, inputs: tuple[torch.Tensor, ...], repeats: int, clock: Callable[[], float]) -> float:
+    """Seconds on ``clock`` of one training step (forward, backward, dropping the gradients),
+    averaged over ``repeats``."""
+    module, zero, context = variant
+    with context():
+        start = clock()
+        for _ in range(repeats):
+            module(*inputs).backward()
+            zero()
+        return (clock() - start) / repeats
+
+
+def step_samples(variants: dict[str, Variant], inputs: tuple[torch.Tensor, ...], steps: int,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """``steps`` samples of each variant's training step (forward, backward) on ``clock``, after
+    two warm-up steps; a sample averages as many consecutive steps as last ``SAMPLE_SECONDS``. The
+    variants take turns sample by sample, in reversed order every other turn, so a load that comes
+    and goes on the machine (other processes on its cores) and the cache a turn leaves to the next
+    weigh on each alike; sample ``k`` of every variant comes from the same turn."""
+    order = list(variants.items())
+    warm = min(min(_timed(variant, inputs, 1, clock) for _, variant in order) for _ in range(2))
+    repeats = max(1, math.ceil(SAMPLE_SECONDS / max(warm, 1e-6)))
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for k in range(steps + 2):
-        for name, (module, zero, context) in variants.items():
-            with context():
-                start = time.perf_counter()
-                module(*inputs).backward()
-                zero()
-                if k >= 2:
-                    times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    for k in range(steps):
+        for name, variant in (order if k % 2 else order[::-1]):
+            times[name].append(_timed(variant, inputs, repeats, clock))
+    return times
+
+
+def step_times(variants: dict[str, Variant], inputs: tuple[torch.Tensor, ...], steps: int) -> dict[str, float]:
+    """Median seconds of one training step of each variant (``step_samples``)."""
+    return {name: statistics.median(t) for name, t in step_samples(variants, inputs, steps).items()}
+
+
+def paired_ratio(samples: dict[str, list[float]], over: str, base: str) -> float:
+    """The median over turns of ``over``'s step / ``base``'s step in the same turn: a load that
+    slows one turn slows both of its steps, so it cancels in the ratio as it does not between medians."""
+    return statistics.median(a / b for a, b in zip(samples[over], samples[base]))
 
 
 def _forked(world: int, fn: Callable[[int, int], Any]) -> list[Any]:
@@ -145,8 +181,8 @@ def _forked(world: int, fn: Callable[[int, int], Any]) -> list[Any]:
     return [results[r] for r in range(world)]
 
 
-def overhead_row(name: str, steps: int, compile_too: bool) -> dict[str, float]:
-    """Plain and parallel step times of one model on a mesh of one device."""
+def overhead_row(name: str, steps: int, compile_too: bool) -> dict[str, list[float]]:
+    """Plain and parallel step samples of one model on a mesh of one device (``step_samples``)."""
     model, inputs = model_of(name)
     graph = trace(model, inputs)
     mp_ = build_model_problem(graph, "1", mode="training")
@@ -161,7 +197,7 @@ def overhead_row(name: str, steps: int, compile_too: bool) -> dict[str, float]:
             compiled.compile()
             variants["plain compiled"] = (torch.compile(model), model.zero_grad, nullcontext)
             variants["parallel compiled"] = (compiled, compiled.zero_grad, nullcontext)
-        return step_times(variants, inputs, steps)
+        return step_samples(variants, inputs, steps, time.process_time)
 
     return _forked(1, measure)[0]
 
@@ -294,14 +330,18 @@ def main() -> None:
               f"dynamo: {info['graphs']} graph(s), {info['breaks']} break(s); step 1 {plain['seconds'][0]:.1f} s "
               f"eager, {info['seconds'][0]:.1f} s compiled; step {len(info['seconds'])} {plain['seconds'][-1]:.2f} s "
               f"eager, {info['seconds'][-1]:.2f} s compiled\n", flush=True)
-    print("Per-step overhead, world size 1 (gloo, CPU, 1 thread), median ms of a training step")
+    print("Per-step overhead, world size 1 (gloo, CPU, 1 thread), median CPU ms of a training step; ratios: "
+          "median of the per-turn ratios")
     print("| model | plain | parallel | ratio | plain compiled | parallel compiled | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in filter(None, args.models.split(",")):
-        r = overhead_row(name, args.steps, not args.no_compile)
+        samples = overhead_row(name, args.steps, not args.no_compile)
+        r = {variant: statistics.median(t) for variant, t in samples.items()}
         compiled = (f"{r['plain compiled'] * ms:.2f} | {r['parallel compiled'] * ms:.2f} | "
-                    f"{r['parallel compiled'] / r['plain compiled']:.2f}x") if "plain compiled" in r else "- | - | -"
-        print(f"| {name} | {r['plain'] * ms:.2f} | {r['parallel'] * ms:.2f} | {r['parallel'] / r['plain']:.2f}x | "
+                    f"{paired_ratio(samples, 'parallel compiled', 'plain compiled'):.2f}x") \
+            if "plain compiled" in r else "- | - | -"
+        print(f"| {name} | {r['plain'] * ms:.2f} | {r['parallel'] * ms:.2f} | "
+              f"{paired_ratio(samples, 'parallel', 'plain'):.2f}x | "
               f"{compiled} |", flush=True)
     if args.no_overlap_rows:
         return
