@@ -184,9 +184,9 @@ def test_modernbert_solved_in_one_hash_order_passes_the_run_check_in_the_other(t
     model, plan = tmp_path / "modernbert.py", tmp_path / "plan.json"
     model.write_text(MODERNBERT)
     env = dict(os.environ, PYTHONHASHSEED=str(seed), OMP_NUM_THREADS="1")
-    solved = subprocess.run([sys.executable, "-m", "autoshard.solve", str(model), "--mesh", "2x2", "--mode",
+    solved = subprocess.run([sys.executable, "-m", "autoshard.solve", str(model), "--mesh", "2", "--mode",
                              "training", "--quiet", "--out", str(plan), "--pin",
-                             "model.layers.0.mlp.Wi.weight=S0R"], env=env, capture_output=True, text=True, cwd=ROOT)
+                             "model.layers.0.mlp.Wi.weight=SR"], env=env, capture_output=True, text=True, cwd=ROOT)
     assert solved.returncode == 0, solved.stderr
-    assert run_ranks(4, _run_check, free_port(), [str(model), "--plan", str(plan)], connect=False,
-                     timeout=240) == [0, 0, 0, 0]
+    assert run_ranks(2, _run_check, free_port(), [str(model), "--plan", str(plan)], connect=False,
+                     timeout=240) == [0, 0]
