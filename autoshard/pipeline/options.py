@@ -67,12 +67,13 @@ def microbatch_counts(devices: int, batch: int, given: Sequence[int] | None = No
 
 def options_for(layers: int, devices: int, microbatches: Sequence[int], schedules: Sequence[str] = SCHEDULES,
                 virtual: Sequence[int] = (2,), axis: int | None = None) -> list[PipelineOption]:
-    """The enumerated options: each schedule with each microbatch count, interleaved with each count
+    """The enumerated options: each microbatch count with each schedule, interleaved with each count
     of ``virtual`` stages per device, and the cuts: even, or one layer fewer on the last stage
-    (which holds the head) and one more in the middle."""
+    (which holds the head) and one more in the middle. Options of one microbatch count come
+    together: their bounds share the parts of their shortened devices (``layer_bound.py``)."""
     found = []
-    for schedule in schedules:
-        for m in microbatches:
+    for m in microbatches:
+        for schedule in schedules:
             for v in (virtual if schedule == "interleaved-1f1b" else (1,)):
                 if schedule == "interleaved-1f1b" and m % devices or devices * v > layers:
                     continue
