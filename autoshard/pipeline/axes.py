@@ -7,7 +7,8 @@ pipeline (:data:`~autoshard.pipeline.options.NO_PIPELINE`: the problem ``autosha
 solves without ``--pipeline``, at the whole batch). Every candidate's step is in seconds per
 training step, so they compare directly; its lower bound is, for a pipeline option, the
 critical path over its stages' unbudgeted bounds (``search.py``) and, without a pipeline, the
-solver's bound on the whole problem without a memory budget. :func:`~autoshard.pipeline.search.search`
+whole model's ends and layers bounded apart on the model shortened to two layers
+(``layer_bound.whole_floor``), else the solver's bound on the whole problem without a memory budget. :func:`~autoshard.pipeline.search.search`
 then runs over all of them at once: each is bounded, then they are solved cheapest bound first
 until the best step is below every remaining bound, so the chosen axis (or none) beats each other
 one by the bounds printed beside it (:func:`why`).
@@ -22,6 +23,7 @@ from autoshard.api import ModelSolution, build_model_problem, default_solve_opti
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
+from autoshard.pipeline.layer_bound import solved_floor, whole_floor
 from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
 from autoshard.pipeline.search import PipelineResult, PipelineSearch, Recipe, Searched, floor_ticks
 from autoshard.sharding.mesh import Mesh
@@ -75,6 +77,10 @@ class AxesSearch:
             return self.engines[option.axis].evaluate(option, bounded, recipe)
         if recipe is not None:
             raise AutoshardError("the unpipelined candidate has no recipe to cost: solve it")
+        if not bounded:
+            floor = self._floor()
+            if floor is not None:
+                return Searched(option, floor)
         solved = self._solve(bounded)
         ticks = solved.model_problem.cost_model.ticks_per_unit
         searched = Searched(option, floor_ticks(solved.solution) / ticks)
@@ -82,6 +88,16 @@ class AxesSearch:
         if bounded:
             searched.step = solved.solution.cost / ticks
         return searched
+
+    def _floor(self) -> float | None:
+        """The whole model's bound from its parts (``layer_bound.whole_floor``), or None."""
+        self.graph = self.graph or self.whole()
+        build = dict(self.build, memory_budget=1 << 62)
+        floor = whole_floor(self.graph, lambda short: build_model_problem(short, self.mesh, **build),
+                            solved_floor(self.remaining))
+        if floor is not None:
+            self.progress(f"whole model without a pipeline, bound from two layers: {format_seconds(floor)}")
+        return floor
 
     def _solve(self, bounded: bool) -> ModelSolution:
         """The whole problem under the memory budget, or without one (its bound); solved once each."""

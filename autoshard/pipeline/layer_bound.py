@@ -210,6 +210,20 @@ class LayerFloors:
         return part_floors(mp.problem, node_groups(mp, layer_of), self.floor), mp.cost_model.ticks_per_unit
 
 
+def whole_floor(graph: OpGraph, build: Callable[[OpGraph], ModelProblem], floor: Callable[[ShardingProblem], int]
+                ) -> float | None:
+    """At most the seconds of every plan of the whole (unpipelined) model without a memory budget:
+    one stage, so ``ends + (n - 2) * layer`` from the model shortened to :data:`SAMPLE` layers,
+    ``build`` giving its problem without a budget; None for a model without enough repeated layers."""
+    repeated = find_repeated_layers(graph)
+    if repeated is None or repeated.count < SAMPLE:
+        return None
+    mp = build(shortened(graph, repeated, SAMPLE))
+    layer_of = {name: i for i, layer in enumerate(repeated.layers[:SAMPLE]) for name in layer}
+    parts = part_floors(mp.problem, node_groups(mp, layer_of), floor)
+    return parts.device(repeated.count) / mp.cost_model.ticks_per_unit
+
+
 def solved_floor(timeout: Callable[[], float | None]) -> Callable[[ShardingProblem], int]:
     """A part's floor by the solver within ``timeout()`` seconds: its cost where proved optimal, else
     its proved lower bound (0 where it proved none)."""
