@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -50,7 +50,6 @@ from autoshard.solver.model.problem import ShardingProblem
 
 if TYPE_CHECKING:
     from autoshard.pipeline.options import PipelineOption
-    from autoshard.pipeline.search import PipelineSearch
 
 OUTSIDE = -1
 """The group of the nodes outside every repeated layer."""
@@ -164,14 +163,23 @@ SAMPLE = 2
 """Layers per stage of the shortened option: a layer first in its stage and one after it."""
 
 
+class StageProblems(Protocol):
+    """What :class:`LayerFloors` reads of the pipeline search (``search.PipelineSearch``, which
+    imports this module): the model traced per microbatch count, and one device's problem."""
+
+    def graph(self, microbatches: int) -> OpGraph: ...
+
+    def stage_problem(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool = True,
+                      boundary: Mapping | None = None, kept: bool = True) -> ModelProblem: ...
+
+
 class LayerFloors:
     """Lower bounds on the devices' seconds per microbatch without a memory budget (module
     formulation), each from the same device of the option shortened to :data:`SAMPLE` layers per
     stage; its parts are solved once per microbatch count, schedule shape, device and parameter
-    policy. ``engine`` is the :class:`~autoshard.pipeline.search.PipelineSearch` whose graphs and
-    device problems it reads; ``floor`` returns at most a part's optimum, in ticks."""
+    policy. ``engine`` gives the graphs and device problems it reads; ``floor`` returns at most a part's optimum, in ticks."""
 
-    def __init__(self, engine: PipelineSearch, floor: Callable[[ShardingProblem], int]) -> None:
+    def __init__(self, engine: StageProblems, floor: Callable[[ShardingProblem], int]) -> None:
         self.engine, self.floor = engine, floor
         self.graphs: dict[tuple[int, int], tuple[OpGraph, RepeatedLayers] | None] = {}
         self.parts: dict[tuple, tuple[PartFloors, int] | None] = {}
