@@ -129,15 +129,17 @@ def step_samples(variants: dict[str, Variant], inputs: tuple[torch.Tensor, ...],
                  clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """``steps`` samples of each variant's training step (forward, backward) on ``clock``, after
     two warm-up steps; a sample averages as many consecutive steps as last ``SAMPLE_SECONDS``. The
-    variants take turns sample by sample, in reversed order every other turn, so a load that comes
-    and goes on the machine (other processes on its cores) and the cache a turn leaves to the next
-    weigh on each alike; sample ``k`` of every variant comes from the same turn."""
+    variants take turns sample by sample, each adjacent pair (first and second, third and fourth)
+    swapped every other turn, so a load that comes and goes on the machine (other processes on its
+    cores) and what the variant before leaves in the caches weigh on the two of a pair alike;
+    sample ``k`` of every variant comes from the same turn."""
     order = list(variants.items())
+    swapped = [order[k ^ 1] if k ^ 1 < len(order) else order[k] for k in range(len(order))]
     warm = min(min(_timed(variant, inputs, 1, clock) for _, variant in order) for _ in range(2))
     repeats = max(1, math.ceil(SAMPLE_SECONDS / max(warm, 1e-6)))
     times: dict[str, list[float]] = {name: [] for name in variants}
     for k in range(steps):
-        for name, variant in (order if k % 2 else order[::-1]):
+        for name, variant in (order if k % 2 else swapped):
             times[name].append(_timed(variant, inputs, repeats, clock))
     return times
 
