@@ -22,8 +22,12 @@ input, the weight and the output gradient):
   gradient ``5n`` (``3n`` fused) + ``3n``; weight ``3n`` + ``4n`` + ``3n``. The input's and the
   weight's forward kernels run in the forward, the rest in the backward;
 - with tensorwise scaling under FSDP, the weight's all-gather moves float8 (one byte an element:
-  torchtitan's ``enable_fsdp_float8_all_gather``; ``problem/edges.py`` reads
-  :func:`gather_itemsize`).
+  torchtitan's ``enable_fsdp_float8_all_gather``, which it sets only for tensorwise scaling;
+  ``problem/edges.py`` reads :func:`gather_itemsize`);
+- with tensorwise scaling under tensor parallelism, the linear's input is gathered in float8 and
+  its output's gradient too (torchao's Float8 tensor-parallel styles; :func:`activation_itemsize`).
+  Both as torchtitan runs them; this project's runtime gathers bf16 and casts its copy
+  (``runtime/float8.py``).
 
 Activation memory is left as bf16 training keeps it (torchtitan's Table 1: 77.0 GiB compiled, 76.8
 with Float8).
@@ -43,6 +47,7 @@ RECIPES = ("tensorwise", "rowwise")
 SKIPPED_MODULES = ("output", "lm_head")
 """Linears left in bf16: the projection to the vocabulary (torchtitan's ``filter_fqns``)."""
 FLOAT8_DTYPE = "float8_e4m3fn"
+FLOAT8_BYTES = 1
 BF16_BYTES = 2
 
 CAST_BYTES = {  # bytes per element: (forward, backward, amax pass fusable into the producer)
@@ -113,6 +118,22 @@ def with_casts(times: PassTimes, work: OpWork | None, in_bytes: list[int], out_b
 def gather_itemsize(owner: OpNode, operand: int) -> int | None:
     """Bytes per element an FSDP all-gather of the owner's operand moves when it is a tensorwise
     Float8 linear's weight (cast before the gather); None otherwise."""
-    work = owner.work
-    return 1 if work is not None and work.float8 is not None and work.float8[0] == "tensorwise" and operand == 1 \
-        else None
+    return FLOAT8_BYTES if _tensorwise(owner) and operand == 1 else None
+
+
+def activation_itemsize(linear: OpNode) -> int | None:
+    """Bytes per element of the activation reshards around ``linear`` that move no partial sums,
+    when torchao's Float8 tensor-parallel styles run it (``Float8ColwiseParallel``,
+    ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput`` in torchao/float8/float8_tensor_parallel.py;
+    torchtitan applies them to a tensorwise Float8 model): its input is cast to float8 (e4m3) before
+    it is redistributed, and its output's gradient (e5m2, ``NoopFwToFloat8BwDynamic``, applied after
+    the output's redistribute) before that redistribute's reverse. None for any other op. Partial
+    sums (a row-parallel output's reduce-scatter, an input gradient's) are redistributed as computed,
+    in bf16."""
+    return FLOAT8_BYTES if _tensorwise(linear) else None
+
+
+def _tensorwise(node: OpNode) -> bool:
+    """Whether ``node`` is a linear converted to Float8 with tensorwise scaling."""
+    work = node.work
+    return work is not None and work.float8 is not None and work.float8[0] == "tensorwise"

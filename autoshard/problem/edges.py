@@ -19,7 +19,9 @@ compute under ``j`` (recompute included). Pairing each parameter with its own op
 whole layer, never hides more than the layer could. Every other collective (activations, tensor
 parallelism) is exposed: the step is the sum of compute and exposed communication.
 With ``async_tp`` (``--async-tp``), an activation edge next to a matmul is charged only what the
-matmul's compute cannot hide (``cost/async_tp.py``).
+matmul's compute cannot hide (``cost/async_tp.py``). Under tensorwise Float8, a converted linear's
+input and its output's gradient are resharded in float8 where no partial sum moves
+(``cost/float8.activation_itemsize``).
 
 Where the model charges compute and FSDP2 runs the parameters (``fsdp2``: with overlap, every
 parameter, the embedding and head outside the repeated layers included), FSDP2's own copies on
@@ -54,7 +56,7 @@ import numpy as np
 from autoshard.cost.communication import CostModel
 from autoshard.cost.async_tp import MatmulTicks, exposed
 from autoshard.cost.compute import MATMUL_OPS
-from autoshard.cost.float8 import gather_itemsize
+from autoshard.cost.float8 import activation_itemsize, gather_itemsize
 from autoshard.cost.memory import local_bytes, param_precision
 from autoshard.frontend.graph import TensorMeta
 from autoshard.problem.candidates import Candidate
@@ -115,24 +117,29 @@ class EdgePrices:
         return self.matrices[key]
 
     def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
-        forward, back = self._reshards(src, dst, operand, meta, backward)
+        forward, back = self.reshard_matrices(src, dst, operand, meta, backward)
         if self.async_tp:
-            return exposed(forward, back, _matmul_ticks(src), _matmul_ticks(dst))
+            return exposed(forward, back, matmul_ticks(src), matmul_ticks(dst))
         return forward + back
 
-    def _reshards(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
-                  backward: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The forward reshard and (``backward``) the gradient's way back, per strategy pair."""
+    def reshard_matrices(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
+                         backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The forward reshard and (``backward``) the gradient's way back, per strategy pair; in
+        float8 where torchao's Float8 tensor-parallel styles cast first (the consumer's input, the
+        producer's output gradient, neither a partial sum: ``cost/float8.activation_itemsize``)."""
         outs = sorted({s.out_spec for s in src.strategies})
         ins = sorted({s.in_specs[operand] for s in dst.strategies})
-        fwd = np.array([[self.reshard(a, b, meta) for b in ins] for a in outs], dtype=np.int64)
+        cast = _cast(meta, activation_itemsize(dst.node) if operand == 0 else None)
+        fwd = np.array([[self.reshard(a, b, meta if a.partial else cast) for b in ins] for a in outs], dtype=np.int64)
         matrix = fwd[np.ix_([outs.index(s.out_spec) for s in src.strategies],
                             [ins.index(s.in_specs[operand]) for s in dst.strategies])]
         if not backward:
             return matrix, np.zeros_like(matrix)
         grads = sorted({s.grad_specs[operand] for s in dst.strategies})
         expected = sorted({s.out_spec.without_partial() for s in src.strategies})
-        bwd = np.array([[self.reshard(g, e, meta) for g in grads] for e in expected], dtype=np.int64)
+        cast = _cast(meta, activation_itemsize(src.node))
+        bwd = np.array([[self.reshard(g, e, meta if g.partial else cast) for g in grads] for e in expected],
+                       dtype=np.int64)
         return matrix, bwd[np.ix_([expected.index(s.out_spec.without_partial()) for s in src.strategies],
                                   [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
 
@@ -185,7 +192,12 @@ class EdgePrices:
         return self.cost_model.ticks(nbytes / self.cost_model.device.streaming_bandwidth)
 
 
-def _matmul_ticks(cand: Candidate) -> MatmulTicks:
+def _cast(meta: TensorMeta, itemsize: int | None) -> TensorMeta:
+    """``meta`` moved at ``itemsize`` bytes an element (None: as it is)."""
+    return meta if itemsize is None else replace(meta, itemsize=itemsize)
+
+
+def matmul_ticks(cand: Candidate) -> MatmulTicks:
     """(forward, backward) compute ticks per strategy of a matmul node; None for any other node."""
     if cand.node.op not in MATMUL_OPS or cand.forward_costs is None:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -79,3 +80,55 @@ def test_training_refuses_float8_on_cpu() -> None:
     args = build_parser().parse_args(["model.py", "--plan", "plan.json", "--steps", "1", "--float8", "tensorwise"])
     with pytest.raises(AutoshardError, match=r"^--float8 runs torchao's Float8 GEMMs on CUDA GPUs .*--backend nccl"):
         check_args(args)
+
+
+class Block(nn.Module):
+    """A norm read by a column-parallel linear, whose row-parallel partner feeds a residual add."""
+
+    def __init__(self, dim: int = 1024) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(dim)
+        self.w1, self.w2 = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w2(torch.relu(self.w1(self.norm(x))))
+
+
+def tp_reshards(float8: str | None) -> dict[str, tuple]:
+    """(strategies of both ends, forward, backward reshard matrices) of the edges norm -> w1 (the
+    input torchao's colwise style gathers) and w2 -> add (the output whose gradient its rowwise
+    style gathers back), LLaMA-sized activations on 4 H100s."""
+    from autoshard.problem.edges import EdgePrices
+
+    with torch.device("meta"):
+        model = Block().to(torch.bfloat16)
+    graph = trace(model, (torch.zeros(2, 8192, 1024, dtype=torch.bfloat16, device="meta"),))
+    mp = build_model_problem(graph, 4, mode="training", device="h100", float8=float8)
+    prices = EdgePrices(mp.mesh, mp.cost_model, mp.options.precision)
+    found = {}
+    for edge in mp.edges:
+        src, dst = mp.graph[edge.src], mp.graph[edge.dst]
+        key = "input" if dst.module == "w1" and edge.operand == 0 else "output" if src.module == "w2" else None
+        if key is not None and edge.index is not None:
+            a, b = mp.candidates[edge.src], mp.candidates[edge.dst]
+            found[key] = (a.strategies, b.strategies, *prices.reshard_matrices(a, b, edge.operand, edge.meta, True))
+    return found
+
+
+def test_tensor_parallel_gathers_in_float8() -> None:
+    """Tensorwise: the converted linear's input and its output's gradient move one byte an
+    element where no partial sum is moved (torchao casts them before redistributing), so those
+    gathers cost half of bf16's bandwidth time plus the same latency; partial sums, and rowwise
+    scaling (torchtitan applies no Float8 TP styles there), stay bf16."""
+    bf16, tensorwise, rowwise = tp_reshards(None), tp_reshards("tensorwise"), tp_reshards("rowwise")
+    for key, index in (("input", 2), ("output", 3)):
+        srcs, dsts, *mats = bf16[key]
+        assert tensorwise[key][:2] == (srcs, dsts) == rowwise[key][:2]
+        assert (rowwise[key][index] == mats[index - 2]).all()
+        moved = mats[index - 2] > 0
+        partial = [[(srcs[i].out_spec if index == 2 else dsts[j].grad_specs[0]).partial != frozenset()
+                    for j in range(len(dsts))] for i in range(len(srcs))]
+        cheaper = tensorwise[key][index] < mats[index - 2]
+        assert (cheaper == (moved & ~np.array(partial, dtype=bool))).all() and cheaper.any()
+        assert (tensorwise[key][index][cheaper] > mats[index - 2][cheaper] // 2).all()  # half the bytes
+    assert (tensorwise["input"][3] == bf16["input"][3]).all()  # the input gradient: a partial sum, in bf16
