@@ -16,7 +16,8 @@ axis its Megatron plan, ``--baseline torchtitan``; on a context-parallel axis ev
 along the sequence, attention gathering keys and values, the parameters sharded over every axis as
 torchtitan's ``dp_shard_cp`` mesh does), as torch runs it (``plan_ticks``: attention on split rows
 as its load-balanced ring attention, ``cost/ring.py``, not our runtime's contiguous query rows; a
-module's input gathered once for all its linears, not once per reader), and prints its
+module's input gathered once for all its linears, not once per reader, and under async TP its
+gradient reduced once on their summed input gradients, which torch fuses with no matmul), and prints its
 step, tokens/s/GPU and reserved memory beside the published figures and their ratios, then our
 optimum in the same model, on the preset of the runs' hosts (``h100-hbm2e``). A ratio above 1
 means our model is optimistic. The published figures are in ``RUNS`` (SOURCE); the device preset's
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from titan_llama import Transformer, titan_llama3_8b  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
+from autoshard.cost.async_tp import exposed  # noqa: E402
 from autoshard.cost.compute import causal_split_load, kernel_classes  # noqa: E402
 from autoshard.cost.memory import local_bytes  # noqa: E402
 from autoshard.cost.ring import merge_bytes, ring_load  # noqa: E402
@@ -48,7 +51,8 @@ from autoshard.frontend.graph import NodeKind  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.problem.baselines.megatron import _incoming_cost  # noqa: E402
 from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
-from autoshard.problem.build import ModelProblem  # noqa: E402
+from autoshard.problem.build import ModelEdge, ModelProblem  # noqa: E402
+from autoshard.problem.edges import EdgePrices, matmul_ticks  # noqa: E402
 from autoshard.sharding.layers import find_repeated_layers  # noqa: E402
 from autoshard.sharding.spec import TensorSpec  # noqa: E402
 
@@ -236,21 +240,54 @@ def gathered_once_ticks(mp: ModelProblem, choice: list[int]) -> int:
     torchtitan's tensor-parallel plan runs it: a module's input is redistributed once
     (``PrepareModuleInput``, ``SequenceParallel``) for all the linears that read it (wq, wk, wv; w1,
     w3), its gradient reduced once, where our runtime reshards on every reader's edge. A group of
-    edges from one producer to one layout costs its dearest edge."""
-    groups: dict[tuple[str, TensorSpec], int] = {}
-    counted = set()
+    edges from one producer to one layout costs its dearest edge; under async TP, what one shared
+    reshard leaves exposed (``shared_async_ticks``)."""
+    groups: dict[tuple[str, TensorSpec], list[ModelEdge]] = {}
     for edge in mp.edges:
-        if edge.index is None:
-            continue
-        a, b = mp.problem.edges[edge.index]
-        read = mp.candidates[edge.dst].strategies[choice[b]].in_specs[edge.operand]
-        ticks = int(mp.problem.edge_costs[edge.index][choice[a], choice[b]])
-        groups[edge.src, read] = max(groups.get((edge.src, read), 0), ticks)
-        counted.add(edge.index)
-    rest = sum(int(m[choice[a], choice[b]]) for i, ((a, b), m) in enumerate(zip(mp.problem.edges,
-                                                                               mp.problem.edge_costs))
-               if i not in counted)
-    return sum(groups.values()) + rest
+        if edge.index is not None:
+            read = mp.candidates[edge.dst].strategies[choice[mp.problem.edges[edge.index][1]]].in_specs[edge.operand]
+            groups.setdefault((edge.src, read), []).append(edge)
+    prices = EdgePrices(mp.mesh, mp.cost_model, mp.options.precision)
+    total = 0
+    for members in groups.values():
+        if mp.options.async_tp and len(members) > 1 and mp.candidates[members[0].src].storage is None:
+            total += shared_async_ticks(mp, prices, members, choice)
+        else:
+            total += max(int(mp.problem.edge_costs[e.index][tuple(choice[n] for n in mp.problem.edges[e.index])])
+                         for e in members)
+    counted = {e.index for members in groups.values() for e in members}
+    return total + sum(int(m[choice[a], choice[b]]) for i, ((a, b), m) in enumerate(zip(mp.problem.edges,
+                                                                                       mp.problem.edge_costs))
+                       if i not in counted)
+
+
+def shared_async_ticks(mp: ModelProblem, prices: EdgePrices, members: list[ModelEdge], choice: list[int]) -> int:
+    """What one reshard of a producer's output, read in one layout by the ``members``' consumers,
+    leaves exposed under async TP (``cost/async_tp.py``): its forward under the producer's matmul or
+    all the consuming matmuls together (one ``fused_all_gather_matmul``), again where a consumer
+    reruns; its backward on the sum of the members' input gradients, so charged in full where more
+    than one writes it, else hidden as on one edge."""
+    src = mp.candidates[members[0].src]
+    i = choice[mp.problem.edges[members[0].index][0]]
+    forward = backward = consumed = consumer_backward = 0
+    writers, again = 0, False
+    for edge in members:
+        dst = mp.candidates[edge.dst]
+        j = choice[mp.problem.edges[edge.index][1]]
+        fwd, bwd = prices.reshard_matrices(src, dst, edge.operand, edge.meta, edge.backward)
+        forward, backward = max(forward, int(fwd[i, j])), max(backward, int(bwd[i, j]))
+        ticks = matmul_ticks(dst)
+        consumed += int(ticks[0][j]) if ticks is not None else 0
+        if edge.backward:
+            writers += 1
+            consumer_backward = int(ticks[1][j]) if ticks is not None else 0
+        again |= dst.reruns is not None and bool(dst.reruns[j])
+    produced = matmul_ticks(src)
+    producer = None if produced is None else (produced[0][i:i + 1], produced[1][i:i + 1])
+    consumer = (np.array([consumed]), np.array([consumer_backward]))
+    once = exposed(np.array([[forward]]), np.array([[backward]]), producer, consumer, writers)
+    rerun = exposed(np.array([[forward]]), np.array([[0]]), producer, consumer) if again else np.zeros((1, 1))
+    return int(once[0, 0] + rerun[0, 0])
 
 
 def plan_ticks(mp: ModelProblem, choice: list[int], as_torch: bool) -> tuple[list[int], int]:

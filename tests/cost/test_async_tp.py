@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
+from torch._inductor.fx_passes.micro_pipeline_tp import _find_consumer_matmuls, _find_producer_matmul
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoshard.api import build_model_problem
 from autoshard.cost.async_tp import exposed
@@ -24,6 +27,44 @@ def test_exposed_is_what_the_fused_matmul_cannot_hide() -> None:
     assert exposed(forward, backward, producer, consumer).tolist() == want == [[11, 0], [27, 7]]
     assert exposed(forward, backward, producer, None).tolist() == [[6 + 7, 0 + 7], [29 + 0, 4 + 19]]
     assert exposed(forward, backward, None, None).tolist() == (forward + backward).tolist()
+
+
+def test_summed_gradient_charged_in_full() -> None:
+    """With several gradient writers the backward collective hides under nothing; the forward
+    still hides under the matmuls."""
+    forward = np.array([[10, 0], [30, 5]])
+    backward = np.array([[8, 8], [0, 20]])
+    producer = (np.array([4, 1]), np.array([2, 2]))
+    consumer = (np.array([3, 3]), np.array([6, 30]))
+    assert exposed(forward, backward, producer, consumer, writers=3).tolist() == [[6 + 8, 0 + 8], [27 + 0, 2 + 20]]
+
+
+def _joint(readers: int) -> torch.fx.Graph:
+    """The aten graph (make_fx) of a step whose 2-D input ``x`` is read by ``readers`` linears,
+    returning the forward products and x's gradient, as inductor's passes see a 2-D TP step."""
+    def step(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = [nn.functional.linear(x, w) for w in weights]
+        return (*outs, *torch.autograd.grad(sum(o.sum() for o in outs), x))
+
+    x = torch.randn(8, 16, requires_grad=True)
+    return make_fx(step)(x, *(torch.randn(4, 16, requires_grad=True) for _ in range(readers))).graph
+
+
+@pytest.mark.parametrize("readers", [1, 2, 3])
+def test_writers_as_torch_fuses(readers: int) -> None:
+    """Independent reference: on a real traced step, torch's micro-pipeline pass finds a matmul
+    producing x's gradient (the reduce-scatter it would fuse) only when one linear reads x, and
+    finds every reader among the matmuls consuming x (the all-gather it fuses with all of them).
+    ``exposed`` hides the backward exactly when torch's pass would fuse it."""
+    graph = _joint(readers)
+    output = next(n for n in graph.nodes if n.op == "output")
+    gradient = output.args[0][-1]
+    fused_backward = _find_producer_matmul(gradient) is not None
+    x = next(n for n in graph.nodes if n.op == "placeholder")
+    assert len(_find_consumer_matmuls(x)) == readers
+    one = np.array([[10]])
+    hidden = exposed(one * 0, one, None, (np.array([0]), np.array([20])), writers=readers)[0, 0] == 0
+    assert fused_backward == hidden == (readers == 1)
 
 
 class Mlp(nn.Module):
