@@ -16,18 +16,20 @@ one by the bounds printed beside it (:func:`why`).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Mapping
 
 from autoshard.api import ModelSolution, build_model_problem, default_solve_options, solve_model_problem
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import OpGraph
+from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.layer_bound import solved_floor, whole_floor
 from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
 from autoshard.pipeline.search import PipelineResult, PipelineSearch, Recipe, Searched, floor_ticks
 from autoshard.sharding.mesh import Mesh
+from autoshard.problem.build import ModelProblem
 from autoshard.solver import SolveOptions
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 
 
 def pipeline_axes(mesh: Mesh) -> list[int]:
@@ -55,20 +57,16 @@ class AxesSearch:
 
     def __init__(self, engines: Mapping[int, PipelineSearch], whole: Callable[[], OpGraph], mesh: Mesh,
                  build: Mapping[str, Any], timeout: float | None, progress: Callable[[str], None] = lambda line: None,
-                 solver: Callable[[SolveOptions], SolveOptions] = lambda options: options) -> None:
+                 solver: Callable[[SolveOptions], SolveOptions] = lambda options: options,
+                 clock: Clock = MONOTONIC) -> None:
         if build.get("mode", "inference") != "training":
             raise AutoshardError("--pipeline plans training steps (forwards and backwards of microbatches): "
                                  "add --mode training")
         self.engines, self.whole, self.mesh, self.build = dict(engines), whole, mesh, dict(build)
-        self.timeout, self.progress, self.solver = timeout, progress, solver
-        self.start = time.monotonic()
+        self.progress, self.solver, self.limit = progress, solver, TimeLimit(timeout, clock)
         self.incumbent: Recipe | None = next(iter(self.engines.values())).incumbent if self.engines else None
         self.solved: dict[bool, ModelSolution] = {}
         self.graph: OpGraph | None = None
-
-    def remaining(self) -> float | None:
-        """Seconds left of the whole search's limit."""
-        return None if self.timeout is None else max(1.0, self.timeout - (time.monotonic() - self.start))
 
     def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None) -> Searched:
         """The option's step (``bounded``) or bound, on its axis's engine or, without a pipeline, on
@@ -93,8 +91,7 @@ class AxesSearch:
         """The whole model's bound from its parts (``layer_bound.whole_floor``), or None."""
         self.graph = self.graph or self.whole()
         build = dict(self.build, memory_budget=1 << 62)
-        floor = whole_floor(self.graph, lambda short: build_model_problem(short, self.mesh, **build),
-                            solved_floor(self.remaining))
+        floor = whole_floor(self.graph, lambda short: self._build(short, build), solved_floor(self.limit))
         if floor is not None:
             self.progress(f"whole model without a pipeline, bound from two layers: {format_seconds(floor)}")
         return floor
@@ -106,12 +103,18 @@ class AxesSearch:
             if not bounded:
                 build["memory_budget"] = 1 << 62
             self.graph = self.graph or self.whole()
-            mp = build_model_problem(self.graph, self.mesh, **build)
+            mp = self._build(self.graph, build)
             self.progress(f"whole model without a pipeline{'' if bounded else ', bound'}: {mp.problem.num_nodes} nodes")
-            left = self.remaining()
+            self.limit.check("solving the whole model without a pipeline")
+            left = self.limit.remaining()
             self.solved[bounded] = solve_model_problem(
                 mp, self.solver(default_solve_options(mp, None if left is None else left / 4)), model_name="model")
         return self.solved[bounded]
+
+    def _build(self, graph: OpGraph, build: Mapping[str, Any]) -> ModelProblem:
+        """The problem of ``graph`` on the whole mesh, built within the time limit."""
+        with self.limit.builds("building the whole model's problem"):
+            return build_model_problem(graph, self.mesh, **build)
 
 
 def why(result: PipelineResult) -> list[str]:

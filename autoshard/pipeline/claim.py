@@ -1,16 +1,22 @@
 """The search over pipeline options and the claim it makes (the order is ``search.py``'s "Search").
 
-Every option is bounded first (within a share of the time limit); the recipe's plans seed the
-best; options are then solved cheapest bound first until no remaining bound is below the best
+The recipe's plans are costed first (no solving) and seed the best, so that a plan exists early;
+every option is then bounded (within a share of the time limit); options are then solved cheapest bound first until no remaining bound is below the best
 step. The claim is the optimum over the options when the best step meets every bound, else the
-best step, the least bound and the gap. ``engine`` is a :class:`~autoshard.pipeline.search.PipelineSearch`
+best step, the least bound and the gap.
+
+At the time limit (``engine.limit``, which every build and solve of the engine keeps) the search
+ends with the best plan found so far: options not solved keep the bound they were given, and an
+option the bounding left without a bound is counted in ``PipelineResult.unbounded`` and, unless
+solved in time (then its solve's bound stands), bounds nothing: the claim's bound is then 0. The recipe's seed plans are costed within the limit like any build;
+one not costed by then is left out (a progress line names it), and the search goes on without it. With no plan at all by the limit,
+the search raises one line saying how far it got and to raise --timeout. ``engine`` is a :class:`~autoshard.pipeline.search.PipelineSearch`
 or anything with its interface (``pipeline/axes.py`` drives several axes as one).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from autoshard.api import BudgetError
 from autoshard.cost.units import format_seconds
@@ -21,14 +27,16 @@ from autoshard.pipeline.search import PipelineResult, PipelineSearch, Searched
 
 def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Sequence[PipelineOption] = (),
            bounding_share: float = 0.4) -> PipelineResult:
-    """Bound the options (within ``bounding_share`` of the time limit); take the incumbent plans of
-    the ``seeds`` options (the recipe people run) as the first best; then solve the options cheapest
+    """Take the incumbent plans of the ``seeds`` options (the recipe people run) as the first best;
+    bound the options (within ``bounding_share`` of the time limit); then solve the options cheapest
     bound first until no bound is below the best. Options left without a bound are solved after the
     bounded ones while time remains, and leave the claim without a bound."""
+    best = _seeded(engine, seeds)
     bounds: list[Searched] = []
     unbounded: list[Searched] = []
     for k, option in enumerate(options):
-        if bounds and engine.timeout is not None and time.monotonic() - engine.start > bounding_share * engine.timeout:
+        limit = engine.limit
+        if limit.passed() or bounds and limit.timeout is not None and limit.elapsed() > bounding_share * limit.timeout:
             engine.progress(f"no time to bound {len(options) - k} more options")
             unbounded += [Searched(o, 0.0, bounded=False) for o in options[k:]]
             break
@@ -39,11 +47,11 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
             unbounded.append(Searched(option, 0.0, bounded=False))
             continue
         engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
-    best = _seeded(engine, seeds, {b.option: b.bound for b in bounds})
+    if best is not None:
+        best.bound = next((b.bound for b in bounds if b.option == best.option), 0.0)
     searched: list[Searched] = []
     for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:
-        left = engine.remaining()
-        if best is not None and (entry.bounded and entry.bound >= best.step or left is not None and left <= 1.0):
+        if engine.limit.passed() or best is not None and entry.bounded and entry.bound >= best.step:
             searched.append(entry)
             continue
         try:
@@ -62,23 +70,30 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
         searched.append(solved)
         if best is None or solved.step < best.step:
             best = solved
+    if best is None and (engine.limit.passed() or any(s.origin == "no plan" for s in searched)):
+        raise AutoshardError(f"no pipeline option has a plan within the time limit ({len(bounds)} of {len(options)} "
+                             f"options bounded, {len(searched)} left unsolved or without a plan): raise --timeout")
     if best is None:
         raise AutoshardError("no pipeline option fits the memory budget: raise --memory-budget, use more "
                              "microbatches, or a larger mesh")
-    lower = 0.0 if unbounded else min(s.step if s.proved else s.bound for s in searched)
-    return PipelineResult(best, searched, min(lower, best.step), time.monotonic() - engine.start, len(unbounded))
+    lower = min(((s.step if s.proved else s.bound) if s.bounded else 0.0 for s in searched), default=best.step)
+    return PipelineResult(best, searched, min(lower, best.step), engine.limit.elapsed(), len(unbounded))
 
 
-def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption], bounds: Mapping[PipelineOption, float]
-            ) -> Searched | None:
-    """The best of the seed options under the incumbent plans alone (no solving), or None."""
+def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption]) -> Searched | None:
+    """The best of the seed options under the incumbent plans alone (no solving), or None; a
+    seed whose costing fails (the time limit passed in its builds) is left out."""
     best = None
     for option in seeds if engine.incumbent is not None else ():
-        seeded = engine.evaluate(option, bounded=True, recipe=engine.incumbent)
+        try:
+            seeded = engine.evaluate(option, bounded=True, recipe=engine.incumbent)
+        except AutoshardError as exc:  # its builds did not end by the time limit
+            engine.progress(f"the baseline plan was not costed: {option.label} ({exc})")
+            continue
         if not seeded.fits:
             engine.progress(f"the baseline plan does not fit the budget: {option.label}")
             continue
-        seeded.bound, seeded.origin = bounds.get(option, 0.0), "baseline"
+        seeded.origin = "baseline"
         engine.progress(f"baseline step {format_seconds(seeded.step)}: {option.label}")
         if best is None or seeded.step < best.step:
             best = seeded

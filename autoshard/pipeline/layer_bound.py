@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from autoshard.frontend.graph import RECEIVED, OpGraph
+from autoshard.pipeline.deadline import TimeLimit
 from autoshard.problem.build import ModelProblem
 from autoshard.pipeline.stages import Stage, cut
 from autoshard.sharding.layers import RepeatedLayers, find_repeated_layers
@@ -232,10 +233,11 @@ def whole_floor(graph: OpGraph, build: Callable[[OpGraph], ModelProblem], floor:
     return parts.device(repeated.count) / mp.cost_model.ticks_per_unit
 
 
-def solved_floor(timeout: Callable[[], float | None]) -> Callable[[ShardingProblem], int]:
-    """A part's floor by the solver within ``timeout()`` seconds: its cost where proved optimal, else
-    its proved lower bound (0 where it proved none)."""
+def solved_floor(limit: TimeLimit) -> Callable[[ShardingProblem], int]:
+    """A part's floor by the solver within the seconds ``limit`` leaves: its cost where proved
+    optimal, else its proved lower bound (0 where it proved none); ``SearchTimeout`` once none are left."""
     def floor(part: ShardingProblem) -> int:
-        found = solve(part, SolveOptions(timeout=timeout()))
+        limit.check("bounding a layer")
+        found = solve(part, SolveOptions(timeout=limit.remaining()))
         return found.cost if found.status == "optimal" else found.lower_bound or 0
     return floor

@@ -38,7 +38,6 @@ every bound; otherwise the claim is the best step, the least bound and the gap.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
@@ -46,12 +45,14 @@ from typing import Any, Callable, Mapping, Sequence
 from autoshard.api import (BudgetError, ModelSolution, StageOptions, build_model_problem, default_solve_options,
                            solve_model_problem)
 from autoshard.errors import AutoshardError
+from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.plans import relabel
 from autoshard.problem.build import ModelProblem
 from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.problem.plan import Plan
 from autoshard.problem.readback import make_plan
 from autoshard.solver import Solution, SolveOptions
+from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_label
 from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
@@ -91,7 +92,8 @@ class Searched:
 
 @dataclass
 class PipelineResult:
-    """The best option, every option's bound or step, and the claim over them."""
+    """The best option, every option's bound or step, and the claim over them (``unbounded``: how
+    many options the bounding phase left without a bound)."""
 
     best: Searched
     searched: list[Searched]
@@ -113,12 +115,15 @@ class PipelineSearch:
     """Solves the options of one model on one mesh (stage problems cached by what makes them alike).
 
     ``build``: the options of ``build_model_problem`` as given on the whole mesh (restated on the
-    stages' mesh by ``on_stage_mesh``); ``solver`` adjusts each stage's default solve options."""
+    stages' mesh by ``on_stage_mesh``); ``solver`` adjusts each stage's default solve options.
+    ``timeout``: seconds for the whole search, read on ``clock``: every build stops at it, every
+    solve gets a share of what is left, and past it a build or solve raises ``SearchTimeout``."""
 
     def __init__(self, graph_for: Callable[[int], OpGraph], mesh: Mesh, axis: int, build: Mapping[str, Any],
                  timeout: float | None, progress: Callable[[str], None] = lambda line: None,
                  incumbent: Recipe | None = torchtitan_choice,
-                 solver: Callable[[SolveOptions], SolveOptions] = lambda options: options) -> None:
+                 solver: Callable[[SolveOptions], SolveOptions] = lambda options: options,
+                 clock: Clock = MONOTONIC) -> None:
         if build.get("mode", "inference") != "training":
             raise AutoshardError("--pipeline plans training steps (forwards and backwards of microbatches): "
                                  "add --mode training")
@@ -128,23 +133,19 @@ class PipelineSearch:
         self.graph_for, self.mesh, self.axis = graph_for, mesh, axis
         self.inner = mesh.without_axis(axis)
         self.link = (mesh.bandwidth[axis], mesh.latency[axis])
-        self.build, self.timeout, self.progress, self.incumbent = on_stage_mesh(build, axis), timeout, progress, incumbent
-        self.solver = solver
-        self.start = time.monotonic()
+        self.build, self.progress, self.incumbent = on_stage_mesh(build, axis), progress, incumbent
+        self.solver, self.limit = solver, TimeLimit(timeout, clock)
         self.cache: dict[tuple, ModelSolution] = {}
         self.cuts: dict[tuple, list[Stage]] = {}
         self.graphs: dict[int, OpGraph] = {}
         self.problems: dict[tuple, ModelProblem] = {}
-        self.floors = LayerFloors(self, solved_floor(self.remaining))
+        self.floors = LayerFloors(self, solved_floor(self.limit))
         self.warned = False
-
-    def remaining(self) -> float | None:
-        """Seconds left of the whole search's limit."""
-        return None if self.timeout is None else max(1.0, self.timeout - (time.monotonic() - self.start))
 
     def graph(self, microbatches: int) -> OpGraph:
         """The model traced at the microbatch size of ``microbatches`` per step."""
         if microbatches not in self.graphs:
+            self.limit.check(f"tracing the model at {microbatches} microbatches")
             graph = self.graph_for(microbatches)
             names = set(graph.nodes) | {n.qualname for n in graph if n.qualname}
             unknown = [name for name in self.build.get("pins") or {} if name not in names]
@@ -200,7 +201,8 @@ class PipelineSearch:
                 build["memory_budget"] = 1 << 62
             stage_options = StageOptions(option.microbatches, Fraction(in_flight, option.virtual), self.link,
                                          dict(boundary or {}), kept)
-            self.problems[key] = build_model_problem(stage.graph, self.inner, stage=stage_options, **build)
+            with self.limit.builds(f"building a device problem of {option.label}"):
+                self.problems[key] = build_model_problem(stage.graph, self.inner, stage=stage_options, **build)
         return self.problems[key]
 
     def choose_stage(self, option: PipelineOption, stage: Stage, in_flight: int, share: int = 1,
@@ -224,7 +226,8 @@ class PipelineSearch:
             try:
                 solved = self.solve_stage(option, stage, in_flight, True, share, boundary, kept=kept)
             except AutoshardError as exc:  # BudgetError: proved not to fit; else no plan in time
-                failure = failure if isinstance(failure, BudgetError) and not isinstance(exc, BudgetError) else exc
+                # proved not to fit only when both policies are: a policy cut short by time proves nothing
+                failure = exc if failure is None or isinstance(failure, BudgetError) else failure
                 continue
             floor = min(floor, _seconds(solved, lower=True))
             if found is None or _seconds(solved, lower=False) < _seconds(found, lower=False):
@@ -267,14 +270,18 @@ class PipelineSearch:
         policy = "parameters kept gathered" if kept else "parameters gathered per microbatch"
         self.progress(f"stage problem: {stage_label(stage.signature)}, {option.microbatches} microbatches, "
                       f"{what}{fixed}, {policy}: {mp.problem.num_nodes} nodes")
-        left = self.remaining()
         try:
+            self.limit.check(f"solving a device problem of {option.label}")
+            left = self.limit.remaining()
             solved = solve_model_problem(mp, self.solver(default_solve_options(mp, None if left is None else left / share)),
                                          model_name=stage.graph.name)
         except AutoshardError:
             if known is None:
                 raise
             solved = known
+        late = {phase: seconds for phase, seconds in solved.solution.overruns.items() if seconds > 1.0}
+        if late:
+            self.progress("solver past its share by " + ", ".join(f"{s:.1f} s in {p}" for p, s in late.items()))
         if known is not None and known.solution.cost < solved.solution.cost:
             solved = ModelSolution(mp, replace(known.solution, lower_bound=solved.solution.lower_bound), known.plan)
         self.cache[key] = solved

@@ -10,6 +10,7 @@ import pytest
 
 from autoshard.api import build_model_problem
 from autoshard.cost.devices import get_device
+from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.layer_bound import (OUTSIDE, SAMPLE, PartFloors, node_groups, part_floors, shortened,
                                             solved_floor, subproblem, whole_floor)
 from autoshard.pipeline.options import options_for
@@ -131,7 +132,7 @@ def _brute(problem: ShardingProblem) -> int:
 def test_solved_floor_is_the_optimum_of_a_small_problem() -> None:
     problem = ShardingProblem([np.array([4, 1]), np.array([0, 3])], [np.zeros(2, dtype=np.int64)] * 2,
                               [(0, 0)] * 2, [(0, 1)], [np.array([[0, 2], [6, 0]])])
-    assert solved_floor(lambda: 30)(problem) == _brute(problem)
+    assert solved_floor(TimeLimit(30))(problem) == _brute(problem)
 
 
 def test_the_whole_models_bound_from_two_layers_meets_its_optimum() -> None:
@@ -141,7 +142,7 @@ def test_the_whole_models_bound_from_two_layers_meets_its_optimum() -> None:
     device = get_device("h100")
     graph = traced(tiny_llama(5), 4)
     build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full", memory_budget=1 << 62)
-    bound = whole_floor(graph, lambda short: build_model_problem(short, "2x2", **build), solved_floor(lambda: 120))
+    bound = whole_floor(graph, lambda short: build_model_problem(short, "2x2", **build), solved_floor(TimeLimit(120)))
     mp = build_model_problem(graph, "2x2", **build)
     exact = _optimum(mp.problem) / mp.cost_model.ticks_per_unit
     assert bound <= exact * (1 + 1e-9)
