@@ -31,6 +31,7 @@ from titan_llama import titan_llama3_405b  # noqa: E402
 
 from autoshard.cli.pipeline import microbatch_inputs  # noqa: E402
 from autoshard.cost.devices import get_device  # noqa: E402
+from autoshard.errors import AutoshardError  # noqa: E402
 from autoshard.frontend.replicate import trace_replicated  # noqa: E402
 from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why  # noqa: E402
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
@@ -77,20 +78,32 @@ def main() -> None:
         return
     counts = microbatch_counts(8, BATCH)
     options = options_for(126, 8, counts)
-    result = search(engine, options, torchtitan_options(126, 8, BATCH))
+    try:
+        result = search(engine, options, torchtitan_options(126, 8, BATCH))
+    except AutoshardError as exc:  # no plan by the time limit
+        print(f"error: {exc}")
+        print(f"\nwhole process: {time.monotonic() - start:.0f} s wall, peak resident memory {peak_rss_gib():.2f} GiB")
+        sys.exit(1)
     wall, rss = time.monotonic() - start, peak_rss_gib()
     tokens = BATCH * SEQ
     best = result.best
     live = max(s.model_problem.problem.peak_usage(list(s.solution.choice)) for s in best.solutions.values())
     claim = "proved" if best.proved and result.gap <= 1e-9 else f"gap {100 * result.gap:.2f}%"
+    if result.unbounded:
+        claim += f" ({result.unbounded} options not bounded)"
     print()
     print("| plan | step | tok/s/GPU | peak GiB (reserved) | published tok/s/GPU, GiB | claim |")
     print("|---|---:|---:|---:|---|---|")
     print(f"| ours: {best.option.label} | {best.step:.2f} s | {tokens / best.step / mesh.size:,.0f} | "
           f"{device.device_bytes(live) / 2**30:.1f} | | {claim} |")
     for option in torchtitan_options(126, 8, BATCH):
-        base = torchtitan_pipeline(engine, option)
         published = PUBLISHED.get(option.schedule)
+        try:  # costed during the search unless its builds did not end by the time limit
+            base = torchtitan_pipeline(engine, option)
+        except AutoshardError:
+            print(f"| torchtitan: {option.label} | not costed within the time limit | | | {published[0]}, "
+                  f"{published[1]} | |")
+            continue
         fits = "" if base.fits else " (over budget)"
         print(f"| torchtitan: {option.label} | {base.step:.2f} s | {tokens / base.step / mesh.size:,.0f} | "
               f"{device.device_bytes(base.peak) / 2**30:.1f}{fits} | {published[0]}, {published[1]} | "
