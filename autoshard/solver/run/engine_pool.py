@@ -71,7 +71,9 @@ class EnginePool:
         self.poll()
 
     def stop(self) -> None:
-        """Kill the engines, taking in what they said after the last look (within the limit)."""
+        """Kill the engines, taking in what they said after the last look (within the limit);
+        the engines ``waiting`` are dropped, so no engine starts once the pool is stopped."""
+        self.waiting = None  # else the last look hands the stopped engine's processor on: a child nobody stops
         with self.state.timed("engines"):
             for engine in self.engines:
                 engine.stop(self.state.teardown_by)
