@@ -45,6 +45,9 @@ from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}
 """torchtitan's Table 5: schedule -> (tokens/s/GPU, GiB), with compile, Float8 and async TP."""
 BATCH, SEQ, MESH = 256, 8192, "8x8x8"
+EXIT_RESERVE = 3.0
+"""Seconds of the limit kept from the search for what follows it: the tables, and the process's
+exit (freeing its memory, its last solve's children reaped)."""
 
 
 def process_seconds() -> float:
@@ -78,7 +81,7 @@ def main() -> None:
     build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=budget,
                  recompute="full")
     engine = PipelineSearch(lambda m: trace_replicated(model, microbatch_inputs(inputs, m)), mesh, 0, build,
-                            args.timeout - (time.monotonic() - start),
+                            args.timeout - EXIT_RESERVE - (time.monotonic() - start),
                             lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True))
     if args.recipes:
         print_recipes(engine, mesh.size, device)
@@ -149,7 +152,7 @@ def auto_70b(timeout: float) -> None:
     build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full")
     say = lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True)  # noqa: E731
     graph_for = lambda m: trace_replicated(model, microbatch_inputs(inputs, m))  # noqa: E731
-    left = timeout - (time.monotonic() - start)
+    left = timeout - EXIT_RESERVE - (time.monotonic() - start)
     engines = {a: PipelineSearch(graph_for, mesh, a, build, left, say) for a in pipeline_axes(mesh)}
     options = in_turn([options_for(80, 8, microbatch_counts(8, batch), axis=a) for a in engines], 80)
     result = search(AxesSearch(engines, lambda: graph_for(1), mesh, build, left, say), options)
