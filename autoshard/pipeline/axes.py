@@ -89,9 +89,8 @@ class AxesSearch:
 
     def _floor(self) -> float | None:
         """The whole model's bound from its parts (``layer_bound.whole_floor``), or None."""
-        self.graph = self.graph or self.whole()
         build = dict(self.build, memory_budget=1 << 62)
-        floor = whole_floor(self.graph, lambda short: self._build(short, build), solved_floor(self.limit))
+        floor = whole_floor(self._whole_graph(), lambda short: self._build(short, build), solved_floor(self.limit))
         if floor is not None:
             self.progress(f"whole model without a pipeline, bound from two layers: {format_seconds(floor)}")
         return floor
@@ -102,14 +101,20 @@ class AxesSearch:
             build = dict(self.build)
             if not bounded:
                 build["memory_budget"] = 1 << 62
-            self.graph = self.graph or self.whole()
-            mp = self._build(self.graph, build)
+            mp = self._build(self._whole_graph(), build)
             self.progress(f"whole model without a pipeline{'' if bounded else ', bound'}: {mp.problem.num_nodes} nodes")
             self.limit.check("solving the whole model without a pipeline")
             left = self.limit.remaining()
             self.solved[bounded] = solve_model_problem(
                 mp, self.solver(default_solve_options(mp, None if left is None else left / 4)), model_name="model")
         return self.solved[bounded]
+
+    def _whole_graph(self) -> OpGraph:
+        """The model traced at the whole batch (once, within the time limit)."""
+        if self.graph is None:
+            self.limit.check("tracing the whole model")
+            self.graph = self.whole()
+        return self.graph
 
     def _build(self, graph: OpGraph, build: Mapping[str, Any]) -> ModelProblem:
         """The problem of ``graph`` on the whole mesh, built within the time limit."""

@@ -8,12 +8,14 @@ from typing import Any, Callable
 
 import pytest
 
+import autoshard.pipeline.axes as axes
 import autoshard.pipeline.search as pipeline_search
 from autoshard.cost.devices import get_device
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.baseline import torchtitan_options
 from autoshard.pipeline.claim import search
 from autoshard.pipeline.deadline import SearchTimeout, TimeLimit
+from autoshard.pipeline.axes import AxesSearch, in_turn
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.search import PipelineSearch
 from autoshard.sharding.mesh import parse_mesh
@@ -41,12 +43,13 @@ class Builds:
         return built
 
 
-def _engine(clock: FakeClock, progress: Callable[[str], None] = lambda line: None) -> PipelineSearch:
-    device = get_device("h100")
-    mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
-    model = tiny_llama(4)
-    build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
-    return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, LIMIT, progress, clock=clock)
+BUILD = dict(mode="training", device=get_device("h100"), memory_budget=get_device("h100").runtime_bytes + (6 << 20))
+MESH = parse_mesh("2x2", None, None, 8, get_device("h100").intra, get_device("h100").inter)
+MODEL = tiny_llama(4)
+
+
+def _engine(clock: FakeClock, progress: Callable[[str], None] = lambda line: None, axis: int = 0) -> PipelineSearch:
+    return PipelineSearch(lambda m: traced(MODEL, BATCH // m), MESH, axis, BUILD, LIMIT, progress, clock=clock)
 
 
 def test_a_limit_already_past_builds_nothing_and_says_what_was_left_in_one_line(monkeypatch) -> None:
@@ -59,6 +62,20 @@ def test_a_limit_already_past_builds_nothing_and_says_what_was_left_in_one_line(
         search(engine, options_for(4, 2, [2, 4], ("1f1b",)), torchtitan_options(4, 2, BATCH))
     line = str(caught.value)
     assert "\n" not in line and "time limit" in line and "raise --timeout" in line
+    assert builds.readings == []
+
+
+def test_pipeline_auto_past_its_limit_builds_nothing_and_says_so_in_one_line(monkeypatch) -> None:
+    """The whole-model candidate's builds keep the same limit as the axes' (``AxesSearch``)."""
+    clock = FakeClock()
+    engines = {a: _engine(clock, axis=a) for a in (0, 1)}
+    whole = AxesSearch(engines, lambda: traced(MODEL, BATCH), MESH, BUILD, LIMIT, clock=clock)
+    builds = Builds(clock, pipeline_search.build_model_problem, None)
+    monkeypatch.setattr(pipeline_search, "build_model_problem", builds)
+    monkeypatch.setattr(axes, "build_model_problem", builds)
+    clock.now += 2 * LIMIT
+    with pytest.raises(AutoshardError, match=r"time limit.*raise --timeout$"):
+        search(whole, in_turn([options_for(4, 2, [2], ("1f1b",), axis=a) for a in (0, 1)], 4))
     assert builds.readings == []
 
 
