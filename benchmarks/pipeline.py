@@ -45,9 +45,10 @@ from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}
 """torchtitan's Table 5: schedule -> (tokens/s/GPU, GiB), with compile, Float8 and async TP."""
 BATCH, SEQ, MESH = 256, 8192, "8x8x8"
-EXIT_RESERVE = 3.0
-"""Seconds of the limit kept from the search for what follows it: the tables, and the process's
-exit (freeing its memory, its last solve's children reaped)."""
+EXIT_RESERVE = 5.0
+"""Seconds of the limit kept from the search for what runs past it or after it: the steps of the
+last build that do not check the limit (405B: up to 2 s), the tables, and the process's exit
+(freeing its objects and memory: 2 s at 405B)."""
 
 
 def process_seconds() -> float:
