@@ -211,24 +211,36 @@ class PipelineSearch:
         """The device's better plan over its two parameter policies, kept gathered over the step or
         gathered per microbatch, and the least lower bound (seconds per microbatch) over both. The
         per-microbatch problem is solved only where its bound without a budget is below the kept
-        plan's time. ``recipe`` (torchtitan's) keeps them gathered, as torchtitan does under PP."""
+        plan's time, and while the time left would still give the ``share - 1`` solves after it
+        (this device's and the devices' still to come) as long as the kept one took; a policy not
+        solved, or solved without a plan in time, bounds only by its problem without a budget (0
+        where that has none). ``recipe`` (torchtitan's) keeps them gathered, as torchtitan does under PP."""
         if recipe is not None:
             found = self.solve_stage(option, stage, in_flight, True, share, boundary, recipe, kept=True)
             return found, _seconds(found, lower=True)
         found: ModelSolution | None = None
-        floor, failure = float("inf"), None
+        floor, failure, spent = float("inf"), None, 0.0
         for kept in (True, False):
             if found is not None:
                 free = self.free_floor(option, stage, in_flight, kept)
                 if free is not None and free >= _seconds(found, lower=False):
                     floor = min(floor, free)  # pruned: its bound is no better
                     continue
+                left = self.limit.remaining()
+                if left is not None and left < spent * (share - 1):
+                    self.progress(f"no time for parameters gathered per microbatch: {stage_label(stage.signature)}")
+                    floor = min(floor, 0.0 if free is None else free)
+                    continue
+            began = self.limit.clock()
             try:
                 solved = self.solve_stage(option, stage, in_flight, True, share, boundary, kept=kept)
             except AutoshardError as exc:  # BudgetError: proved not to fit; else no plan in time
                 # proved not to fit only when both policies are: a policy cut short by time proves nothing
                 failure = exc if failure is None or isinstance(failure, BudgetError) else failure
+                if not isinstance(exc, BudgetError):
+                    floor = min(floor, self.free_floor(option, stage, in_flight, kept) or 0.0)
                 continue
+            spent = self.limit.clock() - began
             floor = min(floor, _seconds(solved, lower=True))
             if found is None or _seconds(solved, lower=False) < _seconds(found, lower=False):
                 found = solved

@@ -150,3 +150,39 @@ def test_a_time_limit_raises_before_the_work_it_names() -> None:
     with pytest.raises(SearchTimeout), limit.builds("building a stage"):
         pytest.fail("the block ran past the limit")
     assert TimeLimit(None, clock).remaining() is None and not TimeLimit(None, clock).passed()
+
+
+class SlowBuilds(Builds):
+    """Builds that each take ``seconds`` of the fake clock."""
+
+    def __init__(self, clock: FakeClock, build: Callable[..., Any], seconds: float) -> None:
+        super().__init__(clock, build, None)
+        self.seconds = seconds
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        built = super().__call__(*args, **kwargs)
+        self.clock.now += self.seconds
+        return built
+
+
+@pytest.mark.parametrize("share, skipped", [(40, True), (1, False)])
+def test_a_device_tries_its_second_parameter_policy_only_with_time_for_the_solves_after_it(
+        monkeypatch, share: int, skipped: bool) -> None:
+    """Each build takes 10 s of a 100 s limit: with 39 solves still to come after the kept
+    policy's, the per-microbatch policy is left unsolved (its bound then only its free one); with
+    none to come, it is solved."""
+    clock = FakeClock()
+    lines: list[str] = []
+    engine = _engine(clock, lines.append)
+    monkeypatch.setattr(pipeline_search, "build_model_problem",
+                        SlowBuilds(clock, pipeline_search.build_model_problem, 10.0))
+    monkeypatch.setattr(engine, "free_floor", lambda *args: 0.0)  # a free bound that prunes no policy
+    option = next(o for o in options_for(4, 2, [2], ("1f1b",)) if o.counts == (2, 2))
+    stage = engine.stages(option)[0]
+    found, floor = engine.choose_stage(option, stage, 2, share)
+    solved_policies = {key[4] for key in engine.problems if key[2] is not None}  # budgeted problems built
+    assert (False not in solved_policies) == skipped
+    assert any(line.startswith("no time for parameters gathered per microbatch") for line in lines) == skipped
+    assert found.solution.cost is not None
+    if skipped:
+        assert floor == 0.0  # the unsolved policy's free bound
