@@ -22,6 +22,7 @@ from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
 from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why
 from autoshard.pipeline.options import NO_PIPELINE, microbatch_counts, options_for, stage_label
 from autoshard.pipeline.claim import search
+from autoshard.pipeline.deadline import SearchTimeout
 from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered
 from autoshard.sharding.layers import find_repeated_layers
 
@@ -177,11 +178,17 @@ def print_result(result: PipelineResult, console: Console, every: bool = False) 
 
 
 def print_torchtitan(engine: PipelineSearch, result: PipelineResult, layers: int, batch: int, console: Console) -> None:
-    """torchtitan's pipelined plans beside ours, in the same model."""
+    """torchtitan's pipelined plans beside ours, in the same model (a recipe the search did not
+    cost before its time limit says so: costing it now would pass the limit)."""
     from autoshard.cost.units import format_bytes
 
     for option in torchtitan_options(layers, engine.mesh.shape[engine.axis], batch):
-        base = torchtitan_pipeline(engine, option)
+        try:
+            base = torchtitan_pipeline(engine, option)
+        except SearchTimeout:
+            console.print(f"Baseline torchtitan ({option.label}; FSDP x TP per stage): not costed within the time "
+                          f"limit (raise --timeout to see it)", highlight=False)
+            continue
         fits = "fits" if base.fits else "[red]exceeds the budget[/]"
         console.print(f"Baseline torchtitan ({option.label}; FSDP x TP per stage): step {format_seconds(base.step)}, "
                       f"peak {format_bytes(base.peak)} live ({fits}); ours/torchtitan = "

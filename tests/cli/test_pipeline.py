@@ -79,3 +79,29 @@ def test_a_model_without_repeated_layers_cannot_be_pipelined(capsys) -> None:
     code, _, err = _run(capsys, str(ROOT / "examples" / "mlp.py"), "--mesh", "2x2", "--pipeline", "0",
                         "--mode", "training", "--microbatches", "2", "--quiet")
     assert code == 2 and "has none" in err
+
+
+def test_a_recipe_not_costed_by_the_time_limit_is_named_after_the_result(monkeypatch) -> None:
+    """The search printed its plan; torchtitan's recipes it had not costed say so in a line each,
+    rather than ending the run in an error after the result."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    import autoshard.cli.pipeline as cli_pipeline
+    from autoshard.pipeline.deadline import SearchTimeout
+
+    def late(engine, option):
+        raise SearchTimeout("the time limit passed")
+
+    monkeypatch.setattr(cli_pipeline, "torchtitan_pipeline", late)
+    engine = SimpleNamespace(mesh=SimpleNamespace(shape=(2, 2)), axis=0)
+    result = SimpleNamespace(best=SimpleNamespace(step=1.0))
+    text = io.StringIO()
+    cli_pipeline.print_torchtitan(engine, result, 4, 4, Console(file=text, width=200))
+    labels = [option.label for option in cli_pipeline.torchtitan_options(4, 2, 4)]
+    assert len(labels) == 2  # 1F1B and interleaved 1F1B
+    assert text.getvalue().splitlines() == [
+        f"Baseline torchtitan ({label}; FSDP x TP per stage): not costed within the time limit (raise --timeout to "
+        "see it)" for label in labels]
