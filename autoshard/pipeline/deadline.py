@@ -45,7 +45,8 @@ class TimeLimit:
     def check(self, what: str) -> None:
         """Raise :class:`SearchTimeout` (one line naming ``what`` was left) once the limit has passed."""
         if self.passed():
-            raise SearchTimeout(f"the time limit of {self.timeout:g} s passed before {what}: raise --timeout")
+            raise SearchTimeout(f"the time limit passed before {what}, {self.elapsed():.0f} s into the pipeline "
+                                f"search: raise --timeout")
 
     @contextlib.contextmanager
     def builds(self, what: str) -> Iterator[None]:

@@ -145,7 +145,7 @@ def test_a_time_limit_raises_before_the_work_it_names() -> None:
     limit.check("anything")  # within the limit: nothing happens
     clock.now += LIMIT + 1
     assert limit.remaining() == 0.0 and limit.passed()
-    with pytest.raises(SearchTimeout, match=r"passed before solving a stage: raise --timeout$"):
+    with pytest.raises(SearchTimeout, match=r"passed before solving a stage, 101 s into the pipeline search: raise --timeout$"):
         limit.check("solving a stage")
     with pytest.raises(SearchTimeout), limit.builds("building a stage"):
         pytest.fail("the block ran past the limit")
