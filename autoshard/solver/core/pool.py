@@ -1,5 +1,12 @@
 """Edge matrices stored once per distinct content: a model's repeated layers share their matrices,
-and the flat arrays the compiled loops take (the core's, TRW-S's) point every sharing edge at one copy."""
+and the flat arrays the compiled loops take (the core's, TRW-S's) point every sharing edge at one copy.
+
+Finding equal contents must cost far less than the search it feeds (a 1 s solve of a small LLaMA
+holds hundreds of megabytes of matrices). So arrays are grouped by identity first (the problem
+builder shares one matrix object between identical edges, and a transposed view is the same
+memory), then by a cheap key (dtype, shape and a fixed sample of entries), and only arrays whose
+cheap keys meet are compared in full (``np.array_equal``): no array is hashed whole.
+"""
 
 from __future__ import annotations
 
@@ -18,44 +25,73 @@ def digest(array: np.ndarray) -> bytes:
 
 POOLED_ENTRIES = 4096
 """Matrices of at least this many entries are stored once per distinct content; smaller ones are
-copied as they come (hashing them costs more than it saves, and neighbourhood search flattens
-small restricted cores several times a second)."""
+copied as they come (comparing them costs more than storing them twice saves, and neighbourhood
+search flattens small restricted cores several times a second)."""
+
+SAMPLE = 256
+"""Entries read from every large matrix for its cheap key."""
+
+_STRIDE = 2_654_435_761
+"""Multiplier spreading the sampled positions over a matrix (a prime near 2**32 / golden ratio)."""
 
 
-def content_keys(matrices: list[np.ndarray]) -> list[object]:
-    """Per matrix, a key equal for equal contents where it pays to find them: a large matrix's
-    digest (computed once per array or view of it: repeated layers share their matrices), a small
-    matrix's own position (hashing it costs more than storing it twice saves)."""
-    by_identity: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], bytes] = {}
-    keys: list[object] = []
-    for k, m in enumerate(matrices):
+def content_keys(matrices: list[np.ndarray]) -> list[int]:
+    """Per matrix, a class number: two large matrices (``POOLED_ENTRIES`` entries or more) get the
+    same number exactly when their dtypes, shapes and contents are equal; every small matrix gets a
+    number of its own. Numbers count up from 0 in order of first appearance."""
+    by_identity: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], int] = {}
+    by_sample: dict[tuple[str, tuple[int, ...], bytes], list[tuple[np.ndarray, int]]] = {}
+    keys: list[int] = []
+    classes = 0
+    for m in matrices:
         if m.size < POOLED_ENTRIES:
-            keys.append(k)
+            keys.append(classes)
+            classes += 1
             continue
         seen = _identity(m)
-        if seen not in by_identity:
-            by_identity[seen] = digest(m)
-        keys.append(by_identity[seen])
+        key = by_identity.get(seen)
+        if key is None:
+            bucket = by_sample.setdefault((m.dtype.str, m.shape, _sample(m)), [])
+            key = next((k for rep, k in bucket if np.array_equal(rep, m)), None)
+            if key is None:
+                key, classes = classes, classes + 1
+                bucket.append((m, key))
+            by_identity[seen] = key
+        keys.append(key)
     return keys
 
 
 def matrix_pool(matrices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(the int64 matrices flattened row-major one after another, each input's offset into them): a large
-    matrix whose contents were seen before (a model's repeated layers) is not stored again."""
-    start: dict[object, int] = {}
-    pieces: list[np.ndarray] = []
+    """(the matrices as int64, flattened row-major one after another, each input's offset into
+    them): a large matrix whose contents were seen before (a model's repeated layers) is not
+    stored again. Each stored matrix is copied once, straight into the result."""
+    keys = content_keys(matrices)
+    start: dict[int, int] = {}
+    first: list[np.ndarray] = []
     moff = np.empty(len(matrices), dtype=np.int64)
     size = 0
-    for k, (m, key) in enumerate(zip(matrices, content_keys(matrices))):
+    for k, (m, key) in enumerate(zip(matrices, keys)):
         if key not in start:
             start[key] = size
-            pieces.append(np.ascontiguousarray(m).ravel())
+            first.append(m)
             size += m.size
         moff[k] = start[key]
-    return (np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)), moff
+    pooled = np.empty(size, dtype=np.int64)
+    at = 0
+    for m in first:
+        pooled[at:at + m.size].reshape(m.shape)[...] = m
+        at += m.size
+    return pooled, moff
+
+
+def _sample(m: np.ndarray) -> bytes:
+    """``SAMPLE`` entries of ``m`` at positions fixed by its shape (spread over the row-major
+    order, whatever ``m``'s strides): equal for equal contents."""
+    positions = (np.arange(SAMPLE, dtype=np.uint64) * np.uint64(_STRIDE)) % np.uint64(m.size)
+    return np.ascontiguousarray(m[np.unravel_index(positions.astype(np.int64), m.shape)]).tobytes()
 
 
 def _identity(m: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     """What makes two arrays alive at once the same view of the same memory (shared edge matrices
-    and their transposes), so a content already hashed is not hashed again."""
+    and their transposes), so a content already compared is not compared again."""
     return m.__array_interface__["data"][0], m.shape, m.strides, m.dtype.num

@@ -313,7 +313,7 @@ def views(whole: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
 
 def flat(pieces: list[np.ndarray]) -> np.ndarray:
     """The int64 pieces end to end (empty when there are none)."""
-    return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+    return np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True)
