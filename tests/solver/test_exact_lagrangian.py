@@ -20,6 +20,11 @@ def direct(call, seconds):
     return call()
 
 
+GUARD = 30
+"""toulbar2's time limit here, a guard: these 8-node cores are proved in milliseconds, but a 1 s
+limit ended a proof unproved on a loaded CI machine."""
+
+
 def free_optimum(comp) -> int:
     """The core's optimum without its memory rows, by enumeration."""
     return min(comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs]))
@@ -31,7 +36,7 @@ def test_with_no_penalty_the_proved_minimum_is_the_optimum_without_rows() -> Non
         comp = core_of(seed, nodes=8)
         if comp is None or comp.n == 0 or free_optimum(comp) >= INF:
             continue
-        x, proved = prove_penalised(comp, np.zeros(comp.arrays.c_off[-1]), 1, seed)
+        x, proved = prove_penalised(comp, np.zeros(comp.arrays.c_off[-1]), GUARD, seed)
         assert proved and comp.cost(x) == free_optimum(comp)
         checked += 1
     assert checked >= 15
