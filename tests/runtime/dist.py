@@ -46,6 +46,10 @@ def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout:
         if listener is not None:
             init_gloo(rank, world_size, listener.getsockname()[1], _HOST, timeout, listener.fileno())
         result = fn(rank, world_size, *args)
+        if listener is not None and torch.distributed.is_initialized():
+            # rank 0 serves the store: no rank tears down before every rank is done with it (ranks
+            # whose work ended early left their peers' subgroup set-up on a closed store)
+            torch.distributed.barrier()
         destroy_gloo()
         conn.send(("ok", result))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
