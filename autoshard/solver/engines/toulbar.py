@@ -97,7 +97,7 @@ def solve_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     with silenced():
         cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
         _network(cfn, comp, unary)
-        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+        found = _timed_solve(cfn, seconds)
     return None if found is None else np.asarray(found[0], dtype=np.int64)
 
 
@@ -134,7 +134,7 @@ def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None,
         cfn = pytoulbar2.CFN(ub, verbose=-1, seed=seed)
         _network(cfn, comp, unary, rows=rows)
         try:
-            found = cfn.Solve(timeLimit=max(1, int(seconds)))
+            found = _timed_solve(cfn, seconds)
         except pytoulbar2.Contradiction:  # every plan forbidden
             return None
     if found is None:
@@ -152,8 +152,18 @@ def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndar
     with silenced():
         cfn = pytoulbar2.CFN(float(comp.cost(x) - comp.const), verbose=-1, seed=seed)
         _network(cfn, comp, comp.costs, rows=True)
-        found = cfn.Solve(timeLimit=max(1, int(seconds)))
+        found = _timed_solve(cfn, seconds)
     return None if found is None else np.asarray(found[0], dtype=np.int64)
+
+
+def _timed_solve(cfn: object, seconds: float) -> tuple | None:
+    """``cfn.Solve`` within ``seconds`` of CPU time, its timer stopped after: toulbar2's timer is
+    process-wide and ``Solve`` leaves it armed, so a solve that ended early must not leave it to
+    fire during a later one in the same process."""
+    try:
+        return cfn.Solve(timeLimit=max(1, int(seconds)))  # type: ignore[attr-defined]
+    finally:
+        cfn.CFN.timerStop()  # type: ignore[attr-defined]
 
 
 def _network(cfn: object, comp: FrozenCore, unary: list[np.ndarray], rows: bool = False) -> None:
