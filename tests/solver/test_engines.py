@@ -31,10 +31,10 @@ def ended(events: list) -> bool:
 
 
 def run(comp: FrozenCore, method: str, upper: int | None = None, toulbar: bool = False,
-        plans: int | None = None) -> list:
+        plans: int | None = None, gap: float = 0.0) -> list:
     """The engine's events until it ends or (plan-only engines, which run until stopped) it has
     reported ``plans`` plans."""
-    worker = EngineWorker(comp, method, upper, toulbar=toulbar)
+    worker = EngineWorker(comp, method, upper, gap=gap, toulbar=toulbar)
     worker.start()
     events: list = []
     try:
@@ -46,6 +46,15 @@ def run(comp: FrozenCore, method: str, upper: int | None = None, toulbar: bool =
         worker.stop()
     assert worker.error is None
     return events
+
+
+def test_toulbar2_under_a_relative_gap_searches_to_the_end_and_proves():
+    """--gap reaches toulbar2 as the parent's stopping rule, not as toulbar2's own (pytoulbar2
+    sets its relative gap only to whole numbers): the engine still ends with the optimum."""
+    comp = next(c for seed in range(40) if (c := core_of(seed)) is not None and c.n >= 2 and can_take(c)
+                and optimum(c) is not None)
+    events = run(comp, "toulbar2", gap=0.05)
+    assert any(e.kind == "optimal" and e.cost == optimum(comp) for e in events), events
 
 
 @pytest.mark.parametrize("method", ["toulbar2", "highs"])

@@ -62,21 +62,17 @@ def can_take(comp: FrozenCore, rows: bool = True) -> bool:
     return top < MAX_EXACT_COST
 
 
-def solve_cfn(comp: FrozenCore, upper: int | None, gap: float, seed: int, vns: bool = False,
+def solve_cfn(comp: FrozenCore, upper: int | None, seed: int, vns: bool = False,
               rows: bool = True) -> list[int] | None:
     """Build the network of ``comp`` and let toulbar2 search it, printing each better plan and
     bound as it goes: hybrid best-first branch and bound (exact), or with ``vns`` variable-
     neighbourhood search from its first depth-first plan (plans only); without ``rows`` the
     memory rows are left out (a relaxation). Returns the best plan (local strategies) when the
-    search ends, or None when it found none cheaper than ``upper`` (none at all without it)."""
-    import pytoulbar2
-
+    search ends, or None when it found none cheaper than ``upper`` (none at all without it).
+    A relative gap is the caller's to watch: pytoulbar2 sets ``relgap`` only to whole numbers."""
     ub = None if upper is None else float(upper - comp.const)
-    cfn = pytoulbar2.CFN(ub, verbose=0, seed=seed, vns=-4 if vns else None)
-    option = cfn.Option
-    option.showSolutions = 1
-    if gap > 0:
-        option.relgap = float(gap)
+    cfn = _solver(ub, seed, vns, verbose=0)
+    cfn.Option.showSolutions = 1
     _network(cfn, comp, comp.costs, rows)
     found = cfn.Solve(showSolutions=1)
     os.write(1, b"\n")  # ends toulbar2's last progress line
@@ -90,12 +86,10 @@ def solve_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     winner's method), or None when it found none in time. No upper bound is given (the best
     fitting plan's penalised cost as one did worse; measured: see benchmarks/README.md,
     "Measurements behind the design")."""
-    import pytoulbar2
-
     a = comp.arrays
     unary = views(np.where(a.costs < INF, np.round(a.costs.astype(np.float64) + penalty), INF), a.c_off)
     with silenced():
-        cfn = pytoulbar2.CFN(None, verbose=-1, seed=seed, vns=-4)
+        cfn = _solver(None, seed, vns=True)
         _network(cfn, comp, unary)
         found = _timed_solve(cfn, seconds)
     return None if found is None else np.asarray(found[0], dtype=np.int64)
@@ -126,12 +120,16 @@ def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None,
                     seed: int) -> tuple[np.ndarray, bool] | None:
     """toulbar2's branch and bound (HBFS) on ``comp`` with node costs ``unary``, plans below
     ``ub`` (the network's own units, constant left out; None: any), ``rows`` its memory rows as
-    knapsack constraints, for up to ``seconds`` (CPU): its best plan and whether its dual bound
-    reached it (proved minimal), or None when it found none."""
+    knapsack constraints, for up to ``seconds`` (CPU): its best plan and whether its search ended
+    unlimited (proved minimal), or None when it found none.
+
+    The proof is toulbar2's own verdict (``option.limited`` false after the solve: no time,
+    discrepancy or restart limit cut the search), not ``GetDDualBound``, which is its gap
+    display's bookkeeping and is left unset by a network closed in preprocessing."""
     import pytoulbar2
 
     with silenced():
-        cfn = pytoulbar2.CFN(ub, verbose=-1, seed=seed)
+        cfn = _solver(ub, seed, vns=False)
         _network(cfn, comp, unary, rows=rows)
         try:
             found = _timed_solve(cfn, seconds)
@@ -139,7 +137,7 @@ def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None,
             return None
     if found is None:
         return None
-    return np.asarray(found[0], dtype=np.int64), cfn.GetDDualBound() >= found[1]
+    return np.asarray(found[0], dtype=np.int64), not cfn.Option.limited  # type: ignore[attr-defined]
 
 
 def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
@@ -147,13 +145,28 @@ def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndar
     memory rows as knapsack constraints and x's cost as the upper bound, within ``seconds`` (CPU);
     None when there is none or none was found in time. Large-neighbourhood search (lns.py) calls
     it on restricted problems, which ``can_take`` far more often than the whole core."""
-    import pytoulbar2
-
     with silenced():
-        cfn = pytoulbar2.CFN(float(comp.cost(x) - comp.const), verbose=-1, seed=seed)
+        cfn = _solver(float(comp.cost(x) - comp.const), seed, vns=False)
         _network(cfn, comp, comp.costs, rows=True)
         found = _timed_solve(cfn, seconds)
     return None if found is None else np.asarray(found[0], dtype=np.int64)
+
+
+def _solver(ub: float | None, seed: int, vns: bool, verbose: int = -1) -> object:
+    """A pytoulbar2 network whose search is the one asked for, whatever this process solved
+    before: toulbar2's options are process-wide, ``CFN`` sets the neighbourhood search's
+    (``lds``, ``restart``, ``searchMethod``) only when asked for it and never clears them, and
+    its solver object is chosen by ``searchMethod`` when it is built, so they are reset first;
+    a branch and bound built after a neighbourhood search would otherwise be one and never
+    prove. Also clears ``limited``, which a network closed in preprocessing never clears, and
+    the relative gap (0: prove)."""
+    import pytoulbar2
+
+    option = pytoulbar2.pytb2.option
+    option.lds, option.restart, option.searchMethod = 0, -1, 0  # HBFS, toulbar2's defaults
+    option.relgap = 0
+    option.limited = False
+    return pytoulbar2.CFN(ub, verbose=verbose, seed=seed, vns=-4 if vns else None)
 
 
 def _timed_solve(cfn: object, seconds: float) -> tuple | None:

@@ -186,11 +186,11 @@ def _toulbar(worker: EngineWorker, report: Report) -> None:
     from autoshard.solver.engines.toulbar import solve_cfn
 
     comp = worker.comp
-    found = solve_cfn(comp, worker.upper, worker.gap, worker.seed, vns=worker.method == "toulbar2-vns",
+    found = solve_cfn(comp, worker.upper, worker.seed, vns=worker.method == "toulbar2-vns",
                       rows=worker.method != "toulbar2-no-rows")
     if found is not None:
         report(EngineEvent("plan", comp.cost(found), list(found)))
-    if worker.method != "toulbar2-vns" and worker.gap <= 0:  # its search ended: the answer is proved
+    if worker.method != "toulbar2-vns":  # its branch and bound ended: the answer is proved
         report(EngineEvent("optimal", comp.cost(found)) if found is not None else EngineEvent("none"))
 
 
