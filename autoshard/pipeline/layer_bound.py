@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from autoshard.frontend.graph import RECEIVED, OpGraph
+from autoshard.pipeline.budget_bound import DeviceParts, Part, best_multiplier, digest, horizon_row
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.problem.build import ModelProblem
 from autoshard.pipeline.stages import Stage, cut
@@ -175,48 +177,85 @@ class StageProblems(Protocol):
 
 
 class LayerFloors:
-    """Lower bounds on the devices' seconds per microbatch without a memory budget (module
-    formulation), each from the same device of the option shortened to :data:`SAMPLE` layers per
-    stage; its parts are solved once per microbatch count, schedule shape, device and parameter
-    policy. ``engine`` gives the graphs and device problems it reads; ``floor`` returns at most a part's optimum, in ticks."""
+    """Lower bounds on the devices' seconds per microbatch, each from the same device of the option
+    shortened to :data:`SAMPLE` layers per stage: without a memory budget (module formulation), and
+    under ``limit`` live bytes with the device's microbatches in flight (``budget_bound.py``), the
+    larger of the two. The shortened devices are built once per microbatch count, schedule shape,
+    device and parameter policy; their parts are solved once each, and a part equal to another
+    device's (same costs, edges and bytes held) is the same part. ``engine`` gives the graphs and
+    device problems it reads; ``floor`` returns at most a part's optimum, in ticks."""
 
-    def __init__(self, engine: StageProblems, floor: Callable[[ShardingProblem], int]) -> None:
-        self.engine, self.floor = engine, floor
+    def __init__(self, engine: StageProblems, floor: Callable[[ShardingProblem], int], limit: int | None = None) -> None:
+        self.engine, self.floor, self.limit = engine, floor, limit
         self.graphs: dict[tuple[int, int], tuple[OpGraph, RepeatedLayers] | None] = {}
-        self.parts: dict[tuple, tuple[PartFloors, int] | None] = {}
+        self.devices: dict[tuple, tuple[ModelProblem, list[int]] | None] = {}
+        self.parts: dict[tuple, PartFloors] = {}
+        self.budgeted: dict[tuple, DeviceParts] = {}
+        self.shared: dict[str, Part] = {}
 
-    def seconds(self, option: PipelineOption, stage: Stage, kept: bool) -> float | None:
+    def seconds(self, option: PipelineOption, stage: Stage, kept: bool, in_flight: int | None = None) -> float | None:
         """At most the device's seconds per microbatch under ``option`` with its parameters kept
-        gathered (``kept``) or gathered per microbatch, or None where the model has too few layers
-        to shorten."""
-        device = stage.stages[0]
-        key = (option.microbatches, option.devices, option.virtual, device, kept)
-        if key not in self.parts:
-            self.parts[key] = self._solve_parts(option, device, kept)
-        if self.parts[key] is None or min(stage.counts) < SAMPLE:
+        gathered (``kept``) or gathered per microbatch; with ``in_flight`` (its peak count of
+        forwards awaiting their backward, as the search builds its problem), also under the budget.
+        None where the model has too few layers to shorten."""
+        key = (option.microbatches, option.devices, option.virtual, stage.stages[0], kept)
+        found = self._device(option, stage.stages[0], kept)
+        if found is None or min(stage.counts) < SAMPLE:
             return None
-        found, ticks_per_second = self.parts[key]
-        return found.device(sum(stage.counts)) / ticks_per_second
+        mp, groups = found
+        if key not in self.parts:
+            self.parts[key] = part_floors(mp.problem, groups, self.floor)
+        ticks = self.parts[key].device(sum(stage.counts))
+        if in_flight is not None and self.limit is not None:
+            extra = Fraction(in_flight, option.virtual) - 1
+            if key + (extra,) not in self.budgeted:
+                self.budgeted[key + (extra,)] = self._split(mp, groups, extra)
+            further = sum(stage.counts) - self.parts[key].sampled
+            ticks = max(ticks, best_multiplier(self.budgeted[key + (extra,)], further, self.limit,
+                                               ticks / max(self.limit, 1) / 16))
+        return ticks / mp.cost_model.ticks_per_unit
 
-    def _solve_parts(self, option: PipelineOption, device: int, kept: bool) -> tuple[PartFloors, int] | None:
-        """The parts of ``device`` of the shortened option, in ticks, and the ticks per second."""
+    def _device(self, option: PipelineOption, device: int, kept: bool) -> tuple[ModelProblem, list[int]] | None:
+        """``device`` of the shortened option: its problem without a budget, one microbatch in
+        flight, and its nodes' groups; None for a model with too few layers."""
+        key = (option.microbatches, option.devices, option.virtual, device, kept)
+        if key in self.devices:
+            return self.devices[key]
         keep = SAMPLE * len(option.counts)
-        key = (option.microbatches, keep)
-        if key not in self.graphs:
+        if (option.microbatches, keep) not in self.graphs:
             graph = self.engine.graph(option.microbatches)
             repeated = find_repeated_layers(graph)
             enough = repeated is not None and repeated.count >= keep
-            self.graphs[key] = (shortened(graph, repeated, keep), RepeatedLayers(repeated.container,
-                                                                                 repeated.layers[:keep])) \
-                if enough else None
-        if self.graphs[key] is None:
+            self.graphs[(option.microbatches, keep)] = (shortened(graph, repeated, keep), RepeatedLayers(
+                repeated.container, repeated.layers[:keep])) if enough else None
+        if self.graphs[(option.microbatches, keep)] is None:
+            self.devices[key] = None
             return None
-        graph, layers = self.graphs[key]
+        graph, layers = self.graphs[(option.microbatches, keep)]
         short = replace(option, counts=(SAMPLE,) * len(option.counts))
         stage = cut(graph, layers, short.counts, short.devices)[device]
         mp = self.engine.stage_problem(short, stage, short.virtual, bounded=False, kept=kept)
         layer_of = {name: i for i, layer in enumerate(layers.layers) for name in layer}
-        return part_floors(mp.problem, node_groups(mp, layer_of), self.floor), mp.cost_model.ticks_per_unit
+        self.devices[key] = (mp, node_groups(mp, layer_of))
+        return self.devices[key]
+
+    def _split(self, mp: ModelProblem, groups: Sequence[int], extra: Fraction) -> DeviceParts:
+        """The device's parts with their bytes at the horizon under ``extra`` more microbatches in
+        flight (``budget_bound.py``), each distinct part made once."""
+        row = horizon_row(mp, extra)
+        members: dict[int, list[int]] = {}
+        for node, group in enumerate(groups):
+            members.setdefault(group, []).append(node)
+        once, layers = [], []
+        for group, nodes in members.items():
+            part, rows = subproblem(mp.problem, nodes), [row[n] for n in nodes]
+            key = digest(part, rows)
+            if key not in self.shared:
+                self.shared[key] = Part(part, rows, self.floor)
+            once.append(self.shared[key])
+            if group != OUTSIDE:
+                layers.append(self.shared[key])
+        return DeviceParts(tuple(once), tuple(dict.fromkeys(layers)))
 
 
 def whole_floor(graph: OpGraph, build: Callable[[OpGraph], ModelProblem], floor: Callable[[ShardingProblem], int]

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from autoshard.api import (BudgetError, ModelSolution, StageOptions, build_model_problem, default_solve_options,
                            solve_model_problem)
+from autoshard.cost.devices import Device, get_device
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.plans import relabel
@@ -139,7 +140,7 @@ class PipelineSearch:
         self.cuts: dict[tuple, list[Stage]] = {}
         self.graphs: dict[int, OpGraph] = {}
         self.problems: dict[tuple, ModelProblem] = {}
-        self.floors = LayerFloors(self, solved_floor(self.limit))
+        self.floors = LayerFloors(self, solved_floor(self.limit), live_budget(self.build))
         self.warned = False
 
     def graph(self, microbatches: int) -> OpGraph:
@@ -222,7 +223,7 @@ class PipelineSearch:
         floor, failure, spent = float("inf"), None, 0.0
         for kept in (True, False):
             if found is not None:
-                free = self.free_floor(option, stage, in_flight, kept)
+                free = self.device_floor(option, stage, in_flight, kept)
                 if free is not None and free >= _seconds(found, lower=False):
                     floor = min(floor, free)  # pruned: its bound is no better
                     continue
@@ -238,7 +239,7 @@ class PipelineSearch:
                 # proved not to fit only when both policies are: a policy cut short by time proves nothing
                 failure = exc if failure is None or isinstance(failure, BudgetError) else failure
                 if not isinstance(exc, BudgetError):
-                    floor = min(floor, self.free_floor(option, stage, in_flight, kept) or 0.0)
+                    floor = min(floor, self.device_floor(option, stage, in_flight, kept) or 0.0)
                 continue
             spent = self.limit.clock() - began
             floor = min(floor, _seconds(solved, lower=True))
@@ -248,12 +249,13 @@ class PipelineSearch:
             raise failure
         return found, floor
 
-    def free_floor(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool) -> float | None:
-        """At most the device's seconds per microbatch under one parameter policy, whatever its
-        memory and boundary layouts: from its parts on the shortened option (``layer_bound.py``),
-        else from its whole problem without a budget; None when that found no plan in time."""
+    def device_floor(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool) -> float | None:
+        """At most the device's seconds per microbatch under one parameter policy with ``in_flight``
+        microbatches held, whatever its boundary layouts: from its parts on the shortened option,
+        without a budget and under it (``layer_bound.py``, ``budget_bound.py``), else from its
+        whole problem without a budget; None when that found no plan in time."""
         try:
-            parts = self.floors.seconds(option, stage, kept)
+            parts = self.floors.seconds(option, stage, kept, in_flight)
             if parts is not None:
                 return parts
             return _seconds(self.solve_stage(option, stage, in_flight, False, 4, kept=kept), lower=True)
@@ -315,7 +317,7 @@ class PipelineSearch:
             searched.groups.setdefault(stage.signature, []).append(d)
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
         if not bounded:
-            free = {sig: [self.free_floor(option, stages[ds[0]], held[sig], kept) for kept in (True, False)]
+            free = {sig: [self.device_floor(option, stages[ds[0]], held[sig], kept) for kept in (True, False)]
                     for sig, ds in searched.groups.items()}
             if any(None in floors for floors in free.values()):
                 raise AutoshardError(f"no bound in time: {option.label}")
@@ -339,7 +341,7 @@ class PipelineSearch:
             searched.solutions[sig] = self.choose_stage(option, stage, held[sig], 2 * (len(rest) - k),
                                                         boundary_of(stage, sent), recipe)[0]
             if recipe is None:
-                free = [self.free_floor(option, stage, held[sig], kept) for kept in (True, False)]
+                free = [self.device_floor(option, stage, held[sig], kept) for kept in (True, False)]
                 # a free problem without a plan in time bounds nothing from below
                 lower[sig] = 0.0 if None in free else min(free)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
@@ -351,6 +353,15 @@ class PipelineSearch:
     @staticmethod
     def _times(stages: list[Stage], searched: Searched) -> list[float]:
         return [_seconds(searched.solutions[st.signature], lower=False) for st in stages]
+
+
+def live_budget(build: Mapping[str, Any]) -> int | None:
+    """The live bytes a device's plan may hold under ``build``'s memory budget, derived as
+    ``build_model_problem`` derives its problem's limit; None without a budget."""
+    device = build.get("device")
+    chosen = device if isinstance(device, Device) else get_device(device)
+    budget = build["memory_budget"] if build.get("memory_budget") is not None else chosen.memory
+    return None if budget is None else chosen.live_limit(budget)
 
 
 def kept_gathered(solution: ModelSolution) -> bool:

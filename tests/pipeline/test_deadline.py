@@ -176,7 +176,7 @@ def test_a_device_tries_its_second_parameter_policy_only_with_time_for_the_solve
     engine = _engine(clock, lines.append)
     monkeypatch.setattr(pipeline_search, "build_model_problem",
                         SlowBuilds(clock, pipeline_search.build_model_problem, 10.0))
-    monkeypatch.setattr(engine, "free_floor", lambda *args: 0.0)  # a free bound that prunes no policy
+    monkeypatch.setattr(engine, "device_floor", lambda *args: 0.0)  # a free bound that prunes no policy
     option = next(o for o in options_for(4, 2, [2], ("1f1b",)) if o.counts == (2, 2))
     stage = engine.stages(option)[0]
     found, floor = engine.choose_stage(option, stage, 2, share)

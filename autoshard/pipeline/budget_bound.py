@@ -1,0 +1,183 @@
+"""A lower bound on a pipeline device's time per microbatch under its memory budget, from the parts
+``layer_bound.py`` splits a device into, by a Lagrangian relaxation of one memory row.
+
+Formulation. The device's problem, holding ``1 + e`` microbatches in flight, budget ``M`` bytes:
+
+    min_s C(s)   subject to   U_t(s) = sum_{i live at t} u_i(s_i) <= M   for every slot t,
+
+with C as in ``layer_bound.py`` (node costs c_i >= 0, edge prices M_uv >= 0). Three relaxations,
+each of which can only lower the minimum:
+
+1. Keep only the row of the horizon slot T (the first backward slot: what is saved for the
+   backward, the other microbatches' activations, the parameters, their gradients and optimizer
+   state are all held): ``U_T(s) = sum_i r_i(s_i)``, r_i the bytes node i holds at T
+   (:func:`horizon_row`). Fewer constraints, more plans.
+2. Weak duality, for any lam >= 0: ``min_{U_T <= M} C >= min_s [C(s) + lam (U_T(s) - M)]``
+   (every plan that fits adds a nonpositive term).
+3. The penalised problem has node costs ``c_i + lam r_i >= 0`` and the same edges, so dropping
+   every edge between two groups (the nodes outside the layers; each layer) drops nonnegative
+   terms and splits it into one problem per group:
+
+       >= min P_out(lam) + sum_{l sampled} min P_l(lam) + (n - sampled) min_l P_l(lam) - lam M,
+
+   where, as in ``layer_bound.py``, the groups are read off the device of the option shortened to
+   two layers per stage, and every further layer of the full device is one of its sampled layers
+   problem for problem, its bytes at T included (``tests/pipeline/test_budget_bound.py``).
+
+Each part is minimised exactly by variable elimination (``solver/engines/elimination.py``) in
+float64, less a relative margin of 1e-9 for rounding; a part too wide for elimination is bounded
+by its own floor without penalty plus lam times its fewest bytes at T (still a lower bound of a
+concave function). The right side is concave in lam and is maximised by cutting planes on its
+subgradient, the minimisers' bytes at T less M (:func:`best_multiplier`); every lam gives a
+valid bound, so stopping early only weakens it. Where even the fewest bytes every part holds at T
+exceed M, no plan fits and the bound is infinite. Without memory pressure (the unpenalised
+minimisers fit at T) the bound is the memory-free one of the split parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Sequence
+
+import numpy as np
+
+from autoshard.cost.memory import microbatched_items
+from autoshard.frontend.graph import NodeKind
+from autoshard.problem.build import ModelProblem
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.engines.elimination import EliminationPlan
+from autoshard.solver.model.problem import ShardingProblem
+
+MARGIN = 1e-9
+"""Relative margin taken off every float64 minimum (elimination sums a few thousand terms)."""
+STEPS = 12
+"""Most evaluations of the penalised parts per device bound after the first."""
+
+
+def horizon_row(mp: ModelProblem, extra: Fraction) -> list[np.ndarray]:
+    """Per node of ``mp`` (built with one microbatch in flight), the bytes it holds at the horizon
+    slot when the stage holds ``1 + extra`` microbatches: its owner's memory items as
+    ``cost/memory.microbatched_items`` holds them, on the owner's node (its repeating nodes,
+    which take its strategy, get 0), and an edge's copies on its copies' first node."""
+    if mp.options.in_flight != 1:
+        raise ValueError(f"{mp.problem.name} holds {mp.options.in_flight} microbatches in flight: give its "
+                         f"problem built with one")
+    at = mp.life.horizon
+    row = [np.zeros(len(c), dtype=np.int64) for c in mp.problem.node_costs]
+
+    def add(node: int, items, stored: bool) -> None:
+        for item in microbatched_items(items, mp.life, extra, stored):
+            if item.interval[0] <= at < item.interval[1]:
+                row[node] += np.asarray(item.usage, dtype=np.int64)
+
+    for i, name in enumerate(mp.names):
+        cand = mp.candidates[name]
+        add(i, cand.items, cand.node.kind in (NodeKind.PARAM, NodeKind.BUFFER))
+    node = len(mp.names) + len(mp.aux_owner)
+    for copies in mp.reshards:
+        add(node, copies.items, False)
+        node += len(copies.intervals)
+    return row
+
+
+@dataclass(frozen=True)
+class Point:
+    """A part's penalised minimum at one multiplier and the bytes at T of its minimiser."""
+
+    value: float
+    bytes: float
+
+
+class Part:
+    """One group's problem (no memory limit) with its bytes at T, minimised under penalties
+    ``lam`` per byte (module formulation, step 3); ``floor`` bounds it where elimination cannot."""
+
+    def __init__(self, problem: ShardingProblem, row: Sequence[np.ndarray],
+                 floor: Callable[[ShardingProblem], int]) -> None:
+        self.costs = [c.astype(np.float64) for c in problem.node_costs]  # forbidden: infinite in elimination
+        self.row = [np.asarray(r, dtype=np.float64) for r in row]
+        self.fewest = float(sum(r.min() for r in self.row))
+        self.comp = Core(problem).freeze()
+        self.plan = EliminationPlan(self.comp)
+        self.free = None if self.plan.feasible else floor(problem)
+        self.seen: dict[float, Point] = {}
+
+    def at(self, lam: float) -> Point:
+        """The part's minimum of cost + ``lam`` x bytes at T (a lower bound of it, when too wide)."""
+        if lam not in self.seen:
+            if self.free is not None:
+                self.seen[lam] = Point(self.free + lam * self.fewest, self.fewest)
+            else:
+                unary = [c + lam * r for c, r in zip(self.costs, self.row)]
+                x, value = self.plan.solve(unary)
+                self.seen[lam] = Point(value - MARGIN * abs(value), float(sum(r[s] for r, s in zip(self.row, x))))
+        return self.seen[lam]
+
+
+def digest(problem: ShardingProblem, row: Sequence[np.ndarray]) -> str:
+    """Equal for parts with equal costs, edges and bytes at T (names aside)."""
+    h = hashlib.sha1()
+    for costs, usage in zip(problem.node_costs, row):
+        h.update(np.ascontiguousarray(costs).tobytes() + b"/" + np.ascontiguousarray(usage).tobytes() + b"|")
+    for (u, v), matrix in zip(problem.edges, problem.edge_costs):
+        h.update(f"{u},{v},{matrix.shape}".encode() + np.ascontiguousarray(matrix).tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class DeviceParts:
+    """A device's parts: those counted once (outside the layers, each sampled layer) and the
+    layers one of which every further layer is."""
+
+    once: tuple[Part, ...]
+    layers: tuple[Part, ...]
+
+    def at(self, lam: float, further: int, limit: int) -> tuple[float, float]:
+        """The relaxation's value at ``lam`` (module formulation) and its subgradient."""
+        once = [p.at(lam) for p in self.once]
+        layer = min((p.at(lam) for p in self.layers), key=lambda point: point.value)
+        value = sum(p.value for p in once) + further * layer.value - lam * limit
+        return value, sum(p.bytes for p in once) + further * layer.bytes - limit
+
+    def fewest(self, further: int) -> float:
+        """At most the bytes at T of every plan."""
+        return sum(p.fewest for p in self.once) + further * min(p.fewest for p in self.layers)
+
+
+def best_multiplier(parts: DeviceParts, further: int, limit: int, scale: float) -> float:
+    """The largest value found of the concave relaxation over lam >= 0 (module formulation):
+    lam = 0, then growing from ``scale`` (ticks per byte) until the subgradient turns negative,
+    then cutting planes between the two last points of opposite signs. Infinite where no plan
+    holds at most ``limit`` bytes at T."""
+    if parts.fewest(further) > limit:
+        return math.inf
+    lo, (f_lo, g_lo) = 0.0, parts.at(0.0, further, limit)
+    best = f_lo
+    if g_lo <= 0:
+        return best
+    hi = scale
+    f_hi, g_hi = parts.at(hi, further, limit)
+    steps = 0
+    while g_hi > 0 and steps < STEPS:
+        best = max(best, f_hi)
+        lo, f_lo, g_lo = hi, f_hi, g_hi
+        hi *= 4
+        f_hi, g_hi = parts.at(hi, further, limit)
+        steps += 1
+    best = max(best, f_hi)
+    while steps < STEPS and g_lo > 0 > g_hi:
+        mid = (f_hi - f_lo + g_lo * lo - g_hi * hi) / (g_lo - g_hi)  # where the two cutting planes meet
+        ceiling = f_lo + g_lo * (mid - lo)
+        if not lo < mid < hi or ceiling - best <= MARGIN * abs(ceiling):
+            break
+        f_mid, g_mid = parts.at(mid, further, limit)
+        best = max(best, f_mid)
+        if g_mid > 0:
+            lo, f_lo, g_lo = mid, f_mid, g_mid
+        else:
+            hi, f_hi, g_hi = mid, f_mid, g_mid
+        steps += 1
+    return best

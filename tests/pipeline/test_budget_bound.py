@@ -1,0 +1,133 @@
+"""A device's bound under its memory budget (budget_bound.py) against exact methods: the bytes at
+the horizon against the in-flight problem's, the relaxation against brute force, and the device's
+bound against the exact optimum of its whole budgeted problem."""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from autoshard.cost.devices import get_device
+from autoshard.pipeline.budget_bound import DeviceParts, Part, best_multiplier, horizon_row
+from autoshard.pipeline.layer_bound import OUTSIDE, node_groups, subproblem
+from autoshard.pipeline.options import options_for
+from autoshard.pipeline.schedules import device_orders, peak_in_flight
+from autoshard.pipeline.search import PipelineSearch
+from autoshard.sharding.layers import find_repeated_layers
+from autoshard.sharding.mesh import parse_mesh
+from autoshard.solver import SolveOptions, solve
+from autoshard.solver.model.problem import ShardingProblem
+from tests.pipeline.models import tiny_llama, traced
+
+LAYERS, BATCH = 6, 8
+DEVICE = get_device("h100")
+BUDGET = DEVICE.runtime_bytes + (6 << 20)
+"""Between the least peak of the first device's plans (1.4 MB live) and its free optimum's (5.6 MB)."""
+
+
+@pytest.fixture(scope="module")
+def engine() -> PipelineSearch:
+    mesh = parse_mesh("2x2", None, None, 8, DEVICE.intra, DEVICE.inter)
+    model = tiny_llama(LAYERS)
+    build = dict(mode="training", device=DEVICE, precision="bf16-mixed", recompute="full", memory_budget=BUDGET)
+    return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+
+
+def _at(problem: ShardingProblem, slot: int, choice: list[int]) -> int:
+    return sum(int(u[s]) for u, (a, b), s in zip(problem.node_usages, problem.intervals, choice) if a <= slot < b)
+
+
+def test_bytes_at_the_horizon_are_the_in_flight_problems(engine) -> None:
+    """On random plans: the bytes ``horizon_row`` gives the one-in-flight problem's nodes add up to
+    the in-flight problem's usage at the horizon, and both problems price the plan alike."""
+    option = options_for(LAYERS, 2, [2], ("1f1b",))[0]
+    stage = engine.stages(option)[0]
+    one = engine.stage_problem(option, stage, 1, bounded=False)
+    rng = np.random.default_rng(0)
+    for held in (1, 2):
+        many = engine.stage_problem(option, stage, held, bounded=True)
+        row = horizon_row(one, Fraction(held) - 1)
+        for _ in range(20):
+            head = [int(rng.integers(len(one.candidates[n].strategies))) for n in one.names]
+            x, y = one.complete(head), many.complete(head)
+            assert sum(int(r[s]) for r, s in zip(row, x)) == _at(many.problem, many.life.horizon, y)
+            assert one.problem.cost(x) == many.problem.cost(y)
+    with pytest.raises(ValueError, match="one"):
+        horizon_row(engine.stage_problem(option, stage, 2, bounded=True), Fraction(0))
+
+
+def test_the_whole_devices_layers_hold_the_shortened_devices_bytes(engine) -> None:
+    """What the bound assumes, with the bytes at the horizon: every layer of a full device is one
+    of the shortened device's layers, and the nodes outside the layers are the shortened device's."""
+    option = options_for(LAYERS, 2, [2], ("1f1b",))[0]
+    graph = engine.graph(option.microbatches)
+    layer_of = {n: i for i, layer in enumerate(find_repeated_layers(graph).layers) for n in layer}
+    for device, stage in enumerate(engine.stages(option)):
+        whole = engine.stage_problem(option, stage, 1, bounded=False)
+        engine.floors.seconds(option, stage, True, 2)
+        short, short_groups = engine.floors.devices[(option.microbatches, 2, 1, device, True)]
+        short_layer_of = {n: i for i, layer in enumerate(engine.floors.graphs[(2, 4)][1].layers) for n in layer}
+        assert short_groups == node_groups(short, short_layer_of)
+        mine = _contents(whole, node_groups(whole, layer_of))
+        theirs = _contents(short, short_groups)
+        assert mine[OUTSIDE] == theirs[OUTSIDE]
+        assert {v for g, v in mine.items() if g != OUTSIDE} <= {v for g, v in theirs.items() if g != OUTSIDE}
+
+
+def _contents(mp, groups) -> dict[int, tuple]:
+    row = horizon_row(mp, Fraction(1))
+    members: dict[int, list[int]] = {}
+    for node, group in enumerate(groups):
+        members.setdefault(group, []).append(node)
+    out = {}
+    for group, nodes in members.items():
+        part = subproblem(mp.problem, nodes)
+        out[group] = (tuple(tuple(c) for c in part.node_costs), tuple(tuple(row[n]) for n in nodes),
+                      tuple((u, v, m.tobytes()) for (u, v), m in zip(part.edges, part.edge_costs)))
+    return out
+
+
+def test_the_relaxation_is_at_most_its_brute_force_optimum() -> None:
+    """Outside and two kinds of layer, two strategies each: cheap and large, or dear and small. The
+    bound is at most the least cost of the parts whose bytes fit (brute force), at least the free
+    minimum, above it where the cheap plan does not fit, and infinite where nothing fits."""
+    def part(costs, usage):
+        problem = ShardingProblem([np.array(costs)], [np.zeros(2, dtype=np.int64)], [(0, 0)], [], [])
+        return Part(problem, [np.array(usage)], lambda p: 0)
+
+    outside, first, layer = part([5, 9], [40, 10]), part([10, 16], [30, 12]), part([10, 13], [30, 20])
+    parts = DeviceParts((outside, first), (first, layer))
+    further = 3
+    for limit in (60, 100, 130, 200):
+        exact = min(outside_c + first_c + sum(c for c, _ in rest)
+                    for outside_c, outside_u in zip([5, 9], [40, 10]) for first_c, first_u in zip([10, 16], [30, 12])
+                    for rest in itertools.product([(10, 30), (13, 20), (16, 12)], repeat=further)
+                    if outside_u + first_u + sum(u for _, u in rest) <= limit)
+        bound = best_multiplier(parts, further, limit, 0.01)
+        assert (5 + 10 + 3 * 10) * (1 - 1e-8) <= bound <= exact
+        if 40 + 30 + 3 * 30 > limit:
+            assert bound > 5 + 10 + 3 * 10
+    assert best_multiplier(parts, further, 10 + 12 + 3 * 12 - 1, 0.01) == float("inf")
+
+
+def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> None:
+    """Every device of a 2-stage 1F1B option, each parameter policy: the bound under the budget is
+    at most the exact optimum of the whole budgeted device problem, at least the free bound, and
+    above it on the first device, whose free optimum does not fit."""
+    option = options_for(LAYERS, 2, [2], ("1f1b",))[0]
+    orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
+    for device, stage in enumerate(engine.stages(option)):
+        held = peak_in_flight(orders[device])
+        for kept in (True, False):
+            free = engine.floors.seconds(option, stage, kept)
+            bound = engine.floors.seconds(option, stage, kept, held)
+            mp = engine.stage_problem(option, stage, held, bounded=True, kept=kept)
+            found = solve(mp.problem, SolveOptions(timeout=120))
+            assert found.status == "optimal"
+            exact = found.cost / mp.cost_model.ticks_per_unit
+            assert free <= bound <= exact * (1 + 1e-9)
+            if device == 0 and kept:
+                assert bound > free * (1 + 1e-4)
