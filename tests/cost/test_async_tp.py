@@ -1,18 +1,200 @@
-"""--async-tp pricing (cost/async_tp.py): TP collectives hidden under the matmuls beside them."""
+"""--async-tp pricing (cost/async_tp.py): torch's micro-pipelined collectives, and the per-edge bound."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch import nn
 from torch._inductor.fx_passes.micro_pipeline_tp import _find_consumer_matmuls, _find_producer_matmul
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from autoshard.api import build_model_problem
-from autoshard.cost.async_tp import exposed
+from autoshard.cost.async_tp import (Gemms, exposed, fused_exposed, fused_step, fuses, gather_matmul_ticks,
+                                     matmul_scatter_ticks, pipelined_exposed)
+from autoshard.cost.devices import get_device
 from autoshard.frontend.trace import trace
 from autoshard.problem.baselines.megatron import megatron_choice
+from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, reshard_steps
+from autoshard.sharding.spec import TensorSpec
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel or copy as torch issues it: its stream, the resource it occupies, how long, and
+    the ops it waits for besides its stream's previous op."""
+
+    name: str
+    stream: int
+    resource: str
+    duration: int
+    waits: tuple[str, ...] = ()
+
+
+def simulate(ops: list[Op]) -> int:
+    """Brute force: the end of the last op when each stream runs in issue order, each resource
+    (the SMs, the link, HBM) runs one op at a time, and a free resource takes the op that can start
+    first (ties: the one ready first, then the one issued first)."""
+    end: dict[str, int] = {}
+    last_on_stream: dict[int, str] = {}
+    after: dict[str, tuple[str, ...]] = {}
+    for op in ops:
+        after[op.name] = op.waits + ((last_on_stream[op.stream],) if op.stream in last_on_stream else ())
+        last_on_stream[op.stream] = op.name
+    free: dict[str, int] = {}
+    pending = list(ops)
+    while pending:
+        ready = [(op, max((end[w] for w in after[op.name]), default=0)) for op in pending
+                 if all(w in end for w in after[op.name])]
+        op, at = min(ready, key=lambda r: (max(r[1], free.get(r[0].resource, 0)), r[1], pending.index(r[0])))
+        start = max(at, free.get(op.resource, 0))
+        end[op.name] = free[op.resource] = start + op.duration
+        pending.remove(op)
+    return max(end.values())
+
+
+def gather_ops(parts: int, chunk: int, transfer: int, copy: int) -> list[Op]:
+    """``_pipelined_all_gather_and_consume`` on one rank: the shard copied into the symmetric buffer
+    (compute stream 0), the local chunk's products, then remote chunk k's copy and products on
+    stream 1 for odd k, stream 0 for even k (the second stream waits for the first copy)."""
+    ops = [Op("mv", 0, "hbm", copy), Op("mm0", 0, "sm", chunk)]
+    for k in range(1, parts):
+        stream = k % 2
+        ops += [Op(f"cp{k}", stream, "link", transfer, ("mv",)), Op(f"mm{k}", stream, "sm", chunk)]
+    return ops
+
+
+def scatter_ops(parts: int, chunk: int, transfer: int, reduction: int) -> list[Op]:
+    """``_pipelined_produce_and_all2all`` on one rank: step k's products and pull on stream 1 for odd
+    k, stream 0 for even k (barriers between symmetric ranks wait for nothing), this rank's own
+    chunk on stream 0, then the sum of the stacked partials once stream 0 has waited for stream 1."""
+    ops: list[Op] = []
+    for k in range(1, parts):
+        stream = k % 2
+        ops += [Op(f"mm{k}", stream, "sm", chunk), Op(f"cp{k}", stream, "link", transfer)]
+    ops.append(Op("mm0", 0, "sm", chunk))
+    ops.append(Op("sum", 0, "hbm", reduction, tuple(op.name for op in ops if op.stream == 1)))
+    return ops
+
+
+ticks = st.integers(0, 10**6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 9), ticks, ticks, ticks)
+def test_gather_formula_is_the_simulated_timeline(parts: int, chunk: int, transfer: int, copy: int) -> None:
+    """copy + g + (n - 1) max(g, c) is when torch's all-gather + matmul pipeline ends."""
+    assert gather_matmul_ticks(chunk, transfer, parts, copy) == simulate(gather_ops(parts, chunk, transfer, copy))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 9), ticks, ticks, ticks)
+def test_scatter_formula_is_the_simulated_timeline(parts: int, chunk: int, transfer: int, reduction: int) -> None:
+    """g + (n - 1) max(g, c) + (n mod 2) min(g, c) + reduction is when torch's matmul +
+    reduce-scatter pipeline ends (for odd n the own chunk waits for the last pull on its stream)."""
+    assert matmul_scatter_ticks(chunk, transfer, parts, reduction) == simulate(
+        scatter_ops(parts, chunk, transfer, reduction))
+
+
+def test_fused_steps_are_one_gather_or_scatter_torch_takes() -> None:
+    """One all-gather or reduce-scatter (slices aside) fuses; an all-reduce or a reshard of two
+    collectives does not; along the last dim only unscaled, and a gathered shard 1024 wide or more."""
+    mesh = (2, 8)
+    seq, last = TensorSpec(((), (1,), ())), TensorSpec(((), (), (1,)))
+    partial = TensorSpec(((), (), ()), frozenset({1}))
+    whole = TensorSpec.replicated(3)
+
+    def step(src: TensorSpec, dst: TensorSpec, kind: str, scaled: bool = False, wide: int = 8 * 1024) -> bool:
+        return fused_step(reshard_steps(src, dst, (4, 2048, wide), 2, mesh), (4, 2048, wide), mesh, kind,
+                          scaled) is not None
+
+    assert step(seq, whole, ALL_GATHER) and step(seq, whole, ALL_GATHER, scaled=True)
+    assert step(partial, seq, REDUCE_SCATTER) and step(partial, seq, REDUCE_SCATTER, scaled=True)
+    assert not step(seq, whole, REDUCE_SCATTER) and not step(partial, whole, REDUCE_SCATTER)
+    assert step(last, whole, ALL_GATHER) and not step(last, whole, ALL_GATHER, scaled=True)
+    assert not step(last, whole, ALL_GATHER, wide=8 * 1023)
+    assert step(partial, last, REDUCE_SCATTER) and not step(partial, last, REDUCE_SCATTER, scaled=True)
+    both = TensorSpec(((0,), (1,), ()))
+    assert not step(both, whole, ALL_GATHER)
+
+
+def test_biased_linear_is_not_fused_as_torch_matches() -> None:
+    """Independent reference: torch's pass finds a bias-free linear among the matmuls consuming its
+    input (one mm) and no biased one (an addmm); ``fuses`` agrees on the node our frontend traces."""
+    for bias in (False, True):
+        layer, x = nn.Linear(16, 4, bias=bias), torch.randn(8, 16)
+        placeholder = next(n for n in make_fx(layer)(x).graph.nodes if n.op == "placeholder"
+                           and tuple(n.meta["val"].shape) == (8, 16))
+        (node,) = [n for n in trace(layer, (x,)).nodes.values() if n.op == "linear"]
+        assert (len(_find_consumer_matmuls(placeholder)) == 1) == fuses(node) == (not bias)
+
+
+def test_gathered_output_gradient_feeds_only_the_input_gradient_product() -> None:
+    """Independent reference: in a linear's backward, the output gradient (what a row-parallel
+    output's reduce-scatter gathers back) is the left operand of the input-gradient product only
+    (the weight gradient reads its transpose): the gather hides under half the backward."""
+    def step(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(nn.functional.linear(x, w), (x, w), dy)
+
+    graph = make_fx(step)(torch.randn(8, 16, requires_grad=True), torch.randn(4, 16, requires_grad=True),
+                          torch.randn(8, 4)).graph
+    dy = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    (matmul,) = _find_consumer_matmuls(dy)
+    assert tuple(matmul.nodes[0].meta["val"].shape) == (8, 16)  # dX = dY W
+
+
+H100 = get_device("h100")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.integers(10**6, 10**13), st.integers(10**6, 10**10), st.integers(0, 10**9))
+def test_pipelined_exposes_at_least_the_unhidden_transfer(parts: int, flops: int, nbytes: int, price: int) -> None:
+    """A fused collective never hides more than its products last: T - G >= c (n - 1) - G, for
+    either kind, and never less than nothing."""
+    gemms = Gemms((flops,), "bfloat16", H100, 10**12)
+    for kind, spec in ((ALL_GATHER, TensorSpec(((1,), ()))), (REDUCE_SCATTER, TensorSpec(((), ()), frozenset({1})))):
+        (step,) = reshard_steps(spec, TensorSpec(((), ())) if kind == ALL_GATHER else TensorSpec(((1,), ())),
+                                (parts * 1024, nbytes // 1024 + 1), 1, (1, parts))
+        left = pipelined_exposed(step, parts, price, gemms)
+        assert left >= max(0, price - gemms.ticks(1))
+
+
+def test_pipelined_exposed_by_hand() -> None:
+    """One 8-way gather of a 16384 x 8192 bf16 shard into three products, priced as the module
+    doc states, from the preset's own figures."""
+    parts, rows, width = 8, 16384, 8192
+    (step,) = reshard_steps(TensorSpec(((1,), ())), TensorSpec(((), ())), (parts * rows, width), 2, (1, parts))
+    price = round((step.sent_bytes(parts) / H100.intra_bandwidth + H100.intra_latency) * 1e12)
+    flops = tuple(2 * parts * rows * width * n for n in (1024, 128, 128))
+    gemms = Gemms(flops, "bfloat16", H100, 10**12)
+    chunk = sum(f / parts / H100.flops_per_second("bfloat16", "matmul", f / parts) for f in flops)
+    whole = sum(f / H100.flops_per_second("bfloat16", "matmul", f) for f in flops)
+    copy = 2 * rows * width * 2 / H100.streaming_bandwidth
+    total = copy + chunk + (parts - 1) * max(chunk, price / 1e12 / (parts - 1))
+    assert pipelined_exposed(step, parts, price, gemms) == pytest.approx((total - whole) * 1e12, abs=2)
+    assert price / 1e12 > chunk  # the transfer outlasts one chunk's products: most of it shows
+
+
+def test_fused_exposed_only_where_torch_fuses() -> None:
+    """A gather fuses with products of one dtype (Float8 and bf16 together: none); along the last
+    dim not when other ops read the gathered tensor too; elsewhere it is charged in full."""
+    mesh, shape = (1, 8), (8 * 4096, 8192)
+    rows = reshard_steps(TensorSpec(((1,), ())), TensorSpec(((), ())), shape, 2, mesh)
+    cols = reshard_steps(TensorSpec(((), (1,))), TensorSpec(((), ())), shape, 2, mesh)
+    price, flops = 10**9, 2 * shape[0] * shape[1] * 4096
+
+    def left(steps: tuple, products: list[tuple[int, str]], ragged: bool = False) -> int:
+        return fused_exposed(steps, shape, mesh, ALL_GATHER, price, products, H100, 10**12, ragged)
+
+    alone = pipelined_exposed(rows[0], 8, price, Gemms((flops,), "bfloat16", H100, 10**12))
+    assert alone < price and left(rows, [(flops, "bfloat16")]) == left(rows, [(flops, "bfloat16")], True) == alone
+    assert left(rows, []) == left(rows, [(flops, "bfloat16"), (flops, "float8_e4m3fn")]) == price
+    assert left(cols, [(flops, "bfloat16")]) < price == left(cols, [(flops, "bfloat16")], ragged=True)
+    assert left(cols, [(flops, "float8_e4m3fn")]) == price
+    assert fused_exposed(rows, shape, mesh, REDUCE_SCATTER, price, [(flops, "bfloat16")], H100, 10**12) == price
 
 
 def test_exposed_is_what_the_fused_matmul_cannot_hide() -> None:
@@ -27,6 +209,20 @@ def test_exposed_is_what_the_fused_matmul_cannot_hide() -> None:
     assert exposed(forward, backward, producer, consumer).tolist() == want == [[11, 0], [27, 7]]
     assert exposed(forward, backward, producer, None).tolist() == [[6 + 7, 0 + 7], [29 + 0, 4 + 19]]
     assert exposed(forward, backward, None, None).tolist() == (forward + backward).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 10**9))
+def test_bound_is_the_many_chunk_limit(transfer: int, products: int) -> None:
+    """``exposed``'s max(0, F - G) is the fused pipelines' T - G for n -> inf chunks at the
+    unchunked rate, without copies or reductions; with few chunks they expose more."""
+    parts = 10**6
+    for total in (gather_matmul_ticks(products / parts, transfer / (parts - 1), parts, 0),
+                  matmul_scatter_ticks(products / parts, transfer / (parts - 1), parts, 0)):
+        assert float(total) - products == pytest.approx(max(0, transfer - products), abs=2e-6 * (transfer + products))
+    one = np.array([[transfer]])
+    assert exposed(one, one * 0, None, (np.array([products]), np.array([0])))[0, 0] == max(0, transfer - products)
+    assert float(gather_matmul_ticks(products / 8, transfer / 7, 8, 0)) - products >= max(0, transfer - products)
 
 
 def test_summed_gradient_charged_in_full() -> None:
