@@ -16,8 +16,9 @@ axis its Megatron plan, ``--baseline torchtitan``; on a context-parallel axis ev
 along the sequence, attention gathering keys and values, the parameters sharded over every axis as
 torchtitan's ``dp_shard_cp`` mesh does), as torch runs it (``plan_ticks``: attention on split rows
 as its load-balanced ring attention, ``cost/ring.py``, not our runtime's contiguous query rows; a
-module's input gathered once for all its linears, not once per reader, and under async TP its
-gradient reduced once on their summed input gradients, which torch fuses with no matmul), and prints its
+module's input gathered once for all its linears, not once per reader; under async TP each
+tensor-parallel collective micro-pipelined with the matmuls torch's pass fuses it with, chunk by
+chunk, and a gradient summed from several linears reduced in full, ``cost/async_tp.py``), and prints its
 step, tokens/s/GPU and reserved memory beside the published figures and their ratios, then our
 optimum in the same model, on the preset of the runs' hosts (``h100-hbm2e``). A ratio above 1
 means our model is optimistic. The published figures are in ``RUNS`` (SOURCE); the device preset's
@@ -33,7 +34,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,18 +42,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from titan_llama import Transformer, titan_llama3_8b  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.cost.async_tp import exposed  # noqa: E402
+from autoshard.cost.async_tp import fused_exposed, fuses  # noqa: E402
 from autoshard.cost.compute import causal_split_load, kernel_classes  # noqa: E402
+from autoshard.cost.float8 import activation_itemsize, compute_dtype  # noqa: E402
 from autoshard.cost.memory import local_bytes  # noqa: E402
 from autoshard.cost.ring import merge_bytes, ring_load  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
-from autoshard.frontend.graph import NodeKind  # noqa: E402
+from autoshard.frontend.graph import NodeKind, TensorMeta  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.problem.baselines.megatron import _incoming_cost  # noqa: E402
 from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
 from autoshard.problem.build import ModelEdge, ModelProblem  # noqa: E402
-from autoshard.problem.edges import EdgePrices, matmul_ticks  # noqa: E402
+from autoshard.problem.candidates import Candidate  # noqa: E402
+from autoshard.problem.edges import EdgePrices  # noqa: E402
 from autoshard.sharding.layers import find_repeated_layers  # noqa: E402
+from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps  # noqa: E402
 from autoshard.sharding.spec import TensorSpec  # noqa: E402
 
 GIB = 2**30
@@ -250,8 +253,9 @@ def gathered_once_ticks(mp: ModelProblem, choice: list[int]) -> int:
     prices = EdgePrices(mp.mesh, mp.cost_model, mp.options.precision)
     total = 0
     for members in groups.values():
-        if mp.options.async_tp and len(members) > 1 and mp.candidates[members[0].src].storage is None:
-            total += shared_async_ticks(mp, prices, members, choice)
+        if mp.options.async_tp and mp.candidates[members[0].src].storage is None:
+            sole = sum(src == members[0].src for src, _ in groups) == 1
+            total += shared_async_ticks(mp, prices, members, choice, sole)
         else:
             total += max(int(mp.problem.edge_costs[e.index][tuple(choice[n] for n in mp.problem.edges[e.index])])
                          for e in members)
@@ -261,33 +265,58 @@ def gathered_once_ticks(mp: ModelProblem, choice: list[int]) -> int:
                        if i not in counted)
 
 
-def shared_async_ticks(mp: ModelProblem, prices: EdgePrices, members: list[ModelEdge], choice: list[int]) -> int:
+def shared_async_ticks(mp: ModelProblem, prices: EdgePrices, members: list[ModelEdge], choice: list[int],
+                       sole: bool) -> int:
     """What one reshard of a producer's output, read in one layout by the ``members``' consumers,
-    leaves exposed under async TP (``cost/async_tp.py``): its forward under the producer's matmul or
-    all the consuming matmuls together (one ``fused_all_gather_matmul``), again where a consumer
-    reruns; its backward on the sum of the members' input gradients, so charged in full where more
-    than one writes it, else hidden as on one edge."""
+    costs under async TP as torch runs it (``cost/async_tp.py``): its forward an all-gather fused
+    with every consuming bias-free linear (one ``fused_all_gather_matmul``) or a reduce-scatter
+    fused with the producing one (``sole``: the product's only reader), again where a consumer
+    reruns; its backward on the sum of the members' input gradients, in full where more than one
+    writes it, else a reduce-scatter fused with that writer's input-gradient product or an
+    all-gather fused with the producer's; any other reshard in full."""
     src = mp.candidates[members[0].src]
     i = choice[mp.problem.edges[members[0].index][0]]
-    forward = backward = consumed = consumer_backward = 0
-    writers, again = 0, False
+    out = src.strategies[i].out_spec
+    meta = members[0].meta
+    forward = backward = 0
+    readers, writers, again = [], [], False
     for edge in members:
         dst = mp.candidates[edge.dst]
         j = choice[mp.problem.edges[edge.index][1]]
         fwd, bwd = prices.reshard_matrices(src, dst, edge.operand, edge.meta, edge.backward)
         forward, backward = max(forward, int(fwd[i, j])), max(backward, int(bwd[i, j]))
-        ticks = matmul_ticks(dst)
-        consumed += int(ticks[0][j]) if ticks is not None else 0
-        if edge.backward:
-            writers += 1
-            consumer_backward = int(ticks[1][j]) if ticks is not None else 0
+        readers.append((edge, dst, j))
+        writers += [(edge, dst, j)] if edge.backward else []
         again |= dst.reruns is not None and bool(dst.reruns[j])
-    produced = matmul_ticks(src)
-    producer = None if produced is None else (produced[0][i:i + 1], produced[1][i:i + 1])
-    consumer = (np.array([consumed]), np.array([consumer_backward]))
-    once = exposed(np.array([[forward]]), np.array([[backward]]), producer, consumer, writers)
-    rerun = exposed(np.array([[forward]]), np.array([[0]]), producer, consumer) if again else np.zeros((1, 1))
-    return int(once[0, 0] + rerun[0, 0])
+    edge, dst, j = readers[0]
+    cast = activation_itemsize(dst.node) if edge.operand == 0 and not out.partial else None
+    steps = reshard_steps(out, dst.strategies[j].in_specs[edge.operand], meta.shape, cast or meta.itemsize,
+                          mp.mesh.shape)
+    consumers = [(d, k, 0) for e, d, k in readers if e.operand == 0 and fuses(d.node)]
+    producer = [(src, i, 0)] if sole and fuses(src.node) else []
+    forward_left = min(_fused(mp, steps, meta, ALL_GATHER, forward, consumers, len(consumers) < len(readers)),
+                       _fused(mp, steps, meta, REDUCE_SCATTER, forward, producer))
+    backward_left = backward
+    if len(writers) == 1:
+        edge, dst, j = writers[0]
+        grad = dst.strategies[j].grad_specs[edge.operand]
+        cast = activation_itemsize(src.node) if not grad.partial else None
+        steps = reshard_steps(grad, out.without_partial(), meta.shape, cast or meta.itemsize, mp.mesh.shape)
+        writer = [(dst, j, 1)] if edge.operand == 0 and fuses(dst.node) else []
+        reader = [(src, i, 1)] if fuses(src.node) else []
+        backward_left = min(_fused(mp, steps, meta, REDUCE_SCATTER, backward, writer),
+                            _fused(mp, steps, meta, ALL_GATHER, backward, reader))
+    return forward_left * (2 if again else 1) + backward_left
+
+
+def _fused(mp: ModelProblem, steps: tuple[Step, ...], meta: TensorMeta, kind: str, ticks: int,
+           products: list[tuple[Candidate, int, int]], ragged: bool = False) -> int:
+    """``fused_exposed`` of a reshard of a tensor of ``meta`` with ``products`` (candidate, strategy,
+    0: its forward product, 1: its input-gradient product, half its backward)."""
+    gemms = [(c.flops[k][0] if role == 0 else c.flops[k][1] // 2, compute_dtype(c.node.work, c.node.tensor.dtype))
+             for c, k, role in products]
+    return fused_exposed(steps, meta.shape, mp.mesh.shape, kind, ticks, gemms, mp.cost_model.device,
+                         mp.cost_model.ticks_per_unit, ragged)
 
 
 def plan_ticks(mp: ModelProblem, choice: list[int], as_torch: bool) -> tuple[list[int], int]:
