@@ -36,7 +36,7 @@ from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops
 from autoshard.problem.edges import EdgePrices
 from autoshard.problem.memory_nodes import memory_nodes
 from autoshard.problem.restrict import apply_boundary, apply_pins, pin_expert_parallel
-from autoshard.problem.reshard_copies import (ReshardCopies, StepTimes, handed_savers, negligible, reshard_copies,
+from autoshard.problem.reshard_copies import (CopiesBuilder, ReshardCopies, StepTimes, handed_savers, negligible,
                                               without_handed)
 from autoshard.problem.tallies import recompute_tally
 from autoshard.cost.communication import CostModel
@@ -320,6 +320,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     prices.async_tp = options.async_tp
     edges: list[ModelEdge] = []
     copies: list[ReshardCopies] = []
+    copier = CopiesBuilder(times)
     pairs: list[tuple[int, int]] = []
     matrices: list[np.ndarray] = []
     for done, node in enumerate(graph):
@@ -342,7 +343,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)
-            reduced = None if owner else reshard_copies(candidates[src], dst, operand, meta, times)
+            reduced = None if owner else copier.copies(candidates[src], dst, operand, meta)
             if reduced is not None and (options.in_flight != 1 or options.accumulate):
                 reduced = replace(reduced, items=tuple(microbatched_items(reduced.items, life, options.in_flight - 1,
                                                                           False)))

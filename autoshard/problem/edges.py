@@ -50,6 +50,7 @@ with no re-gather (the use copy is kept, recomputation reads it) and no hiding o
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -61,9 +62,17 @@ from autoshard.cost.memory import local_bytes, param_precision
 from autoshard.frontend.graph import TensorMeta
 from autoshard.problem.candidates import Candidate
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.reshard import Step, reshard_steps
 from autoshard.sharding.spec import TensorSpec
 from autoshard.solver.model.problem import FORBIDDEN
+
+
+@lru_cache(maxsize=1 << 15)
+def recent_steps(src: TensorSpec, dst: TensorSpec, shape: tuple[int, ...], itemsize: int,
+                 mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
+    """``reshard_steps``, remembered for the last 32,768 distinct calls: an edge's copies
+    (``reshard_copies.py``) reshard pairs its matrix has just priced, and one matrix prices fewer."""
+    return reshard_steps(src, dst, shape, itemsize, mesh_shape)
 
 
 _PRICES: dict[str, dict[tuple, int]] = {}
@@ -83,12 +92,13 @@ class EdgePrices:
         self.kept_over = kept_over
         self.reshards = _PRICES.setdefault(repr(cost_model), {})
         self.matrices: dict[tuple, np.ndarray] = {}
+        self.grids: dict[tuple, tuple[np.ndarray, list, list]] = {}
 
     def reshard(self, src: TensorSpec, dst: TensorSpec, meta: TensorMeta) -> int:
         """Price of turning ``src`` into ``dst`` for a tensor of ``meta``."""
         key = (src, dst, meta.shape, meta.itemsize)
         if key not in self.reshards:
-            steps = reshard_steps(src, dst, meta.shape, meta.itemsize, self.mesh.shape)
+            steps = recent_steps(src, dst, meta.shape, meta.itemsize, self.mesh.shape)
             self.reshards[key] = self.cost_model.ticks(sum(self.cost_model.step_cost(s, meta.shape) for s in steps))
         return self.reshards[key]
 
@@ -126,22 +136,35 @@ class EdgePrices:
                          backward: bool) -> tuple[np.ndarray, np.ndarray]:
         """The forward reshard and (``backward``) the gradient's way back, per strategy pair; in
         float8 where torchao's Float8 tensor-parallel styles cast first (the consumer's input, the
-        producer's output gradient, neither a partial sum: ``cost/float8.activation_itemsize``)."""
-        outs = sorted({s.out_spec for s in src.strategies})
-        ins = sorted({s.in_specs[operand] for s in dst.strategies})
-        cast = _cast(meta, activation_itemsize(dst.node) if operand == 0 else None)
-        fwd = np.array([[self.reshard(a, b, meta if a.partial else cast) for b in ins] for a in outs], dtype=np.int64)
-        matrix = fwd[np.ix_([outs.index(s.out_spec) for s in src.strategies],
-                            [ins.index(s.in_specs[operand]) for s in dst.strategies])]
+        producer's output gradient, neither a partial sum: ``cost/float8.activation_itemsize``).
+        Each is computed once per pair of strategy lists (identical nodes share theirs), operand,
+        tensor and cast, and shared read-only."""
+        forward = self._grid(src, dst, operand, meta, activation_itemsize(dst.node) if operand == 0 else None, False)
         if not backward:
-            return matrix, np.zeros_like(matrix)
-        grads = sorted({s.grad_specs[operand] for s in dst.strategies})
-        expected = sorted({s.out_spec.without_partial() for s in src.strategies})
-        cast = _cast(meta, activation_itemsize(src.node))
-        bwd = np.array([[self.reshard(g, e, meta if g.partial else cast) for g in grads] for e in expected],
-                       dtype=np.int64)
-        return matrix, bwd[np.ix_([expected.index(s.out_spec.without_partial()) for s in src.strategies],
-                                  [grads.index(s.grad_specs[operand]) for s in dst.strategies])]
+            return forward, np.zeros_like(forward)
+        return forward, self._grid(src, dst, operand, meta, activation_itemsize(src.node), True)
+
+    def _grid(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, itemsize: int | None,
+              gradient: bool) -> np.ndarray:
+        """Per (producer strategy, consumer strategy): the forward reshard, or the ``gradient``'s way back."""
+        key = (id(src.strategies), id(dst.strategies), operand, meta, itemsize, gradient)
+        if key not in self.grids:
+            cast = _cast(meta, itemsize)
+            if gradient:  # the consumer's gradient layout g into the producer's layout e, partial sums reduced
+                rows = [s.out_spec.without_partial() for s in src.strategies]
+                columns = [s.grad_specs[operand] for s in dst.strategies]
+                price = lambda e, g: self.reshard(g, e, meta if g.partial else cast)  # noqa: E731
+            else:  # the producer's layout a into the layout b the consumer reads
+                rows = [s.out_spec for s in src.strategies]
+                columns = [s.in_specs[operand] for s in dst.strategies]
+                price = lambda a, b: self.reshard(a, b, meta if a.partial else cast)  # noqa: E731
+            across, down = sorted(set(rows)), sorted(set(columns))
+            table = np.array([[price(r, c) for c in down] for r in across], dtype=np.int64)
+            at_row, at_column = {r: n for n, r in enumerate(across)}, {c: n for n, c in enumerate(down)}
+            grid = table[np.ix_([at_row[r] for r in rows], [at_column[c] for c in columns])]
+            grid.flags.writeable = False
+            self.grids[key] = (grid, src.strategies, dst.strategies)  # the lists keep their identities theirs
+        return self.grids[key][0]
 
     def _owner(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
                overlap: bool) -> np.ndarray:
