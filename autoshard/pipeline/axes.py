@@ -68,11 +68,13 @@ class AxesSearch:
         self.solved: dict[bool, ModelSolution] = {}
         self.graph: OpGraph | None = None
 
-    def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None) -> Searched:
-        """The option's step (``bounded``) or bound, on its axis's engine or, without a pipeline, on
-        the whole problem (which has no recipe of its own: it is solved)."""
+    def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None,
+                 cutoff: float = float("inf")) -> Searched:
+        """The option's step (``bounded``) or bound, on its axis's engine (bounding stops once it
+        reaches ``cutoff``) or, without a pipeline, on the whole problem (which has no recipe of
+        its own: it is solved)."""
         if option.schedule != NO_PIPELINE:
-            return self.engines[option.axis].evaluate(option, bounded, recipe)
+            return self.engines[option.axis].evaluate(option, bounded, recipe, cutoff)
         if recipe is not None:
             raise AutoshardError("the unpipelined candidate has no recipe to cost: solve it")
         if not bounded:

@@ -40,10 +40,11 @@ import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from autoshard.cost.devices import Device, get_device
 from autoshard.cost.memory import microbatched_items
 from autoshard.frontend.graph import NodeKind
 from autoshard.problem.build import ModelProblem
@@ -81,6 +82,15 @@ def horizon_row(mp: ModelProblem, extra: Fraction) -> list[np.ndarray]:
         add(node, copies.items, False)
         node += len(copies.intervals)
     return row
+
+
+def live_budget(build: Mapping[str, Any]) -> int | None:
+    """The live bytes a device's plan may hold under ``build``'s memory budget, derived as
+    ``build_model_problem`` derives its problem's limit; None without a budget."""
+    device = build.get("device")
+    chosen = device if isinstance(device, Device) else get_device(device)
+    budget = build["memory_budget"] if build.get("memory_budget") is not None else chosen.memory
+    return None if budget is None else chosen.live_limit(budget)
 
 
 @dataclass(frozen=True)
@@ -147,17 +157,18 @@ class DeviceParts:
         return sum(p.fewest for p in self.once) + further * min(p.fewest for p in self.layers)
 
 
-def best_multiplier(parts: DeviceParts, further: int, limit: int, scale: float) -> float:
-    """The largest value found of the concave relaxation over lam >= 0 (module formulation):
-    lam = 0, then growing from ``scale`` (ticks per byte) until the subgradient turns negative,
-    then cutting planes between the two last points of opposite signs. Infinite where no plan
-    holds at most ``limit`` bytes at T."""
+def best_multiplier(parts: DeviceParts, further: int, limit: int) -> float:
+    """The largest value found of the concave relaxation over lam >= 0 (module formulation), in
+    ticks: lam = 0, then growing from a sixteenth of the free minimum per byte of ``limit`` until
+    the subgradient turns negative, then cutting planes between the two last points of opposite
+    signs. Infinite where no plan holds at most ``limit`` bytes at T."""
     if parts.fewest(further) > limit:
         return math.inf
     lo, (f_lo, g_lo) = 0.0, parts.at(0.0, further, limit)
     best = f_lo
     if g_lo <= 0:
         return best
+    scale = f_lo / limit / 16 if f_lo > 0 and limit > 0 else 1.0
     hi = scale
     f_hi, g_hi = parts.at(hi, further, limit)
     steps = 0

@@ -34,6 +34,7 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
     best = _seeded(engine, seeds)
     bounds: list[Searched] = []
     unbounded: list[Searched] = []
+    told: set[PipelineOption] = set()  # the options said to be ruled out by their bounds
     for k, option in enumerate(options):
         limit = engine.limit
         if limit.passed() or bounds and limit.timeout is not None and limit.elapsed() > bounding_share * limit.timeout:
@@ -41,17 +42,23 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
             unbounded += [Searched(o, 0.0, bounded=False) for o in options[k:]]
             break
         try:
-            bounds.append(engine.evaluate(option, bounded=False))
+            bounds.append(engine.evaluate(option, bounded=False, cutoff=best.step if best else float("inf")))
         except AutoshardError:  # its stages found no plan in their share of the time: no bound
             engine.progress(f"not bounded in time: {option.label}")
             unbounded.append(Searched(option, 0.0, bounded=False))
             continue
-        engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
+        if best is not None and bounds[-1].bound >= best.step:
+            engine.progress(_ruled_out(bounds[-1], best))
+            told.add(option)
+        else:
+            engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
     if best is not None:
         best.bound = next((b.bound for b in bounds if b.option == best.option), 0.0)
     searched: list[Searched] = []
     for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:
         if engine.limit.passed() or best is not None and entry.bounded and entry.bound >= best.step:
+            if best is not None and entry.bounded and entry.bound >= best.step and entry.option not in told:
+                engine.progress(_ruled_out(entry, best))
             searched.append(entry)
             continue
         try:
@@ -78,6 +85,12 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
                              "microbatches, or a larger mesh")
     lower = min(((s.step if s.proved else s.bound) if s.bounded else 0.0 for s in searched), default=best.step)
     return PipelineResult(best, searched, min(lower, best.step), engine.limit.elapsed(), len(unbounded))
+
+
+def _ruled_out(entry: Searched, best: Searched) -> str:
+    """The progress line of an option whose bound reaches the best step: left unsolved."""
+    return (f"ruled out by its bound {format_seconds(entry.bound)} >= the best step {format_seconds(best.step)} "
+            f"({best.option.label}): {entry.option.label}")
 
 
 def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption]) -> Searched | None:

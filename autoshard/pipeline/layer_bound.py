@@ -178,9 +178,8 @@ class StageProblems(Protocol):
 
 class LayerFloors:
     """Lower bounds on the devices' seconds per microbatch, each from the same device of the option
-    shortened to :data:`SAMPLE` layers per stage: without a memory budget (module formulation), and
-    under ``limit`` live bytes with the device's microbatches in flight (``budget_bound.py``), the
-    larger of the two. The shortened devices are built once per microbatch count, schedule shape,
+    shortened to :data:`SAMPLE` layers per stage: without a memory budget (module formulation), or
+    under ``limit`` live bytes with the device's microbatches in flight (``budget_bound.py``). The shortened devices are built once per microbatch count, schedule shape,
     device and parameter policy; their parts are solved once each, and a part equal to another
     device's (same costs, edges and bytes held) is the same part. ``engine`` gives the graphs and
     device problems it reads; ``floor`` returns at most a part's optimum, in ticks."""
@@ -195,25 +194,25 @@ class LayerFloors:
 
     def seconds(self, option: PipelineOption, stage: Stage, kept: bool, in_flight: int | None = None) -> float | None:
         """At most the device's seconds per microbatch under ``option`` with its parameters kept
-        gathered (``kept``) or gathered per microbatch; with ``in_flight`` (its peak count of
-        forwards awaiting their backward, as the search builds its problem), also under the budget.
-        None where the model has too few layers to shorten."""
+        gathered (``kept``) or gathered per microbatch: with ``in_flight`` (its peak count of
+        forwards awaiting their backward, as the search builds its problem) and a budget, from its
+        parts under the budget (``budget_bound.py``; their minimum without penalty is the free
+        bound of the parts), else from its parts without a budget (module formulation). None where
+        the model has too few layers to shorten."""
         key = (option.microbatches, option.devices, option.virtual, stage.stages[0], kept)
         found = self._device(option, stage.stages[0], kept)
         if found is None or min(stage.counts) < SAMPLE:
             return None
         mp, groups = found
-        if key not in self.parts:
-            self.parts[key] = part_floors(mp.problem, groups, self.floor)
-        ticks = self.parts[key].device(sum(stage.counts))
         if in_flight is not None and self.limit is not None:
             extra = Fraction(in_flight, option.virtual) - 1
             if key + (extra,) not in self.budgeted:
                 self.budgeted[key + (extra,)] = self._split(mp, groups, extra)
-            further = sum(stage.counts) - self.parts[key].sampled
-            ticks = max(ticks, best_multiplier(self.budgeted[key + (extra,)], further, self.limit,
-                                               ticks / max(self.limit, 1) / 16))
-        return ticks / mp.cost_model.ticks_per_unit
+            further = sum(stage.counts) - len(set(groups) - {OUTSIDE})
+            return best_multiplier(self.budgeted[key + (extra,)], further, self.limit) / mp.cost_model.ticks_per_unit
+        if key not in self.parts:
+            self.parts[key] = part_floors(mp.problem, groups, self.floor)
+        return self.parts[key].device(sum(stage.counts)) / mp.cost_model.ticks_per_unit
 
     def _device(self, option: PipelineOption, device: int, kept: bool) -> tuple[ModelProblem, list[int]] | None:
         """``device`` of the shortened option: its problem without a budget, one microbatch in

@@ -27,13 +27,17 @@ first device is solved again with its own received tensors fixed so too), and th
 checked to agree (``Searched.mismatches``).
 
 Search (``claim.py``). Every option first gets a lower bound: its critical path with each ``T_d``
-bounded without a memory budget and without fixed layouts, which can only be cheaper: from the
-device's parts on the option shortened to two layers per stage, its ends plus its further layers
-times one layer's optimum (``layer_bound.py``), else from the device's whole problem. Options
-are then solved in order of bound until the best step found is no more than the next bound; a
-solved option's bound is its critical path over the first device's solver bound and the others'
-unbudgeted bounds. The result is the optimum over the enumerated options when the best step meets
-every bound; otherwise the claim is the best step, the least bound and the gap.
+bounded without fixed layouts, which can only be cheaper: from the device's parts on the option
+shortened to two layers per stage, under its memory budget with its microbatches in flight
+(``budget_bound.py``: a Lagrangian relaxation of the memory at the first backward slot, over the
+parts outside the layers, the sampled layers and the further layers times the cheapest layer), or
+without a budget where there is none (``layer_bound.py``), else from the device's whole problem
+without a budget. Options are then solved in order of bound until the best step found is no more
+than the next bound; an option whose bound reaches the best step is ruled out unsolved, and its
+bounding stops as soon as the devices bounded so far rule it out. A solved option's bound is its
+critical path over the first device's solver bound and the others' bounds as above. The result is
+the optimum over the enumerated options when the best step meets every bound; otherwise the
+claim is the best step, the least bound and the gap.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from autoshard.api import (BudgetError, ModelSolution, StageOptions, build_model_problem, default_solve_options,
                            solve_model_problem)
-from autoshard.cost.devices import Device, get_device
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.plans import relabel
@@ -57,6 +60,7 @@ from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_label
 from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
+from autoshard.pipeline.budget_bound import live_budget
 from autoshard.pipeline.layer_bound import LayerFloors, solved_floor
 from autoshard.pipeline.boundaries import boundary_layouts, boundary_mismatches, boundary_of, device_layouts
 from autoshard.pipeline.stages import Stage, cut, shared_parameters
@@ -301,8 +305,11 @@ class PipelineSearch:
         self.cache[key] = solved
         return solved
 
-    def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None) -> Searched:
-        """The option's step (``bounded``) or its lower bound (no memory budget).
+    def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None,
+                 cutoff: float = float("inf")) -> Searched:
+        """The option's step (``bounded``) or its lower bound (``device_floor`` per device, the
+        fullest devices first; once the critical path over those bounded so far, the others at 0,
+        reaches ``cutoff``, that is its bound and the rest are left unbounded).
 
         Bounded, the first device is solved on its own and the others receive and send their
         boundary tensors in the layouts it sends in (alike devices chain the same tensor), so the
@@ -317,11 +324,16 @@ class PipelineSearch:
             searched.groups.setdefault(stage.signature, []).append(d)
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
         if not bounded:
-            free = {sig: [self.device_floor(option, stages[ds[0]], held[sig], kept) for kept in (True, False)]
-                    for sig, ds in searched.groups.items()}
-            if any(None in floors for floors in free.values()):
-                raise AutoshardError(f"no bound in time: {option.label}")
-            searched.bound = critical_path(option, stages, orders, [min(free[st.signature]) for st in stages])
+            floors: dict[tuple, float] = {}
+            for sig in sorted(searched.groups, key=lambda g: -held[g] * sum(g[0])):
+                found = [self.device_floor(option, stages[searched.groups[sig][0]], held[sig], kept)
+                         for kept in (True, False)]
+                if None in found:
+                    raise AutoshardError(f"no bound in time: {option.label}")
+                floors[sig] = min(found)
+                searched.bound = critical_path(option, stages, orders, [floors.get(st.signature, 0.0) for st in stages])
+                if searched.bound >= cutoff:
+                    break
             return searched
         first = stages[0].signature
         rest = [sig for sig in searched.groups if sig != first]
@@ -353,15 +365,6 @@ class PipelineSearch:
     @staticmethod
     def _times(stages: list[Stage], searched: Searched) -> list[float]:
         return [_seconds(searched.solutions[st.signature], lower=False) for st in stages]
-
-
-def live_budget(build: Mapping[str, Any]) -> int | None:
-    """The live bytes a device's plan may hold under ``build``'s memory budget, derived as
-    ``build_model_problem`` derives its problem's limit; None without a budget."""
-    device = build.get("device")
-    chosen = device if isinstance(device, Device) else get_device(device)
-    budget = build["memory_budget"] if build.get("memory_budget") is not None else chosen.memory
-    return None if budget is None else chosen.live_limit(budget)
 
 
 def kept_gathered(solution: ModelSolution) -> bool:

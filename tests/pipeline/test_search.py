@@ -108,7 +108,8 @@ def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -
     build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
     seed = torchtitan_options(4, 2, BATCH)[0]
     monkeypatch.setattr(pipeline_search, "solve_model_problem", nothing_in_time)
-    monkeypatch.setattr(layer_bound, "solve", nothing_in_time)  # the bounds' parts too
+    monkeypatch.setattr(layer_bound, "solve", nothing_in_time)  # the bounds' parts too, without a budget
+    monkeypatch.setattr(layer_bound, "best_multiplier", nothing_in_time)  # and under it
     engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=60)
     options = options_for(4, 2, [2, 4], ("1f1b",))
     result = search(engine, options, [seed])

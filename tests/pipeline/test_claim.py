@@ -1,0 +1,49 @@
+"""The claim's search rules out, unsolved and said so, every option whose bound reaches the best
+step, and asks for bounds that may stop at the best step (a stub engine: bounds and steps given)."""
+
+from __future__ import annotations
+
+from autoshard.pipeline.claim import search
+from autoshard.pipeline.deadline import TimeLimit
+from autoshard.pipeline.options import PipelineOption
+from autoshard.pipeline.search import Searched
+
+
+class Stub:
+    """Bounds, steps and the seed's step by option; records what was evaluated and each cutoff."""
+
+    def __init__(self, bounds: dict[PipelineOption, float], steps: dict[PipelineOption, float], seed: float) -> None:
+        self.bounds, self.steps, self.seed = bounds, steps, seed
+        self.limit, self.incumbent = TimeLimit(None), object()
+        self.lines: list[str] = []
+        self.cutoffs: list[float] = []
+        self.solved: list[PipelineOption] = []
+
+    def progress(self, line: str) -> None:
+        self.lines.append(line)
+
+    def evaluate(self, option: PipelineOption, bounded: bool, recipe=None, cutoff: float = float("inf")) -> Searched:
+        if recipe is not None:
+            return Searched(option, 0.0, self.seed)
+        if not bounded:
+            self.cutoffs.append(cutoff)
+            return Searched(option, self.bounds[option])
+        self.solved.append(option)
+        return Searched(option, self.bounds[option], self.steps[option])
+
+
+def _option(m: int) -> PipelineOption:
+    return PipelineOption("1f1b", 2, m, 1, (2, 2))
+
+
+def test_options_whose_bound_reaches_the_best_step_are_ruled_out_unsolved_and_named() -> None:
+    seed, cheap, close, dear = _option(1), _option(2), _option(4), _option(8)
+    engine = Stub({seed: 9.0, cheap: 5.0, close: 6.5, dear: 11.0}, {cheap: 6.0, close: 7.0}, seed=10.0)
+    result = search(engine, [cheap, close, dear], seeds=[seed])
+    assert engine.cutoffs == [10.0, 10.0, 10.0]  # bounding may stop at the seed's step
+    assert engine.solved == [cheap]  # its step 6 rules out close (bound 6.5) before it is solved
+    assert result.best.option == cheap and result.best.step == 6.0
+    ruled = [line for line in engine.lines if line.startswith("ruled out")]
+    assert ruled == [f"ruled out by its bound 11 s >= the best step 10 s ({seed.label}): {dear.label}",
+                     f"ruled out by its bound 6.5 s >= the best step 6 s ({cheap.label}): {close.label}"]
+    assert result.lower_bound == 5.0
