@@ -157,38 +157,68 @@ class DeviceParts:
         return sum(p.fewest for p in self.once) + further * min(p.fewest for p in self.layers)
 
 
-def best_multiplier(parts: DeviceParts, further: int, limit: int) -> float:
+class Grid:
+    """The multipliers every device's search tries first, shared so that parts common to several
+    devices (the same layer under the same microbatches in flight) are minimised once per
+    multiplier: ``base * 2 ** (j / 2)`` for whole j, ``base`` set from the first device searched
+    (a sixteenth of its free minimum per byte of the limit); ``start`` is where the last search
+    ended, where the next begins."""
+
+    def __init__(self) -> None:
+        self.base: float | None = None
+        self.start = 0
+
+    def at(self, j: int) -> float:
+        """The j-th multiplier."""
+        return self.base * 2 ** (j / 2)
+
+
+LOWEST = -40
+"""The least grid index a search walks down to (a multiplier 2**-20 of the base)."""
+
+
+def best_multiplier(parts: DeviceParts, further: int, limit: int, grid: Grid | None = None) -> float:
     """The largest value found of the concave relaxation over lam >= 0 (module formulation), in
-    ticks: lam = 0, then growing from a sixteenth of the free minimum per byte of ``limit`` until
-    the subgradient turns negative, then cutting planes between the two last points of opposite
-    signs. Infinite where no plan holds at most ``limit`` bytes at T."""
+    ticks: lam = 0; then a walk on ``grid`` from its ``start`` to two neighbouring multipliers
+    whose subgradients have opposite signs (or lam = 0 and the lowest); then cutting planes between
+    them, at most :data:`STEPS` evaluations after the first in all. Infinite where no plan holds at
+    most ``limit`` bytes at T."""
     if parts.fewest(further) > limit:
         return math.inf
-    lo, (f_lo, g_lo) = 0.0, parts.at(0.0, further, limit)
+    f_lo, g_lo = parts.at(0.0, further, limit)
     best = f_lo
     if g_lo <= 0:
         return best
-    scale = f_lo / limit / 16 if f_lo > 0 and limit > 0 else 1.0
-    hi = scale
-    f_hi, g_hi = parts.at(hi, further, limit)
-    steps = 0
-    while g_hi > 0 and steps < STEPS:
-        best = max(best, f_hi)
-        lo, f_lo, g_lo = hi, f_hi, g_hi
-        hi *= 4
-        f_hi, g_hi = parts.at(hi, further, limit)
-        steps += 1
-    best = max(best, f_hi)
-    while steps < STEPS and g_lo > 0 > g_hi:
-        mid = (f_hi - f_lo + g_lo * lo - g_hi * hi) / (g_lo - g_hi)  # where the two cutting planes meet
-        ceiling = f_lo + g_lo * (mid - lo)
-        if not lo < mid < hi or ceiling - best <= MARGIN * abs(ceiling):
-            break
-        f_mid, g_mid = parts.at(mid, further, limit)
-        best = max(best, f_mid)
-        if g_mid > 0:
-            lo, f_lo, g_lo = mid, f_mid, g_mid
+    grid = grid or Grid()
+    if grid.base is None:
+        grid.base = f_lo / limit / 16 if f_lo > 0 and limit > 0 else 1.0
+    lo, hi = (None, 0.0, f_lo, g_lo), None  # (grid index or None, lam, value, subgradient)
+    j, steps = grid.start, 0
+    while steps < STEPS:
+        lam = grid.at(j)
+        f, g = parts.at(lam, further, limit)
+        steps, best = steps + 1, max(best, f)
+        if g > 0:
+            lo = (j, lam, f, g)
+            if hi is not None and hi[0] == j + 1:
+                break
+            j += 1
         else:
-            hi, f_hi, g_hi = mid, f_mid, g_mid
-        steps += 1
+            hi = (j, lam, f, g)
+            if lo[0] == j - 1 or j <= LOWEST:
+                break
+            j -= 1
+    if lo[0] is not None:
+        grid.start = lo[0]
+    while hi is not None and steps < STEPS and hi[3] < 0:
+        (_, a, f_a, g_a), (_, b, f_b, g_b) = lo, hi
+        mid = (f_b - f_a + g_a * a - g_b * b) / (g_a - g_b)  # where the two cutting planes meet
+        if not a < mid < b or f_a + g_a * (mid - a) - best <= MARGIN * abs(best):
+            break
+        f, g = parts.at(mid, further, limit)
+        steps, best = steps + 1, max(best, f)
+        if g > 0:
+            lo = (None, mid, f, g)
+        else:
+            hi = (None, mid, f, g)
     return best

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from autoshard.frontend.graph import RECEIVED, OpGraph
-from autoshard.pipeline.budget_bound import DeviceParts, Part, best_multiplier, digest, horizon_row
+from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, digest, horizon_row
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.problem.build import ModelProblem
 from autoshard.pipeline.stages import Stage, cut
@@ -191,6 +191,7 @@ class LayerFloors:
         self.parts: dict[tuple, PartFloors] = {}
         self.budgeted: dict[tuple, DeviceParts] = {}
         self.shared: dict[str, Part] = {}
+        self.grids: dict[tuple[int, bool], Grid] = {}
 
     def seconds(self, option: PipelineOption, stage: Stage, kept: bool, in_flight: int | None = None) -> float | None:
         """At most the device's seconds per microbatch under ``option`` with its parameters kept
@@ -209,7 +210,8 @@ class LayerFloors:
             if key + (extra,) not in self.budgeted:
                 self.budgeted[key + (extra,)] = self._split(mp, groups, extra)
             further = sum(stage.counts) - len(set(groups) - {OUTSIDE})
-            return best_multiplier(self.budgeted[key + (extra,)], further, self.limit) / mp.cost_model.ticks_per_unit
+            grid = self.grids.setdefault((option.microbatches, kept), Grid())
+            return best_multiplier(self.budgeted[key + (extra,)], further, self.limit, grid) / mp.cost_model.ticks_per_unit
         if key not in self.parts:
             self.parts[key] = part_floors(mp.problem, groups, self.floor)
         return self.parts[key].device(sum(stage.counts)) / mp.cost_model.ticks_per_unit

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from autoshard.cost.devices import get_device
-from autoshard.pipeline.budget_bound import DeviceParts, Part, best_multiplier, horizon_row
+from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, horizon_row
 from autoshard.pipeline.layer_bound import OUTSIDE, node_groups, subproblem
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.schedules import device_orders, peak_in_flight
@@ -108,6 +108,9 @@ def test_the_relaxation_is_at_most_its_brute_force_optimum() -> None:
                     if outside_u + first_u + sum(u for _, u in rest) <= limit)
         bound = best_multiplier(parts, further, limit)
         assert (5 + 10 + 3 * 10) * (1 - 1e-8) <= bound <= exact
+        shared = Grid()  # a walk from where another device's search ended finds the same maximum
+        best_multiplier(DeviceParts((outside,), (layer,)), 1, 75, shared)
+        assert best_multiplier(parts, further, limit, shared) == pytest.approx(bound, rel=1e-9)
         if 40 + 30 + 3 * 30 > limit:
             assert bound > 5 + 10 + 3 * 10
     assert best_multiplier(parts, further, 10 + 12 + 3 * 12 - 1) == float("inf")
