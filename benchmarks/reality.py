@@ -14,7 +14,7 @@ TransformerBlock compiled alone, ``--compile layers``), torchao Float8 with tens
 torchtitan's plan in our model (FSDP2 resharding after forward in the layers; on a tensor-parallel
 axis its Megatron plan, ``--baseline torchtitan``; on a context-parallel axis every activation split
 along the sequence, attention gathering keys and values, the parameters sharded over every axis as
-torchtitan's ``dp_shard_cp`` mesh does), as torch runs it (``plan_ticks``: attention on split rows
+torchtitan's ``dp_shard_cp`` mesh does), as torch runs it (``as_torch_runs.plan_ticks``: attention on split rows
 as its load-balanced ring attention, ``cost/ring.py``, not our runtime's contiguous query rows; a
 module's input gathered once for all its linears, not once per reader; under async TP each
 tensor-parallel collective micro-pipelined with the matmuls torch's pass fuses it with, chunk by
@@ -39,24 +39,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from as_torch_runs import plan_ticks  # noqa: E402
 from titan_llama import Transformer, titan_llama3_8b  # noqa: E402
 
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
-from autoshard.cost.async_tp import fused_exposed, fuses  # noqa: E402
-from autoshard.cost.compute import causal_split_load, kernel_classes  # noqa: E402
-from autoshard.cost.float8 import activation_itemsize, compute_dtype  # noqa: E402
+from autoshard.cost.compute import kernel_classes  # noqa: E402
 from autoshard.cost.memory import local_bytes  # noqa: E402
-from autoshard.cost.ring import merge_bytes, ring_load  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
-from autoshard.frontend.graph import NodeKind, TensorMeta  # noqa: E402
+from autoshard.frontend.graph import NodeKind  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
 from autoshard.problem.baselines.megatron import _incoming_cost  # noqa: E402
 from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
-from autoshard.problem.build import ModelEdge, ModelProblem  # noqa: E402
-from autoshard.problem.candidates import Candidate  # noqa: E402
-from autoshard.problem.edges import EdgePrices  # noqa: E402
+from autoshard.problem.build import ModelProblem  # noqa: E402
 from autoshard.sharding.layers import find_repeated_layers  # noqa: E402
-from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps  # noqa: E402
 from autoshard.sharding.spec import TensorSpec  # noqa: E402
 
 GIB = 2**30
@@ -212,121 +207,6 @@ def _sequence_split(shape: tuple[int, ...], run: Run, dp_axes: tuple[int, ...], 
     dims[0] = dp_axes
     dims[shape.index(run.seq, 1)] = (cp_axis,)
     return TensorSpec(tuple(dims))
-
-
-def ring_node_ticks(mp: ModelProblem, choice: list[int]) -> list[int]:
-    """Each node's ticks under ``choice`` as torch's ``context_parallel`` runs torchtitan's FSDP x CP
-    plan (``cost/ring.py``): a causal attention whose query rows are split over ``p`` devices does
-    an even share of the causal work (load-balanced chunks; our runtime's contiguous rows leave the
-    last device ``causal_split_load(p)`` times it), plus the ring's fp32 merges, once more in a
-    recomputed forward. Every other node as our model prices it."""
-    ticks = [int(c[s]) for c, s in zip(mp.problem.node_costs, choice)]
-    device = mp.cost_model.device
-    for i, name in enumerate(mp.names):
-        cand = mp.candidates[name]
-        node, strategy = cand.node, cand.strategies[choice[i]]
-        if node.op != "scaled_dot_product_attention" or not node.attrs.get("is_causal") or node.tensor is None:
-            continue
-        parts = mp.mesh.axes_size(strategy.in_specs[0].dims[-2])
-        if parts < 2:
-            continue
-        elements = local_bytes(strategy.out_spec, node.tensor, mp.mesh) // node.tensor.itemsize
-        forward, backward = merge_bytes(elements, parts, node.tensor.itemsize)
-        passes = 2 if cand.reruns is not None and cand.reruns[choice[i]] else 1
-        merges = mp.cost_model.ticks((passes * forward + backward) / device.streaming_bandwidth)
-        ticks[i] = round(ticks[i] * ring_load(parts) / causal_split_load(parts)) + merges
-    return ticks
-
-
-def gathered_once_ticks(mp: ModelProblem, choice: list[int]) -> int:
-    """The edges' ticks under ``choice`` with one reshard per producer and layout read, as
-    torchtitan's tensor-parallel plan runs it: a module's input is redistributed once
-    (``PrepareModuleInput``, ``SequenceParallel``) for all the linears that read it (wq, wk, wv; w1,
-    w3), its gradient reduced once, where our runtime reshards on every reader's edge. A group of
-    edges from one producer to one layout costs its dearest edge; under async TP, what one shared
-    reshard leaves exposed (``shared_async_ticks``)."""
-    groups: dict[tuple[str, TensorSpec], list[ModelEdge]] = {}
-    for edge in mp.edges:
-        if edge.index is not None:
-            read = mp.candidates[edge.dst].strategies[choice[mp.problem.edges[edge.index][1]]].in_specs[edge.operand]
-            groups.setdefault((edge.src, read), []).append(edge)
-    prices = EdgePrices(mp.mesh, mp.cost_model, mp.options.precision)
-    total = 0
-    for members in groups.values():
-        if mp.options.async_tp and mp.candidates[members[0].src].storage is None:
-            sole = sum(src == members[0].src for src, _ in groups) == 1
-            total += shared_async_ticks(mp, prices, members, choice, sole)
-        else:
-            total += max(int(mp.problem.edge_costs[e.index][tuple(choice[n] for n in mp.problem.edges[e.index])])
-                         for e in members)
-    counted = {e.index for members in groups.values() for e in members}
-    return total + sum(int(m[choice[a], choice[b]]) for i, ((a, b), m) in enumerate(zip(mp.problem.edges,
-                                                                                       mp.problem.edge_costs))
-                       if i not in counted)
-
-
-def shared_async_ticks(mp: ModelProblem, prices: EdgePrices, members: list[ModelEdge], choice: list[int],
-                       sole: bool) -> int:
-    """What one reshard of a producer's output, read in one layout by the ``members``' consumers,
-    costs under async TP as torch runs it (``cost/async_tp.py``): its forward an all-gather fused
-    with every consuming bias-free linear (one ``fused_all_gather_matmul``) or a reduce-scatter
-    fused with the producing one (``sole``: the product's only reader), again where a consumer
-    reruns; its backward on the sum of the members' input gradients, in full where more than one
-    writes it, else a reduce-scatter fused with that writer's input-gradient product or an
-    all-gather fused with the producer's; any other reshard in full."""
-    src = mp.candidates[members[0].src]
-    i = choice[mp.problem.edges[members[0].index][0]]
-    out = src.strategies[i].out_spec
-    meta = members[0].meta
-    forward = backward = 0
-    readers, writers, again = [], [], False
-    for edge in members:
-        dst = mp.candidates[edge.dst]
-        j = choice[mp.problem.edges[edge.index][1]]
-        fwd, bwd = prices.reshard_matrices(src, dst, edge.operand, edge.meta, edge.backward)
-        forward, backward = max(forward, int(fwd[i, j])), max(backward, int(bwd[i, j]))
-        readers.append((edge, dst, j))
-        writers += [(edge, dst, j)] if edge.backward else []
-        again |= dst.reruns is not None and bool(dst.reruns[j])
-    edge, dst, j = readers[0]
-    cast = activation_itemsize(dst.node) if edge.operand == 0 and not out.partial else None
-    steps = reshard_steps(out, dst.strategies[j].in_specs[edge.operand], meta.shape, cast or meta.itemsize,
-                          mp.mesh.shape)
-    consumers = [(d, k, 0) for e, d, k in readers if e.operand == 0 and fuses(d.node)]
-    producer = [(src, i, 0)] if sole and fuses(src.node) else []
-    forward_left = min(_fused(mp, steps, meta, ALL_GATHER, forward, consumers, len(consumers) < len(readers)),
-                       _fused(mp, steps, meta, REDUCE_SCATTER, forward, producer))
-    backward_left = backward
-    if len(writers) == 1:
-        edge, dst, j = writers[0]
-        grad = dst.strategies[j].grad_specs[edge.operand]
-        cast = activation_itemsize(src.node) if not grad.partial else None
-        steps = reshard_steps(grad, out.without_partial(), meta.shape, cast or meta.itemsize, mp.mesh.shape)
-        writer = [(dst, j, 1)] if edge.operand == 0 and fuses(dst.node) else []
-        reader = [(src, i, 1)] if fuses(src.node) else []
-        backward_left = min(_fused(mp, steps, meta, REDUCE_SCATTER, backward, writer),
-                            _fused(mp, steps, meta, ALL_GATHER, backward, reader))
-    return forward_left * (2 if again else 1) + backward_left
-
-
-def _fused(mp: ModelProblem, steps: tuple[Step, ...], meta: TensorMeta, kind: str, ticks: int,
-           products: list[tuple[Candidate, int, int]], ragged: bool = False) -> int:
-    """``fused_exposed`` of a reshard of a tensor of ``meta`` with ``products`` (candidate, strategy,
-    0: its forward product, 1: its input-gradient product, half its backward)."""
-    gemms = [(c.flops[k][0] if role == 0 else c.flops[k][1] // 2, compute_dtype(c.node.work, c.node.tensor.dtype))
-             for c, k, role in products]
-    return fused_exposed(steps, meta.shape, mp.mesh.shape, kind, ticks, gemms, mp.cost_model.device,
-                         mp.cost_model.ticks_per_unit, ragged)
-
-
-def plan_ticks(mp: ModelProblem, choice: list[int], as_torch: bool) -> tuple[list[int], int]:
-    """(each node's ticks, the edges' total) of ``choice``: as our model prices it (our runtime), or
-    with ``as_torch`` as torch runs torchtitan's plan: causal attention on split rows as its ring
-    attention (``ring_node_ticks``), a module's input gathered once (``gathered_once_ticks``)."""
-    if not as_torch:
-        nodes = [int(c[s]) for c, s in zip(mp.problem.node_costs, choice)]
-        return nodes, sum(int(m[choice[a], choice[b]]) for (a, b), m in zip(mp.problem.edges, mp.problem.edge_costs))
-    return ring_node_ticks(mp, choice), gathered_once_ticks(mp, choice)
 
 
 def figures(mp: ModelProblem, choice: list[int], run: Run, as_torch: bool = False) -> tuple[float, float, float]:

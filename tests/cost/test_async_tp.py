@@ -295,12 +295,12 @@ def test_megatron_plan_cheaper_by_hidden_collectives() -> None:
 
 
 def test_titan_plan_fuses_where_torch_would() -> None:
-    """benchmarks/reality.py on torchtitan's FSDP x TP plan of one LLaMA-3-8B layer in Float8 (8 x 4096
+    """benchmarks/as_torch_runs.py on torchtitan's FSDP x TP plan of one LLaMA-3-8B layer in Float8 (8 x 4096
     tokens a data-parallel rank, where chunked products run near the unchunked rate): the input
     gathers of wq/wk/wv, w1/w3 and the output projection fuse forward, the first two with their
     summed gradients reduced in full; the row outputs' reduce-scatters fuse with wo and w2; the
     embedding's and the loss's reshards cost what they cost without async TP."""
-    from benchmarks import reality
+    from benchmarks import as_torch_runs, reality
     from benchmarks.titan_llama import Transformer
 
     def build(async_tp: bool) -> ModelProblem:
@@ -314,7 +314,7 @@ def test_titan_plan_fuses_where_torch_would() -> None:
 
     fused, blocking = build(True), build(False)
     choice = reality.torchtitan_choice(blocking)
-    prices = reality.EdgePrices(fused.mesh, fused.cost_model, fused.options.precision)
+    prices = as_torch_runs.EdgePrices(fused.mesh, fused.cost_model, fused.options.precision)
     groups: dict[tuple, list] = {}
     for edge in fused.edges:
         if edge.index is not None and fused.candidates[edge.src].storage is None:
@@ -324,7 +324,7 @@ def test_titan_plan_fuses_where_torch_would() -> None:
     seen = set()
     for (src, _), members in groups.items():
         readers = tuple(sorted(fused.candidates[e.dst].node.op or "" for e in members))
-        left = reality.shared_async_ticks(fused, prices, members, choice, True)
+        left = as_torch_runs.shared_async_ticks(fused, prices, members, choice, True)
         pairs = [tuple(choice[n] for n in blocking.problem.edges[e.index]) for e in members]
         full = max(int(blocking.problem.edge_costs[e.index][pair]) for e, pair in zip(members, pairs))
         i, j = pairs[0]
