@@ -140,13 +140,16 @@ def digest(problem: ShardingProblem, row: Sequence[np.ndarray]) -> str:
 @dataclass(frozen=True)
 class DeviceParts:
     """A device's parts: those counted once (outside the layers, each sampled layer) and the
-    layers one of which every further layer is."""
+    layers one of which every further layer is; ``check`` runs before each evaluation."""
 
     once: tuple[Part, ...]
     layers: tuple[Part, ...]
+    check: Callable[[], None] = lambda: None
 
     def at(self, lam: float, further: int, limit: int) -> tuple[float, float]:
-        """The relaxation's value at ``lam`` (module formulation) and its subgradient."""
+        """The relaxation's value at ``lam`` (module formulation) and its subgradient; ``check``
+        runs first (the search's time limit raises there)."""
+        self.check()
         once = [p.at(lam) for p in self.once]
         layer = min((p.at(lam) for p in self.layers), key=lambda point: point.value)
         value = sum(p.value for p in once) + further * layer.value - lam * limit

@@ -168,7 +168,9 @@ SAMPLE = 2
 
 class StageProblems(Protocol):
     """What :class:`LayerFloors` reads of the pipeline search (``search.PipelineSearch``, which
-    imports this module): the model traced per microbatch count, and one device's problem."""
+    imports this module): its time limit, the model traced per microbatch count, and one device's problem."""
+
+    limit: TimeLimit
 
     def graph(self, microbatches: int) -> OpGraph: ...
 
@@ -256,7 +258,8 @@ class LayerFloors:
             once.append(self.shared[key])
             if group != OUTSIDE:
                 layers.append(self.shared[key])
-        return DeviceParts(tuple(once), tuple(dict.fromkeys(layers)))
+        return DeviceParts(tuple(once), tuple(dict.fromkeys(layers)),
+                           lambda: self.engine.limit.check("bounding a device under its memory budget"))
 
 
 def whole_floor(graph: OpGraph, build: Callable[[OpGraph], ModelProblem], floor: Callable[[ShardingProblem], int]

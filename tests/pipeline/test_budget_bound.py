@@ -134,3 +134,29 @@ def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> Non
             assert 0 < bound <= exact * (1 + 1e-9)
             if device == 0 and kept:
                 assert bound > free * (1 + 1e-4)
+
+
+def test_bounding_under_the_budget_keeps_the_search_time_limit(monkeypatch) -> None:
+    """The limit passes while the first device's parts are minimised at the first multiplier (fake
+    clock): no further multiplier is tried, and the option is left without a bound."""
+    import autoshard.pipeline.budget_bound as budget_bound
+    from autoshard.errors import AutoshardError
+    from tests.solver.helpers import FakeClock
+
+    clock = FakeClock()
+    mesh = parse_mesh("2x2", None, None, 8, DEVICE.intra, DEVICE.inter)
+    model = tiny_llama(4)
+    build = dict(mode="training", device=DEVICE, precision="bf16-mixed", recompute="full", memory_budget=BUDGET)
+    engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, 100.0, clock=clock)
+    calls = []
+    minimise = budget_bound.Part.at
+
+    def late(part, lam):
+        calls.append(lam)
+        clock.now += 200.0
+        return minimise(part, lam)
+
+    monkeypatch.setattr(budget_bound.Part, "at", late)
+    with pytest.raises(AutoshardError, match="no bound in time"):
+        engine.evaluate(options_for(4, 2, [2], ("1f1b",))[0], bounded=False)
+    assert calls and set(calls) == {0.0}
