@@ -1,8 +1,10 @@
 """The search over pipeline options and the claim it makes (the order is ``search.py``'s "Search").
 
 The recipe's plans are costed first (no solving) and seed the best, so that a plan exists early;
-every option is then bounded (within a share of the time limit); options are then solved cheapest bound first until no remaining bound is below the best
-step. The claim is the optimum over the options when the best step meets every bound, else the
+every option is then bounded (within a share of the time limit; an option's bounding stops once its
+devices bounded so far reach the best step); options are then solved cheapest bound first until no
+remaining bound is below the best step. Every option left unsolved because its bound reaches the
+best step is named in a progress line with that bound and the best step. The claim is the optimum over the options when the best step meets every bound, else the
 best step, the least bound and the gap.
 
 At the time limit (``engine.limit``, which every build and solve of the engine keeps) the search
