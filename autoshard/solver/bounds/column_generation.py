@@ -75,12 +75,15 @@ class ColumnGeneration:
 
     def __init__(self, comp: FrozenCore, rng: np.random.Generator, offer: Callable[[np.ndarray], object],
                  messages: MessagePassing | None = None, centre: np.ndarray | None = None,
-                 between: Callable[[], bool] = lambda: False) -> None:
+                 between: Callable[[], bool] = lambda: False,
+                 bounded: Callable[[int], object] = lambda bound: None) -> None:
         """``offer`` hears every priced plan that fits; ``messages``: TRW-S's (warm) state to go on
         from; ``centre``: multipliers to smooth towards before any bound is known; ``between``
-        runs after each pricing step and stops the search when it returns True."""
+        runs after each pricing step and stops the search when it returns True; ``bounded`` hears
+        each better bound of the search outside every branch (a bound on every fitting plan) as
+        it is found, for a caller that may be stopped before the search returns."""
         assert comp.capacity is not None
-        self.comp, self.rng, self.offer, self.between = comp, rng, offer, between
+        self.comp, self.rng, self.offer, self.between, self.bounded = comp, rng, offer, between, bounded
         self.mp = messages if messages is not None else MessagePassing(comp)
         self.capacity = comp.capacity.astype(np.float64)
         self.centre = np.zeros(len(self.capacity)) if centre is None else np.asarray(centre, dtype=np.float64)
@@ -123,6 +126,7 @@ class ColumnGeneration:
                 lam_best, mu_best = lam, mu
                 if not branches:
                     self.centre = lam
+                    self.bounded(bound)
             else:
                 stale += 1
             best.master, best.counts = value, counts

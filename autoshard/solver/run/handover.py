@@ -3,7 +3,8 @@
 1. flips of whole layers (layer_flips.flip_groups): a layer is wider than a wide core's neighbourhoods;
 2. once, where memory binds, a proof is wanted and the problem states tallies (models of
    repeated layers, problem.Tally), the hull bound (column_generation.py): the Lagrangian dual of the memory
-   rows by column generation, with branching on tallies under it; its bound goes to the run,
+   rows by column generation, with branching on tallies under it (here only where the hull engine
+   does not run in a child process, run/workers.py); its bound goes to the run,
    its plans that fit are offered, and a dive that closes every branch proves the best plan.
    Cores without tallies (the IOPDDL instances) keep their time for neighbourhood search: the
    hull is measured on the models' cores only (benchmarks/README.md, "Column generation for
@@ -45,11 +46,12 @@ HULL_SECONDS = 60.0
 class StalledSearch:
     """The moves beyond the Lagrangian steps (module docstring), for one Lagrangian search ``lag``."""
 
-    def __init__(self, state: RunState, pool: EnginePool, lag: Lagrangian[RelaxedMinimiser]) -> None:
+    def __init__(self, state: RunState, pool: EnginePool, lag: Lagrangian[RelaxedMinimiser], hull: bool = True) -> None:
+        """``hull``: the hull bound is this search's to run (not an engine's in a child process)."""
         self.state, self.pool, self.lag = state, pool, lag
         self.lns = NeighbourhoodSearch(state.comp, state.rng, clock=state.clock)
         self.paid = False  # the last slice of neighbourhood search improved the best plan
-        self.hull_due = state.comp.has_memory and state.options.prove and bool(state.comp.tallies)
+        self.hull_due = hull and state.comp.has_memory and state.options.prove and bool(state.comp.tallies)
 
     def due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on

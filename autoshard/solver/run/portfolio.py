@@ -11,7 +11,10 @@ bounds come together (the ``search`` step of run/solve.py).
   - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
     (bounds; its optimum, if it fits, is optimal; stopped sooner once a plan it reported costs
     less than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of
-    at most MILP_MAX_COLUMNS, else a second Lagrangian search with its own
+    at most MILP_MAX_COLUMNS, else on models' cores of counted layers (tallies) that memory binds
+    the hull bound by column generation (column_generation.py, in the child for the rest of the run: its
+    TRW-S pricing needs minutes of sweeps where the run's share of them came late and short),
+    else a second Lagrangian search with its own
     seed, taking turns with toulbar2 on per-node usage weights in place of the rows
     (turns.py, usage_weights.py); this process runs the LP bound, z3 and the
     Lagrangian relaxation of memory by elimination or TRW-S (lagrangian.py, trws.py), exactly step
@@ -118,6 +121,8 @@ class Portfolio:
             return
         if state.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
             second, what = ["highs"], "HiGHS's MILP of the core (child process)"
+        elif state.options.prove and comp.has_memory and comp.tallies:
+            second, what = ["hull"], "the hull bound: column generation on the memory rows (child process)"
         else:
             second, what = ["second-search"], "a second Lagrangian search with usage weights (child process, own seed)"
         if state.finished():
@@ -136,7 +141,7 @@ class Portfolio:
             z3_thread = self.z3.start(cut) if state.options.prove and cut is not None and not state.finished() else None
             if not state.finished():
                 with state.timed("lagrange"):
-                    z3_thread = self._lagrangian(z3_thread, plan)
+                    z3_thread = self._lagrangian(z3_thread, plan, hull=second != ["hull"])
             if z3_thread is not None:
                 with state.timed("z3"):
                     z3_thread.stop(state.teardown_by)
@@ -217,10 +222,12 @@ class Portfolio:
         return relax.cut
 
     def _lagrangian(
-        self, z3_thread: Z3Worker | None, plan: EliminationPlan
+        self, z3_thread: Z3Worker | None, plan: EliminationPlan, hull: bool = True
     ) -> Z3Worker | None:
         """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
-        a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
+        a warm-up with the TRW-S cut instead; ``hull``: the stalled search may run the hull bound
+        here (False while the hull engine runs in a child). Returns the z3 thread (if any) for the
+        caller to stop."""
         state = self.state
         comp = state.comp
         memory = comp.has_memory
@@ -229,7 +236,7 @@ class Portfolio:
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = relaxed_lagrangian(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, self.greedy_time
-        stalled, since = StalledSearch(state, self.pool, lag), (self.state.clock(), 0)
+        stalled, since = StalledSearch(state, self.pool, lag, hull), (self.state.clock(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
             if memory and not lag.minimiser.exact and state.options.toulbar and can_take(comp, rows=False) else None

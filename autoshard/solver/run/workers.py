@@ -1,5 +1,5 @@
 """Engines in forked child processes: toulbar2 (branch and bound, neighbourhood search), HiGHS's
-MILP and a second Lagrangian search on the reduced core, each started, polled and stopped the
+MILP, the hull bound (column generation) and a second Lagrangian search on the reduced core, each started, polled and stopped the
 same way (``EngineWorker``) and reporting typed ``EngineEvent``s (procs/engine_events.py).
 ``ENGINES`` is the registry: each engine's name, what its answers mean (exact, a relaxation,
 bounds that hold) and the search it runs in the child; nothing else dispatches on a name.
@@ -224,6 +224,45 @@ def _highs(worker: EngineWorker, report: Report) -> None:
         report(EngineEvent("bound", result.certified))
 
 
+HULL_SECONDS = 3600.0
+"""The hull engine's own horizon for its dive (the parent kills it at the run's deadline first)."""
+
+
+def _hull(worker: EngineWorker, report: Report) -> None:
+    """The hull bound (column_generation.py: the Lagrangian dual of the memory rows by column
+    generation, then the dive on tallies) from the best plan so far (else TRW-S's first primal,
+    fitting or not, as the master's first column): each better bound outside
+    every branch as it is found, each cheaper priced plan that fits, and the dive's bound when it
+    ends (the known cost itself when its branches hold no cheaper plan)."""
+    import time
+
+    import numpy as np
+
+    from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
+
+    comp = worker.comp
+    best = [worker.upper]
+
+    def offer(x: np.ndarray) -> None:
+        cost = comp.cost(x)
+        if best[0] is None or cost < best[0]:
+            best[0] = cost
+            report(EngineEvent("plan", cost, [int(v) for v in x]))
+
+    generation = ColumnGeneration(comp, np.random.default_rng(worker.seed), offer,
+                                  bounded=lambda bound: report(EngineEvent("bound", bound)))
+    if worker.plan is not None:
+        generation.add(np.asarray(worker.plan, dtype=np.int64))
+    else:  # the master takes any plan as its first column, fitting or not
+        generation.mp.sweep(None, time.monotonic() + HULL_SECONDS)
+        generation.add(generation.mp.primal(None))
+    ended = dive(generation, lambda: best[0], time.monotonic() + HULL_SECONDS)
+    if ended.bound is not None:
+        report(EngineEvent("bound", ended.bound))
+    if ended.closed and best[0] is not None:  # no branch holds a plan cheaper than the known one
+        report(EngineEvent("bound", best[0]))
+
+
 ENGINES = {engine.name: engine for engine in (
     Engine("toulbar2", "toulbar2's hybrid best-first branch and bound with the memory rows as knapsack "
                        "constraints (exact: proves the optimum or that no plan fits)",
@@ -240,5 +279,8 @@ ENGINES = {engine.name: engine for engine in (
                             "toulbar2 on usage-weighted costs (search/turns.py): plans only, where no exact engine "
                             "takes the core",
            _second_search, source="second-search"),
+    Engine("hull", "the Lagrangian dual of the memory rows by column generation priced by TRW-S, then the "
+                   "dive on tallies (column_generation.py): bounds that hold, and the priced plans that fit",
+           _hull, source="hull", bounds=True),
 )}
 """Every engine, by the name its events and plans are reported under."""
