@@ -180,24 +180,26 @@ LOWEST = -40
 """The least grid index a search walks down to (a multiplier 2**-20 of the base)."""
 
 
-def best_multiplier(parts: DeviceParts, further: int, limit: int, grid: Grid | None = None) -> float:
+def best_multiplier(parts: DeviceParts, further: int, limit: int, grid: Grid | None = None,
+                    enough: float = math.inf) -> float:
     """The largest value found of the concave relaxation over lam >= 0 (module formulation), in
     ticks: lam = 0; then a walk on ``grid`` from its ``start`` to two neighbouring multipliers
     whose subgradients have opposite signs (or lam = 0 and the lowest); then cutting planes between
-    them, at most :data:`STEPS` evaluations after the first in all. Infinite where no plan holds at
-    most ``limit`` bytes at T."""
+    them, at most :data:`STEPS` evaluations after the first in all, none once the value found
+    reaches ``enough`` (a caller that takes the least of it and ``enough`` needs no more).
+    Infinite where no plan holds at most ``limit`` bytes at T."""
     if parts.fewest(further) > limit:
         return math.inf
     f_lo, g_lo = parts.at(0.0, further, limit)
     best = f_lo
-    if g_lo <= 0:
+    if g_lo <= 0 or best >= enough:
         return best
     grid = grid or Grid()
     if grid.base is None:
         grid.base = f_lo / limit / 16 if f_lo > 0 and limit > 0 else 1.0
     lo, hi = (None, 0.0, f_lo, g_lo), None  # (grid index or None, lam, value, subgradient)
     j, steps = grid.start, 0
-    while steps < STEPS:
+    while steps < STEPS and best < enough:
         lam = grid.at(j)
         f, g = parts.at(lam, further, limit)
         steps, best = steps + 1, max(best, f)
@@ -213,7 +215,7 @@ def best_multiplier(parts: DeviceParts, further: int, limit: int, grid: Grid | N
             j -= 1
     if lo[0] is not None:
         grid.start = lo[0]
-    while hi is not None and steps < STEPS and hi[3] < 0:
+    while hi is not None and steps < STEPS and hi[3] < 0 and best < enough:
         (_, a, f_a, g_a), (_, b, f_b, g_b) = lo, hi
         mid = (f_b - f_a + g_a * a - g_b * b) / (g_a - g_b)  # where the two cutting planes meet
         if not a < mid < b or f_a + g_a * (mid - a) - best <= MARGIN * abs(best):

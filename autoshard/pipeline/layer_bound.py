@@ -36,6 +36,7 @@ problem for problem.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
@@ -195,13 +196,15 @@ class LayerFloors:
         self.shared: dict[str, Part] = {}
         self.grids: dict[tuple[int, bool], Grid] = {}
 
-    def seconds(self, option: PipelineOption, stage: Stage, kept: bool, in_flight: int | None = None) -> float | None:
+    def seconds(self, option: PipelineOption, stage: Stage, kept: bool, in_flight: int | None = None,
+                enough: float = math.inf) -> float | None:
         """At most the device's seconds per microbatch under ``option`` with its parameters kept
         gathered (``kept``) or gathered per microbatch: with ``in_flight`` (its peak count of
         forwards awaiting their backward, as the search builds its problem) and a budget, from its
         parts under the budget (``budget_bound.py``; their minimum without penalty is the free
-        bound of the parts), else from its parts without a budget (module formulation). None where
-        the model has too few layers to shorten."""
+        bound of the parts; its search stops once it reaches ``enough`` seconds), else from its
+        parts without a budget (module formulation). None where the model has too few layers to
+        shorten."""
         key = (option.microbatches, option.devices, option.virtual, stage.stages[0], kept)
         found = self._device(option, stage.stages[0], kept)
         if found is None or min(stage.counts) < SAMPLE:
@@ -213,7 +216,8 @@ class LayerFloors:
                 self.budgeted[key + (extra,)] = self._split(mp, groups, extra)
             further = sum(stage.counts) - len(set(groups) - {OUTSIDE})
             grid = self.grids.setdefault((option.microbatches, kept), Grid())
-            return best_multiplier(self.budgeted[key + (extra,)], further, self.limit, grid) / mp.cost_model.ticks_per_unit
+            ticks = mp.cost_model.ticks_per_unit
+            return best_multiplier(self.budgeted[key + (extra,)], further, self.limit, grid, enough * ticks) / ticks
         if key not in self.parts:
             self.parts[key] = part_floors(mp.problem, groups, self.floor)
         return self.parts[key].device(sum(stage.counts)) / mp.cost_model.ticks_per_unit

@@ -253,13 +253,15 @@ class PipelineSearch:
             raise failure
         return found, floor
 
-    def device_floor(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool) -> float | None:
+    def device_floor(self, option: PipelineOption, stage: Stage, in_flight: int, kept: bool,
+                     enough: float = float("inf")) -> float | None:
         """At most the device's seconds per microbatch under one parameter policy with ``in_flight``
         microbatches held, whatever its boundary layouts: from its parts on the shortened option,
         without a budget and under it (``layer_bound.py``, ``budget_bound.py``), else from its
-        whole problem without a budget; None when that found no plan in time."""
+        whole problem without a budget (``enough``: a bound at least this much may stop there);
+        None when that found no plan in time."""
         try:
-            parts = self.floors.seconds(option, stage, kept, in_flight)
+            parts = self.floors.seconds(option, stage, kept, in_flight, enough)
             if parts is not None:
                 return parts
             return _seconds(self.solve_stage(option, stage, in_flight, False, 4, kept=kept), lower=True)
@@ -326,11 +328,12 @@ class PipelineSearch:
         if not bounded:
             floors: dict[tuple, float] = {}
             for sig in sorted(searched.groups, key=lambda g: -held[g] * sum(g[0])):
-                found = [self.device_floor(option, stages[searched.groups[sig][0]], held[sig], kept)
-                         for kept in (True, False)]
-                if None in found:
+                stage = stages[searched.groups[sig][0]]
+                gathered = self.device_floor(option, stage, held[sig], True)
+                apart = None if gathered is None else self.device_floor(option, stage, held[sig], False, gathered)
+                if apart is None:
                     raise AutoshardError(f"no bound in time: {option.label}")
-                floors[sig] = min(found)
+                floors[sig] = min(gathered, apart)  # the lesser policy's: past ``gathered`` no need to search
                 searched.bound = critical_path(option, stages, orders, [floors.get(st.signature, 0.0) for st in stages])
                 if searched.bound >= cutoff:
                     break

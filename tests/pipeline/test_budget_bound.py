@@ -114,6 +114,9 @@ def test_the_relaxation_is_at_most_its_brute_force_optimum() -> None:
         if 40 + 30 + 3 * 30 > limit:
             assert bound > 5 + 10 + 3 * 10
     assert best_multiplier(parts, further, 10 + 12 + 3 * 12 - 1) == float("inf")
+    fresh = [part([5, 9], [40, 10]), part([10, 16], [30, 12]), part([10, 13], [30, 20])]
+    enough = best_multiplier(DeviceParts((fresh[0], fresh[1]), (fresh[1], fresh[2])), further, 130, enough=40)
+    assert enough == pytest.approx(45) and all(set(p.seen) == {0.0} for p in fresh)  # no search past ``enough``
 
 
 def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> None:
