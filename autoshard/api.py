@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+import time
 from typing import Any, Callable, Mapping
 
+from autoshard.problem.baselines.start import Start, starting_plan
 from autoshard.problem.build import BuildOptions, ModelProblem, build_problem
 from autoshard.cost.communication import make_cost_model
 from autoshard.cost.devices import Device, get_device
@@ -55,6 +57,8 @@ class ModelSolution:
     model_problem: ModelProblem
     solution: Solution
     plan: Plan
+    start: Start | None = None
+    """The hand-written plan the solver started from (problem/baselines/start.py), if one fit."""
 
 
 def default_solve_options(mp: ModelProblem, timeout: float | None = None) -> SolveOptions:
@@ -131,15 +135,28 @@ def solve_model_problem(
     options: SolveOptions | None = None,
     on_event: Callable[[Any], None] | None = None,
     model_name: str = "",
+    baselines: bool = True,
 ) -> ModelSolution:
-    """Solve a model problem and read the answer back as a plan."""
+    """Solve a model problem and read the answer back as a plan. Under a memory budget (and with
+    ``baselines``) the cheapest hand-written plan that fits is the solver's first best
+    (``starting_plan``), so the answer is it or a cheaper plan; the seconds costing the recipes
+    took come off ``options.timeout``."""
+    options = options or default_solve_options(mp)
+    start = None
+    if baselines and options.start is None:
+        began = time.monotonic()
+        deadline = None if options.timeout is None else began + options.timeout / 2
+        start = starting_plan(mp, deadline)
+        spent = time.monotonic() - began
+        timeout = None if options.timeout is None else max(options.timeout - spent, 0.0)
+        options = replace(options, timeout=timeout, start=None if start is None else start.choice)
     try:
-        solution = solve(mp.problem, options or default_solve_options(mp), on_event=on_event)
+        solution = solve(mp.problem, options, on_event=on_event)
     except InfeasibleError:
         raise BudgetError(_budget_message(mp)) from None
     plan = make_plan(mp, list(solution.choice), model=model_name, lower_bound=solution.lower_bound,
                      proved_optimal=solution.status == "optimal")
-    return ModelSolution(mp, solution, plan)
+    return ModelSolution(mp, solution, plan, start)
 
 
 def _budget_message(mp: ModelProblem) -> str:

@@ -210,6 +210,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         lower = "none" if solution.lower_bound is None else fmt(solution.lower_bound)
         why = "time limit" if args.timeout is not None else "not proved (--no-prove)" if args.no_prove else "no proof"
         console.print(f"[yellow]{why}[/]: best {fmt(solution.cost)}, lower bound {lower}, gap {gap}")
+    if result.start is not None:
+        console.print(_start_line(mp, result.start, solution.cost), highlight=False, markup=False)
     replicated = _all_replicated(mp) if mesh.size > 1 and plan.shards_nothing() else ""
     if replicated:
         console.print(f"[yellow]{replicated}[/] ({_replicated_hint(args, replicated)})", highlight=False)
@@ -233,6 +235,15 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         plan.save(args.out)
         console.print(f"plan written to {args.out}")
     return 0
+
+
+def _start_line(mp: Any, start: Any, ours: int) -> str:
+    """The hand-written plan the solver started from, and whether the answer is it or cheaper."""
+    head = (f"starting plan: {start.name}, {cost_text(mp, start.cost)}, peak {format_bytes(start.peak)} of "
+            f"{format_bytes(mp.problem.usage_limit)} live")
+    if ours >= start.cost:
+        return f"{head}; the answer is that plan (the search found nothing cheaper)"
+    return f"{head}; ours is {ours / start.cost:.3f}x of it"
 
 
 def _all_replicated(mp: Any) -> str:

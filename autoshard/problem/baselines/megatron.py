@@ -14,20 +14,50 @@ from __future__ import annotations
 
 from autoshard.problem.build import ModelProblem
 from autoshard.frontend.graph import NodeKind
+from autoshard.sharding.spec import TensorSpec
+
+
+class Producers:
+    """Each problem node's incoming edges, indexed once: (producer's position, edge index) per
+    node name, so costing a strategy against the producers decided so far reads only its own edges."""
+
+    def __init__(self, mp: ModelProblem) -> None:
+        self.mp = mp
+        self.index = {n: i for i, n in enumerate(mp.names)}
+        self.into: dict[str, list[tuple[int, int]]] = {}
+        self.first_reader: dict[str, tuple[str, int]] = {}  # node -> (first consumer, operand) over priced edges
+        for e in mp.edges:
+            if e.index is None:
+                continue
+            self.into.setdefault(e.dst, []).append((self.index[e.src], e.index))
+            self.first_reader.setdefault(e.src, (e.dst, e.operand))
+
+    def cost(self, name: str, strategy: int, choice: list[int | None]) -> int:
+        """``name``'s own cost under ``strategy`` plus its edges from producers already decided."""
+        p = self.mp.problem
+        total = self.mp.candidates[name].costs[strategy]
+        for src, edge in self.into.get(name, ()):
+            if choice[src] is not None:
+                total += int(p.edge_costs[edge][choice[src], strategy])
+        return total
+
+    def wanted_spec(self, name: str, choice: list[int | None]) -> TensorSpec | None:
+        """The layout ``name``'s first consumer reads it in under ``choice`` (None: no priced consumer)."""
+        first = self.first_reader.get(name)
+        if first is None:
+            return None
+        dst, operand = first
+        return self.mp.candidates[dst].strategies[choice[self.index[dst]]].in_specs[operand]
 
 
 def _incoming_cost(mp: ModelProblem, name: str, strategy: int, choice: list[int | None]) -> int:
-    """Own cost plus the edges from producers already decided."""
-    total = mp.candidates[name].costs[strategy]
-    index = {n: i for i, n in enumerate(mp.names)}
-    for e in mp.edges:
-        if e.dst == name and e.index is not None and choice[index[e.src]] is not None:
-            u, v = mp.problem.edges[e.index]
-            total += int(mp.problem.edge_costs[e.index][choice[u], strategy])
-    return total
+    """Own cost plus the edges from producers already decided (one node; a plan costs every node
+    through one :class:`Producers`)."""
+    return Producers(mp).cost(name, strategy, choice)
 
 
-def _megatron_assignment(mp: ModelProblem, name: str, choice: list[int | None]) -> dict[str, tuple[int, ...]] | None:
+def _megatron_assignment(mp: ModelProblem, name: str, choice: list[int | None],
+                         index: dict[str, int]) -> dict[str, tuple[int, ...]] | None:
     """Column- or row-parallel index assignment for a linear-like op with a parameter weight, else None."""
     cand = mp.candidates[name]
     inst = cand.instance
@@ -46,7 +76,7 @@ def _megatron_assignment(mp: ModelProblem, name: str, choice: list[int | None]) 
     row_index = next((l for l in weight if l in inst.contracted), None)
     col_index = next((l for l in weight if l in inst.output), None)
     src = node.inputs[activation]
-    src_choice = choice[mp.names.index(src)]
+    src_choice = choice[index[src]]
     feature_sharded = False
     if src_choice is not None:
         spec = mp.candidates[src].strategies[src_choice].out_spec
@@ -64,31 +94,26 @@ def _megatron_assignment(mp: ModelProblem, name: str, choice: list[int | None]) 
 def megatron_choice(mp: ModelProblem) -> list[int]:
     """The Megatron-style plan as a strategy index per problem node."""
     choice: list[int | None] = [None] * len(mp.names)
+    producers = Producers(mp)
     for i, name in enumerate(mp.names):
         cand = mp.candidates[name]
         if cand.node.kind not in (NodeKind.OP, NodeKind.OUTPUT):
             continue
         options = range(len(cand.strategies))
-        wanted = _megatron_assignment(mp, name, choice)
+        wanted = _megatron_assignment(mp, name, choice, producers.index)
         if wanted is not None:
             matching = [j for j in options if dict(cand.strategies[j].assignment) == wanted]
             if not matching:  # e.g. the batch does not divide: keep only the tensor-parallel part
                 tp_only = {k: v for k, v in wanted.items() if v == (mp.mesh.ndim - 1,)}
                 matching = [j for j in options if dict(cand.strategies[j].assignment) == tp_only]
             options = matching or options
-        choice[i] = min(options, key=lambda j: _incoming_cost(mp, name, j, choice))
+        choice[i] = min(options, key=lambda j: producers.cost(name, j, choice))
     for i, name in enumerate(mp.names):
         if choice[i] is not None:
             continue
         cand = mp.candidates[name]
-        consumers = [e for e in mp.edges if e.src == name and e.index is not None]
-        if consumers:
-            first = consumers[0]
-            wanted_spec = mp.candidates[first.dst].strategies[choice[mp.names.index(first.dst)]].in_specs[first.operand]
-            matches = [j for j, s in enumerate(cand.strategies) if s.out_spec == wanted_spec]
-            if matches:
-                choice[i] = min(matches, key=lambda j: cand.usages[j])
-                continue
-        choice[i] = 0
+        wanted_spec = producers.wanted_spec(name, choice)
+        matches = [j for j, s in enumerate(cand.strategies) if wanted_spec is not None and s.out_spec == wanted_spec]
+        choice[i] = min(matches, key=lambda j: cand.usages[j]) if matches else 0
     return mp.with_storage_of_users([int(c) for c in choice])
 

@@ -22,7 +22,7 @@ The plan is one point of our search space, so a proved optimum never costs more.
 
 from __future__ import annotations
 
-from autoshard.problem.baselines.megatron import _incoming_cost
+from autoshard.problem.baselines.megatron import Producers
 from autoshard.problem.build import ModelProblem
 from autoshard.frontend.graph import NodeKind
 from autoshard.sharding.layers import find_repeated_layers
@@ -56,12 +56,13 @@ def _wanted(mp: ModelProblem, name: str) -> tuple[dict[str, tuple[int, ...]], in
     return ({**assignment, batch: every[:-1]} if batch else assignment), None
 
 
-def fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
-    """Every parameter stored as its owner reads it plus split over ``axis`` (on the first dim
-    where a gather over ``axis`` alone restores the use layout), re-gathered for backward in
-    training where torchtitan reshards after forward: in the repeated layers, not in the final
-    norm and output projection it wraps last (in a recomputed layer the recompute gathers it
-    again anyway)."""
+def fsdp_storage(mp: ModelProblem, choice: list[int], axis: int | tuple[int, ...]) -> list[int]:
+    """Every parameter stored as its owner reads it plus split over ``axis`` (one mesh axis, or
+    several: torchtitan's data-parallel shard mesh spanning them) on the first dim where a gather
+    over them alone restores the use layout, re-gathered for backward in training where
+    torchtitan reshards after forward: in the repeated layers, not in the final norm and output
+    projection it wraps last (in a recomputed layer the recompute gathers it again anyway)."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
     index = {n: i for i, n in enumerate(mp.names)}
     training = mp.options.mode == "training"
     repeated = find_repeated_layers(mp.graph)
@@ -75,23 +76,27 @@ def fsdp_storage(mp: ModelProblem, choice: list[int], axis: int) -> list[int]:
         again = owned.recompute[choice[index[owner]]] if owned.recompute is not None else None
         ranked = sorted((i for i, s in enumerate(cand.storage) if s.use == use
                          and (cand.recompute is None or cand.recompute[i] == again)),
-                        key=lambda i: (_fsdp_rank(cand.strategies[i].out_spec, use, axis),
+                        key=lambda i: (_fsdp_rank(cand.strategies[i].out_spec, use, axes),
                                        cand.storage[i].regather != (training and owner in in_layers)))
         if ranked:
             choice[index[name]] = ranked[0]
     return choice
 
 
-def _fsdp_rank(stored: TensorSpec, use: TensorSpec, axis: int) -> int:
-    """0 for ``use`` split over ``axis`` on dim 0, d for it on dim d, a large rank for any other layout."""
-    if axis in use.used_axes or stored.partial or stored.used_axes != use.used_axes | {axis}:
+def _fsdp_rank(stored: TensorSpec, use: TensorSpec, axes: tuple[int, ...]) -> int:
+    """0 for ``use`` split over ``axes`` on dim 0, d for them on dim d, a large rank for any other
+    layout (larger still when ``stored`` is not ``use``)."""
+    if set(axes) & use.used_axes or stored.partial or stored.used_axes != use.used_axes | set(axes):
         return 1 << 20 if stored != use else 1 << 19
-    return next(d for d, axes in enumerate(stored.dims) if axis in axes)
+    return next((d for d, split in enumerate(stored.dims) if set(axes) <= set(split)), 1 << 18)
 
 
-def torchtitan_choice(mp: ModelProblem) -> list[int]:
-    """torchtitan's plan (module doc) as a strategy index per problem node."""
+def torchtitan_choice(mp: ModelProblem, fsdp_axes: tuple[int, ...] = (0,)) -> list[int]:
+    """torchtitan's plan (module doc) as a strategy index per problem node, FSDP over ``fsdp_axes``
+    (default the first mesh axis; torchtitan's ``dp_shard`` may span every axis but the
+    tensor-parallel last one)."""
     choice: list[int | None] = [None] * len(mp.names)
+    producers = Producers(mp)
     for i, name in enumerate(mp.names):
         cand = mp.candidates[name]
         if cand.node.kind not in (NodeKind.OP, NodeKind.OUTPUT):
@@ -105,15 +110,10 @@ def torchtitan_choice(mp: ModelProblem) -> list[int]:
             matching = [j for j in options if dict(cand.strategies[j].assignment) == assignment
                         and cand.strategies[j].exchange_axis == exchange]
             options = matching or options
-        choice[i] = min(options, key=lambda j: _incoming_cost(mp, name, j, choice))
+        choice[i] = min(options, key=lambda j: producers.cost(name, j, choice))
     for i, name in enumerate(mp.names):
         if choice[i] is None:  # inputs, parameters, buffers: as their first reader reads them
-            consumers = [e for e in mp.edges if e.src == name and e.index is not None]
-            cand = mp.candidates[name]
-            wanted_spec = None
-            if consumers:
-                first = consumers[0]
-                wanted_spec = mp.candidates[first.dst].strategies[choice[mp.names.index(first.dst)]].in_specs[first.operand]
-            matches = [j for j, s in enumerate(cand.strategies) if s.out_spec == wanted_spec]
+            wanted_spec = producers.wanted_spec(name, choice)
+            matches = [j for j, s in enumerate(mp.candidates[name].strategies) if s.out_spec == wanted_spec]
             choice[i] = matches[0] if matches else 0
-    return mp.complete(fsdp_storage(mp, [int(c) for c in choice], 0))
+    return mp.complete(fsdp_storage(mp, [int(c) for c in choice], fsdp_axes))

@@ -19,6 +19,8 @@ class SolveOptions:
     for the randomised parts.
     ``gap``: stop once (best - lower bound) / best is at most this (0: until proved). ``toulbar``:
     let toulbar2 search the cores it can take (toulbar.py); off, the rest of the portfolio works alone.
+    ``start``: a plan of the original problem (one strategy per node, e.g. a hand-written baseline)
+    that, when it fits and avoids forbidden costs, is the first best: the answer is it or a cheaper plan.
     """
 
     timeout: float | None = None
@@ -28,6 +30,7 @@ class SolveOptions:
     seed: int = 0
     gap: float = 0.0
     toulbar: bool = True
+    start: tuple[int, ...] | None = None
 
 
 @dataclass

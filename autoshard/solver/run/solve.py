@@ -52,6 +52,8 @@ def solve(problem: ShardingProblem, options: SolveOptions, emit: EventCallback) 
     """Find the cheapest plan of ``problem`` (anytime); raise InfeasibleError when none exists."""
     state = RunState(problem, options, emit)
     check(state)
+    if options.start is not None:
+        state.start_from(options.start, "baseline")
     build(state)
     try:
         reduce(state)

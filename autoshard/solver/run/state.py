@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from autoshard.solver.procs.clock import MONOTONIC, Clock
-from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
 from autoshard.solver.core.reduced import FrozenCore, Core
 from autoshard.solver.core.evaluation import Expansion, FlatProblem
 from autoshard.solver.model.events import Checked, EventCallback, Finished, Improved, LowerBound
@@ -123,6 +123,19 @@ class RunState:
         if self.options.gap <= 0 or self.lower is None or self.best_cost is None:
             return False
         return self.best_cost - self.lower <= self.options.gap * max(abs(self.best_cost), 1)
+
+    def start_from(self, choice: tuple[int, ...], source: str) -> bool:
+        """Take a plan of the original problem (``SolveOptions.start``) as the first best when it
+        fits and avoids forbidden costs; every plan offered after must cost less than it."""
+        limit = self.problem.usage_limit
+        cost = self.problem.cost(choice)
+        peak = None if limit is None else self.problem.peak_usage(choice)
+        if cost >= FORBIDDEN or (peak is not None and peak > limit):
+            return False
+        self.best, self.best_cost = list(choice), cost
+        self.improvements += 1
+        self.emit(Improved(self.improvements, cost, tuple(choice), None, self.elapsed(), source, peak))
+        return True
 
     def offer(self, local: np.ndarray | list[int], source: str, bound: int | None) -> bool:
         """Report a core plan if it beats the best (evaluated exactly on the original problem)."""

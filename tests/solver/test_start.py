@@ -1,0 +1,75 @@
+"""``SolveOptions.start``: a plan of the original problem that fits is the first best, so the
+answer is it or a cheaper plan, never none; a plan that does not fit is ignored."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoshard.errors import AutoshardError
+from autoshard.solver import Improved, SolveOptions, solve
+from autoshard.solver.model.problem import ShardingProblem
+from tests.solver.helpers import brute_force, random_problem
+
+
+def _fitting(problem: ShardingProblem) -> list[tuple[int, list[int]]]:
+    """(cost, choice) of every allowed plan that fits, most expensive first."""
+    plans = []
+    for choice in itertools.product(*[range(problem.num_strategies(i)) for i in range(problem.num_nodes)]):
+        ev = problem.evaluate(list(choice))
+        if ev.feasible:
+            plans.append((ev.cost, list(choice)))
+    return sorted(plans, reverse=True)
+
+
+def _problem_with_plans(seed: int) -> tuple[ShardingProblem, list[tuple[int, list[int]]]]:
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        problem = random_problem(rng, int(rng.integers(2, 6)), memory=True)
+        plans = _fitting(problem)
+        if len(plans) > 1:
+            return problem, plans
+    pytest.skip("no random problem with two fitting plans")
+
+
+def test_the_start_is_the_answer_when_the_search_finds_nothing():
+    problem, plans = _problem_with_plans(1)
+    worst_cost, worst = plans[0]
+    with pytest.raises(AutoshardError, match="no plan found"):
+        solve(problem, SolveOptions(reduce=False, warm_start=False, prove=False))
+    events: list = []
+    solution = solve(problem, SolveOptions(reduce=False, warm_start=False, prove=False, start=tuple(worst)), events.append)
+    assert solution.choice == worst and solution.cost == worst_cost and solution.status == "feasible"
+    first = next(e for e in events if isinstance(e, Improved))
+    assert first.source == "baseline" and first.cost == worst_cost
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), reduce=st.booleans())
+def test_the_answer_is_the_optimum_whatever_the_start(seed, reduce):
+    problem, plans = _problem_with_plans(seed)
+    optimum = brute_force(problem)[0]
+    _, start = plans[int(np.random.default_rng(seed).integers(len(plans)))]
+    solution = solve(problem, SolveOptions(reduce=reduce, start=tuple(start)))
+    assert solution.status == "optimal" and solution.cost == optimum
+    assert problem.evaluate(solution.choice).feasible
+
+
+def test_a_start_that_does_not_fit_is_ignored():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        problem = random_problem(rng, 4, memory=True)
+        everything = itertools.product(*[range(problem.num_strategies(i)) for i in range(problem.num_nodes)])
+        over = next((list(c) for c in everything if not problem.is_feasible(list(c))), None)
+        if over is not None and brute_force(problem) is not None:
+            break
+    else:
+        pytest.skip("no random problem with a plan over its limit")
+    events: list = []
+    solution = solve(problem, SolveOptions(start=tuple(over)), events.append)
+    assert problem.is_feasible(solution.choice) and solution.cost == brute_force(problem)[0]
+    assert all(e.source != "baseline" for e in events if isinstance(e, Improved))
