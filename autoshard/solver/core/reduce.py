@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from numba import njit
@@ -79,8 +80,11 @@ class Size:
         return Size(len(core.alive), edges, sum(core.k(v) for v in core.alive))
 
 
-def reduce_core(core: Core, deadline: float | None = None) -> Counter:
-    """Apply every reduction until none applies (or the deadline passes); return counts per kind."""
+def reduce_core(core: Core, deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> Counter:
+    """Apply every reduction until none applies or ``clock()`` passes ``deadline``; return counts
+    per kind. The deadline is read before each node's step and before each round's row work (slack,
+    compression, implied rows), so the reductions end within one step of it: what they leave is
+    still exact, only less reduced."""
     counts: Counter = Counter()
     memo = Memo()
     queue = deque(sorted(core.alive))
@@ -94,14 +98,19 @@ def reduce_core(core: Core, deadline: float | None = None) -> Counter:
                 queued.add(w)
                 queue.append(w)
 
+    def late() -> bool:
+        return deadline is not None and clock() > deadline
+
     while True:
         while queue:
-            if deadline is not None and time.monotonic() > deadline:
+            if late():
                 return counts
             v = queue.popleft()
             queued.discard(v)
             if v in core.alive:
                 step(core, v, push, counts, memo)
+        if late():
+            return counts
         changed, empty = prune_by_slack(core)
         if empty is not None:
             raise NoAssignment(empty, memory=True)
