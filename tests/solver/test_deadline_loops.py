@@ -1,4 +1,4 @@
-"""The reductions and the greedy start keep their deadline, on a fake clock: each loop reads the
+"""The reductions and the memory-weighted start keep their deadline, on a fake clock: each loop reads the
 clock before every unit of work and stops at the first reading past the deadline."""
 
 from __future__ import annotations
@@ -8,10 +8,13 @@ import itertools
 import numpy as np
 
 import autoshard.solver.core.reduce as reduce_module
+import autoshard.solver.search.penalised_start as penalised_start
 from autoshard.solver.core.reduced import Core
 from autoshard.solver.core.reduce import reduce_core
 from autoshard.solver.core.rows import attach_memory
+from autoshard.solver.search.penalised_start import weighted_start
 from tests.solver.helpers import brute_force, random_problem
+from tests.solver.test_penalised_start import flag_chain
 
 
 class Ticks:
@@ -50,3 +53,17 @@ def test_reductions_without_a_deadline_run_to_the_fixpoint():
     core = Core(problem)
     reduce_core(core, clock=Ticks())
     assert not core.alive or all(len(core.adj[v]) > 2 for v in core.alive)
+
+
+def test_the_weighted_start_sets_up_trws_only_when_its_measured_time_fits(monkeypatch):
+    problem = flag_chain(8)
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    built = []
+    real = penalised_start.MessagePassing
+    monkeypatch.setattr(penalised_start, "MessagePassing", lambda c: (built.append(c), real(c))[1])
+    # the pass over the segments reads 1 then 2 on the fake clock: one tick, so the set-up needs 15
+    assert weighted_start(comp, np.random.default_rng(0), 2.0 + 14.0, clock=Ticks()) is None and not built
+    weighted_start(comp, np.random.default_rng(0), 2.0 + 16.0, clock=Ticks())
+    assert built  # (its sweeps then keep the deadline on the real clock: test_penalised_start.py)
