@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.errors import AutoshardError
-from autoshard.solver import Improved, SolveOptions, solve
+from autoshard.solver import Improved, Phase, SolveOptions, solve
 from autoshard.solver.model.problem import ShardingProblem
 from tests.solver.helpers import brute_force, random_problem
 
@@ -73,3 +73,12 @@ def test_a_start_that_does_not_fit_is_ignored():
     solution = solve(problem, SolveOptions(start=tuple(over)), events.append)
     assert problem.is_feasible(solution.choice) and solution.cost == brute_force(problem)[0]
     assert all(e.source != "baseline" for e in events if isinstance(e, Improved))
+
+
+def test_no_search_past_the_limit_once_a_start_fits():
+    problem, plans = _problem_with_plans(5)
+    cost, start = plans[0]
+    events: list = []
+    solution = solve(problem, SolveOptions(timeout=0.0, reduce=False, start=tuple(start)), events.append)
+    assert solution.choice == start and solution.cost == cost
+    assert not any(isinstance(e, Phase) for e in events)  # the portfolio never started

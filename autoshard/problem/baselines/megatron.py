@@ -114,6 +114,7 @@ def megatron_choice(mp: ModelProblem) -> list[int]:
         cand = mp.candidates[name]
         wanted_spec = producers.wanted_spec(name, choice)
         matches = [j for j, s in enumerate(cand.strategies) if wanted_spec is not None and s.out_spec == wanted_spec]
-        choice[i] = min(matches, key=lambda j: cand.usages[j]) if matches else 0
+        usage = lambda j: sum(item.usage[j] for item in cand.items)  # noqa: E731 (the matches' only, not cand.usages')
+        choice[i] = min(matches, key=usage) if matches else 0
     return mp.with_storage_of_users([int(c) for c in choice])
 

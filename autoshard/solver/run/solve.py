@@ -59,7 +59,8 @@ def solve(problem: ShardingProblem, options: SolveOptions, emit: EventCallback) 
         reduce(state)
     except NoAssignment as err:
         return state.infeasible(no_assignment_message(state, err))
-    search(state)
+    if state.best is None or not state.out_of_time():  # a start that fits needs no search past the limit
+        search(state)
     return answer(state)
 
 
