@@ -39,6 +39,10 @@ from autoshard.cost.units import format_bytes
 
 GRAPH_TABLE_MAX_NODES = 40
 """Graphs of at most this many nodes print their table unasked; larger ones with --graph."""
+OUTPUT_PER_NODE = 1e-3
+"""Seconds per graph node kept from the solver's time limit for reading the plan back and printing
+it (tables, schedule, PyTorch-native code): LLaMA-3 405B's 6,945 nodes took 6-7 s on a loaded
+2-core machine, which ran a 60 s limit to 67 s."""
 PIPED_WIDTH = 10_000
 """Console width when stdout is not a terminal: tables keep their natural width instead of rich's 80."""
 ALL_REPLICATED = "all replicated: the model is too small to be worth sharding at these costs"
@@ -186,7 +190,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     console.print(f"{loaded.name}: {len(graph)} graph nodes, {p.num_nodes} decision nodes, {len(p.edges)} edges, "
                   f"mesh {mesh.label}, {args.mode}, cost model {mp.cost_model.name}"
                   + (f", memory budget {budget_text}" if budget else ""))
-    options = problem_file.solve_options(args, default_solve_options(mp, clock.solver_budget()))
+    seconds = clock.solver_budget()
+    if seconds is not None:  # the plan's read-back and printing take time in proportion to the graph
+        seconds = max(0.1, seconds - OUTPUT_PER_NODE * len(graph))
+    options = problem_file.solve_options(args, default_solve_options(mp, seconds))
     with Live(console=console, transient=True, refresh_per_second=2) if not args.quiet else contextlib.nullcontext() as live:
         progress = ModelProgress(mp, console, args.tables, live if not args.quiet else None)
         log_lines = LogLines(progress) if args.log else None

@@ -82,3 +82,10 @@ def test_no_search_past_the_limit_once_a_start_fits():
     solution = solve(problem, SolveOptions(timeout=0.0, reduce=False, start=tuple(start)), events.append)
     assert solution.choice == start and solution.cost == cost
     assert not any(isinstance(e, Phase) for e in events)  # the portfolio never started
+
+
+def test_nothing_is_built_once_the_limit_has_passed_with_a_start():
+    problem, plans = _problem_with_plans(6)
+    cost, start = plans[0]
+    solution = solve(problem, SolveOptions(timeout=0.0, start=tuple(start)))
+    assert solution.choice == start and solution.cost == cost and solution.core_nodes == 0

@@ -54,6 +54,8 @@ def solve(problem: ShardingProblem, options: SolveOptions, emit: EventCallback) 
     check(state)
     if options.start is not None:
         state.start_from(options.start, "baseline")
+    if state.best is not None and state.out_of_time():  # a start that fits: no work past the limit
+        return answer(state)
     build(state)
     try:
         reduce(state)
