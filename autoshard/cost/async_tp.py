@@ -56,11 +56,10 @@ two products on different streams sharing the SMs (torch's reason for two stream
 reducing quantization inefficiency"; here they run one after the other), and inductor's
 ``reorder_for_compute_comm_overlap`` filter (off by default).
 
-``exposed`` is the solver's per-edge rule while its edges know only tick matrices, not the
-collective's kind, ranks and bytes nor the products' flops: every reshard beside a matmul treated
-as fused with it, in the limit of the above for ``n -> inf`` chunks at the unchunked rate with free
-copies and reductions (``max(0, F - G)``; in the backward ``G`` the input-gradient half), an upper
-bound on what hides.
+The solver prices each activation edge this way (``problem/edges.py`` ``EdgePrices.async_matrices``):
+per strategy pair, the forward reshard fused as a gather with the consumer's product or as a
+scatter with the producer's, the gradient's with the input-gradient products, whichever exposes
+least, and in full where ``fused_step`` finds no single fusable collective.
 """
 
 from __future__ import annotations
@@ -74,10 +73,6 @@ import numpy as np
 from autoshard.cost.devices import Device
 from autoshard.frontend.graph import OpNode
 from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, SLICE, Step
-
-MatmulTicks = tuple[np.ndarray, np.ndarray] | None
-"""(forward, backward) compute ticks per strategy of a matmul, or of the matmuls reading one
-gathered tensor (forwards summed); None for any other op."""
 
 NARROWEST_LAST_DIM_SHARD = 1024
 """micro_pipeline_tp.py: a shard gathered along its last dim narrower than this is not fused
@@ -174,22 +169,3 @@ def fused_exposed(steps: Sequence[Step], shape: tuple[int, ...], mesh_shape: tup
     gemms = Gemms(tuple(flops for flops, _ in products), dtype, device, ticks_per_unit)
     return pipelined_exposed(step, mesh_shape[step.axis], ticks, gemms)
 
-
-def exposed(forward: np.ndarray, backward: np.ndarray, producer: MatmulTicks, consumer: MatmulTicks,
-            writers: int = 1) -> np.ndarray:
-    """The per-edge bound (module doc): what an edge's forward and backward reshard matrices
-    (producer x consumer strategies) leave beside the matmuls at either end, ``producer`` or
-    ``consumer``, ``max(0, F - M) + max(0, B - G / 2)`` with ``M`` and ``G`` the larger end's forward
-    and backward ticks; with more than one gradient ``writers`` summed into the backward
-    collective, all of the backward."""
-    hide_forward = np.zeros_like(forward)
-    hide_backward = np.zeros_like(backward)
-    if producer is not None:
-        hide_forward = np.maximum(hide_forward, producer[0][:, None])
-        hide_backward = np.maximum(hide_backward, producer[1][:, None])
-    if consumer is not None:
-        hide_forward = np.maximum(hide_forward, consumer[0][None, :])
-        hide_backward = np.maximum(hide_backward, consumer[1][None, :])
-    if writers > 1:
-        hide_backward = np.zeros_like(backward)
-    return np.maximum(0, forward - hide_forward) + np.maximum(0, backward - hide_backward // 2)

@@ -18,10 +18,11 @@ plus the gradient's reduction, and ``fwd_j`` / ``bwd_j`` the owner's own forward
 compute under ``j`` (recompute included). Pairing each parameter with its own op's twin, not the
 whole layer, never hides more than the layer could. Every other collective (activations, tensor
 parallelism) is exposed: the step is the sum of compute and exposed communication.
-With ``async_tp`` (``--async-tp``), an activation edge next to a matmul is charged only what the
-matmul's compute cannot hide (``cost/async_tp.py``). Under tensorwise Float8, a converted linear's
-input and its output's gradient are resharded in float8 where no partial sum moves
-(``cost/float8.activation_itemsize``).
+With ``async_tp`` (``--async-tp``), an activation edge's reshard is charged what torch's
+micro-pipelined collective leaves exposed where its inductor pass fuses it with a product
+(``cost/async_tp.py`` ``fused_exposed``, ``EdgePrices.async_matrices``), else in full. Under
+tensorwise Float8, a converted linear's input and its output's gradient are resharded in float8
+where no partial sum moves (``cost/float8.activation_itemsize``).
 
 Where the model charges compute and FSDP2 runs the parameters (``fsdp2``: with overlap, every
 parameter, the embedding and head outside the repeated layers included), FSDP2's own copies on
@@ -55,14 +56,13 @@ from functools import lru_cache
 import numpy as np
 
 from autoshard.cost.communication import CostModel
-from autoshard.cost.async_tp import MatmulTicks, exposed
-from autoshard.cost.compute import MATMUL_OPS
-from autoshard.cost.float8 import activation_itemsize, gather_itemsize
+from autoshard.cost.async_tp import fused_exposed, fuses
+from autoshard.cost.float8 import activation_itemsize, compute_dtype, gather_itemsize
 from autoshard.cost.memory import local_bytes, param_precision
 from autoshard.frontend.graph import TensorMeta
 from autoshard.problem.candidates import Candidate
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import Step, reshard_steps
+from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps
 from autoshard.sharding.spec import TensorSpec
 from autoshard.solver.model.problem import FORBIDDEN
 
@@ -82,7 +82,8 @@ built in the process (pipeline stages, budgeted and free): a price depends on no
 
 class EdgePrices:
     """Cost matrices of edges, shared across identical edges (repeated layers); ``async_tp``: an
-    activation edge next to a matmul hides under it (``cost/async_tp.py``)."""
+    activation edge's collective fused with a product leaves only what torch's pipeline exposes
+    (``async_matrices``)."""
 
     async_tp: bool = False
 
@@ -110,6 +111,8 @@ class EdgePrices:
         parameter's traffic to its owner hides under the owner's compute (module doc)."""
         key = (id(src.strategies), id(dst.strategies), id(dst.costs), id(dst.reruns), operand, meta, backward, owner,
                same_block, overlap)  # identical nodes share these lists; a kept one's costs and reruns differ
+        if self.async_tp:  # what async_matrices reads besides: the ends' ops, their flops and compute dtypes
+            key += (_fusing(src), _fusing(dst))
         if key not in self.matrices:
             if owner:
                 matrix = self._owner(src, dst, operand, meta, backward, overlap)
@@ -127,10 +130,68 @@ class EdgePrices:
         return self.matrices[key]
 
     def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
-        forward, back = self.reshard_matrices(src, dst, operand, meta, backward)
-        if self.async_tp:
-            return exposed(forward, back, matmul_ticks(src), matmul_ticks(dst))
+        forward, back = (self.async_matrices if self.async_tp else self.reshard_matrices)(src, dst, operand, meta,
+                                                                                          backward)
         return forward + back
+
+    def async_matrices(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
+                       backward: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``reshard_matrices`` as torch's micro-pipelined TP runs them (``cost/async_tp.py``): per
+        pair (i, j), with ``F``/``B`` the blocking forward/backward reshards and ``E(T, kind, p)``
+        the ``fused_exposed`` ticks of a reshard priced ``T`` fused as a collective of ``kind`` with
+        the (flops, dtype) product ``p`` (``T`` itself where ``fused_step`` finds no single
+        collective of that kind torch fuses),
+
+            forward(i, j)  = min(E(F_ij, ALL_GATHER, dst's forward product under j),
+                                 E(F_ij, REDUCE_SCATTER, src's forward product under i))
+            backward(i, j) = min(E(B_ij, REDUCE_SCATTER, dst's input-gradient product under j),
+                                 E(B_ij, ALL_GATHER, src's input-gradient product under i))
+
+        each term only where that end ``fuses`` (and, for dst's, the edge is its left operand 0;
+        the input-gradient product ``dX = dY W`` is half a linear's backward flops); with no term,
+        ``F_ij`` / ``B_ij``. A fused pipeline can expose more than the blocking collective (its
+        copies, chunks below the device's best rate): torch fuses it all the same, so it is not
+        capped. Each edge reshards for its own consumer, so no gathered tensor is ragged. Not
+        modelled: torch's pass also wants a scattered product to have no other reader."""
+        forward, back = self.reshard_matrices(src, dst, operand, meta, backward)
+        if not self.cost_model.charges_compute:  # no product time to hide under
+            return forward, back
+        cast = activation_itemsize(dst.node) if operand == 0 else None
+        forward = self._fused(forward, [s.out_spec for s in src.strategies],
+                              [s.in_specs[operand] for s in dst.strategies], meta, cast,
+                              (ALL_GATHER, dst, 0) if operand == 0 else None, (REDUCE_SCATTER, src, 0))
+        if backward:
+            back = self._fused(back, [s.grad_specs[operand] for s in dst.strategies],
+                               [s.out_spec.without_partial() for s in src.strategies], meta,
+                               activation_itemsize(src.node), (REDUCE_SCATTER, dst, 1) if operand == 0 else None,
+                               (ALL_GATHER, src, 1), transposed=True)
+        return forward, back
+
+    def _fused(self, full: np.ndarray, sources: list[TensorSpec], targets: list[TensorSpec], meta: TensorMeta,
+               itemsize: int | None, by_dst: tuple[str, Candidate, int] | None, by_src: tuple[str, Candidate, int],
+               transposed: bool = False) -> np.ndarray:
+        """``full`` (producer x consumer strategies) with each pair's reshard, from ``sources`` (by
+        consumer strategy if ``transposed``, else by producer strategy) into ``targets`` (the other
+        way), at its least ``fused_exposed`` over the fusings ``by_dst`` / ``by_src`` (kind, the end
+        whose product fuses, 0: its forward product, 1: its input-gradient product)."""
+        options = [(o, side) for o, side in ((by_dst, 1), (by_src, 0)) if o is not None and fuses(o[1].node)
+                   and o[1].flops is not None]
+        if not options:
+            return full
+        out = full.copy()
+        for i, j in zip(*np.nonzero(full)):
+            a, b = (sources[j], targets[i]) if transposed else (sources[i], targets[j])
+            cast = meta if a.partial else _cast(meta, itemsize)
+            steps = recent_steps(a, b, meta.shape, cast.itemsize, self.mesh.shape)
+            lefts = []
+            for (kind, end, role), side in options:
+                flops = end.flops[(i, j)[side]]
+                product = (flops[0] if role == 0 else flops[1] // 2,
+                           compute_dtype(end.node.work, end.node.tensor.dtype))
+                lefts.append(fused_exposed(steps, meta.shape, self.mesh.shape, kind, int(full[i, j]), [product],
+                                           self.cost_model.device, self.cost_model.ticks_per_unit))
+            out[i, j] = min(lefts)
+        return out
 
     def reshard_matrices(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
                          backward: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -220,9 +281,8 @@ def _cast(meta: TensorMeta, itemsize: int | None) -> TensorMeta:
     return meta if itemsize is None else replace(meta, itemsize=itemsize)
 
 
-def matmul_ticks(cand: Candidate) -> MatmulTicks:
-    """(forward, backward) compute ticks per strategy of a matmul node; None for any other node."""
-    if cand.node.op not in MATMUL_OPS or cand.forward_costs is None:
-        return None
-    forward = np.asarray(cand.forward_costs, dtype=np.int64)
-    return forward, np.asarray(cand.costs, dtype=np.int64) - forward
+def _fusing(cand: Candidate) -> tuple:
+    """What ``EdgePrices.async_matrices`` reads of an end besides its strategies: whether torch's
+    pass fuses with it, its per-strategy flops (shared by identical nodes) and its compute dtype."""
+    fused = fuses(cand.node) and cand.flops is not None
+    return (id(cand.flops), compute_dtype(cand.node.work, cand.node.tensor.dtype)) if fused else ()
