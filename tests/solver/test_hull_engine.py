@@ -15,6 +15,8 @@ from autoshard.solver.engines.milp import solve_problem_milp
 from autoshard.solver.run.engine_pool import EnginePool
 from tests.solver.test_branching import layers_that_must_partly_recompute
 from tests.solver.test_column_generation import hull_value, with_random_tally
+from autoshard.solver.core.reduced import Core
+from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.run.workers import EngineWorker
 from tests.solver.test_engines import HANG, ended
 from tests.solver.test_milp import cores, fitting_plans
@@ -106,3 +108,21 @@ def test_repeated_layers_that_memory_binds_get_the_hull_engine_after_toulbar2_wi
     assert reference.optimal and solution.cost is not None and solution.cost >= reference.cost
     assert solution.lower_bound is not None and solution.lower_bound <= reference.cost
     assert problem.evaluate(solution.choice).feasible
+
+
+def test_the_bound_of_the_child_the_dive_enters_is_heard_and_holds() -> None:
+    """Eight layers of which 3.5 fit: the root recomputes 4.5 of them; with a plan one tick above
+    the optimum known, K <= 4 is closed and the dive enters K >= 5, whose bound (the optimum,
+    five layers recomputing) is heard before the dive returns."""
+    problem = layers_that_must_partly_recompute(8)
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    optimum = 5 * 7
+    heard: list[int] = []
+    generation = ColumnGeneration(comp, np.random.default_rng(0), lambda x: None, bounded=heard.append)
+    generation.add(np.array([1] * 8))  # every layer recomputes: it fits
+    ended = dive(generation, lambda: optimum + 1, time.monotonic() + 30)
+    assert [(b.sense, b.k) for b in ended.branches][:1] == [(-1, 5)]
+    assert max(heard) <= optimum and max(heard) == ended.bound
+    assert max(heard) > heard[0]  # the root's first bound is below what entering the child gave

@@ -80,8 +80,8 @@ class ColumnGeneration:
         """``offer`` hears every priced plan that fits; ``messages``: TRW-S's (warm) state to go on
         from; ``centre``: multipliers to smooth towards before any bound is known; ``between``
         runs after each pricing step and stops the search when it returns True; ``bounded`` hears
-        each better bound of the search outside every branch (a bound on every fitting plan) as
-        it is found, for a caller that may be stopped before the search returns."""
+        each better bound on every fitting plan as it is found (the root's, then each open child's
+        that the dive enters), for a caller that may be stopped before the search returns."""
         assert comp.capacity is not None
         self.comp, self.rng, self.offer, self.between, self.bounded = comp, rng, offer, between, bounded
         self.mp = messages if messages is not None else MessagePassing(comp)
@@ -209,8 +209,13 @@ class PooledCounts:
         return result.bound
 
     def enter(self, branch: Branch, index: int) -> bool:
+        """Into the only open child: the other holds no plan cheaper than the known one, so this
+        child's bound holds for every fitting plan and the generation's ``bounded`` hears it."""
         self.path.append(branch)
         self.at = self.found[index].counts
+        bound = self.found[index].bound
+        if bound is not None:
+            self.generation.bounded(bound)
         return True
 
     def ceiling(self) -> float:
