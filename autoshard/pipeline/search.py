@@ -59,11 +59,11 @@ from autoshard.solver import Solution, SolveOptions
 from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_label
-from autoshard.pipeline.schedules import device_orders, peak_in_flight, timing
+from autoshard.pipeline.schedules import device_orders, peak_in_flight
 from autoshard.pipeline.budget_bound import live_budget
 from autoshard.pipeline.layer_bound import LayerFloors, solved_floor
 from autoshard.pipeline.boundaries import boundary_layouts, boundary_mismatches, boundary_of, device_layouts
-from autoshard.pipeline.stages import Stage, cut, shared_parameters
+from autoshard.pipeline.stages import Stage, critical_path, cut, shared_parameters
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
@@ -334,7 +334,8 @@ class PipelineSearch:
                 if apart is None:
                     raise AutoshardError(f"no bound in time: {option.label}")
                 floors[sig] = min(gathered, apart)  # the lesser policy's: past ``gathered`` no need to search
-                searched.bound = critical_path(option, stages, orders, [floors.get(st.signature, 0.0) for st in stages])
+                floor = [floors.get(st.signature, 0.0) for st in stages]
+                searched.bound = critical_path(len(option.counts), stages, orders, floor)
                 if searched.bound >= cutoff:
                     break
             return searched
@@ -360,9 +361,9 @@ class PipelineSearch:
                 # a free problem without a plan in time bounds nothing from below
                 lower[sig] = 0.0 if None in free else min(free)
         searched.mismatches = boundary_mismatches(stages, [searched.solutions[st.signature] for st in stages])
-        searched.step = critical_path(option, stages, orders, self._times(stages, searched))
+        searched.step = critical_path(len(option.counts), stages, orders, self._times(stages, searched))
         if recipe is None:  # a recipe's plans, not solved, bound nothing
-            searched.bound = critical_path(option, stages, orders, [lower[st.signature] for st in stages])
+            searched.bound = critical_path(len(option.counts), stages, orders, [lower[st.signature] for st in stages])
         return searched
 
     @staticmethod
@@ -396,15 +397,3 @@ def floor_ticks(solution: Solution) -> int:
     if solution.lower_bound is not None:
         return solution.lower_bound
     return solution.cost if solution.status == "optimal" else 0
-
-
-def critical_path(option: PipelineOption, stages: list[Stage], orders: list, per_device: Sequence[float]) -> float:
-    """The schedule's step when device ``d`` takes ``per_device[d]`` seconds per microbatch, split
-    over its stages and into forward and backward by torch's flop counts."""
-    forward = [0.0] * len(option.counts)
-    backward = [0.0] * len(option.counts)
-    for stage, seconds in zip(stages, per_device):
-        total = sum(f + b for f, b in stage.flops) or 1
-        for s, (f, b) in zip(stage.stages, stage.flops):
-            forward[s], backward[s] = seconds * f / total, seconds * b / total
-    return timing(orders, forward, backward).step

@@ -19,6 +19,7 @@ import networkx as nx
 
 from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode
+from autoshard.pipeline.schedules import timing
 from autoshard.problem.plan import Plan
 from autoshard.sharding.layers import RepeatedLayers
 from autoshard.sharding.spec import TensorSpec
@@ -165,3 +166,16 @@ def stage_layouts(graph: OpGraph, plan: Plan) -> tuple[dict[str, TensorSpec], di
 def stage_outputs(graph: OpGraph) -> tuple[str, ...]:
     """What a stage returns: its final outputs (the loss, on the last stage), then what it sends."""
     return next(n for n in graph if n.kind == NodeKind.OUTPUT).inputs
+
+
+def critical_path(stage_count: int, stages: Sequence[Stage], orders: list, per_device: Sequence[float]) -> float:
+    """The schedule's step (``orders``, over ``stage_count`` stages) when device ``d`` takes
+    ``per_device[d]`` seconds per microbatch, split over its stages and into forward and backward
+    by torch's flop counts."""
+    forward = [0.0] * stage_count
+    backward = [0.0] * stage_count
+    for stage, seconds in zip(stages, per_device):
+        total = sum(f + b for f, b in stage.flops) or 1
+        for s, (f, b) in zip(stage.stages, stage.flops):
+            forward[s], backward[s] = seconds * f / total, seconds * b / total
+    return timing(orders, forward, backward).step
