@@ -1,5 +1,6 @@
 """torchtitan's plan priced as torch runs it, not as our runtime would: causal attention on split
-query rows as torch's load-balanced ring attention (``cost/ring.py``), a module's input
+query rows as torch's load-balanced ring attention with its gradients' fp32 exchanges
+(``cost/ring.py``), a module's input
 redistributed once for all the linears reading it, and under async TP each tensor-parallel
 collective micro-pipelined with the matmuls torch's pass fuses it with (``cost/async_tp.py``).
 ``reality.py`` prices every published row with ``plan_ticks(..., as_torch=True)``."""
@@ -10,13 +11,28 @@ from autoshard.cost.async_tp import fused_exposed, fuses
 from autoshard.cost.compute import causal_split_load
 from autoshard.cost.float8 import activation_itemsize, compute_dtype
 from autoshard.cost.memory import local_bytes
-from autoshard.cost.ring import merge_bytes, ring_load
+from autoshard.cost.ring import gradient_ring_seconds, merge_bytes, ring_load
 from autoshard.frontend.graph import TensorMeta
 from autoshard.problem.build import ModelEdge, ModelProblem
 from autoshard.problem.candidates import Candidate
 from autoshard.problem.edges import EdgePrices
 from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps
 from autoshard.sharding.spec import TensorSpec
+
+
+def ring_attentions(mp: ModelProblem, choice: list[int]) -> list[tuple[int, int]]:
+    """(node index, ring size) of each causal attention whose query rows ``choice`` splits over
+    ``p >= 2`` devices: what torch's ``context_parallel`` runs as ring attention."""
+    found = []
+    for i, name in enumerate(mp.names):
+        cand = mp.candidates[name]
+        node, strategy = cand.node, cand.strategies[choice[i]]
+        if node.op != "scaled_dot_product_attention" or not node.attrs.get("is_causal") or node.tensor is None:
+            continue
+        parts = mp.mesh.axes_size(strategy.in_specs[0].dims[-2])
+        if parts >= 2:
+            found.append((i, parts))
+    return found
 
 
 def ring_node_ticks(mp: ModelProblem, choice: list[int]) -> list[int]:
@@ -27,20 +43,36 @@ def ring_node_ticks(mp: ModelProblem, choice: list[int]) -> list[int]:
     recomputed forward. Every other node as our model prices it."""
     ticks = [int(c[s]) for c, s in zip(mp.problem.node_costs, choice)]
     device = mp.cost_model.device
-    for i, name in enumerate(mp.names):
-        cand = mp.candidates[name]
-        node, strategy = cand.node, cand.strategies[choice[i]]
-        if node.op != "scaled_dot_product_attention" or not node.attrs.get("is_causal") or node.tensor is None:
-            continue
-        parts = mp.mesh.axes_size(strategy.in_specs[0].dims[-2])
-        if parts < 2:
-            continue
-        elements = local_bytes(strategy.out_spec, node.tensor, mp.mesh) // node.tensor.itemsize
-        forward, backward = merge_bytes(elements, parts, node.tensor.itemsize)
+    for i, parts in ring_attentions(mp, choice):
+        cand, query = mp.candidates[mp.names[i]], mp.candidates[mp.names[i]].node.tensor
+        elements = local_bytes(cand.strategies[choice[i]].out_spec, query, mp.mesh) // query.itemsize
+        forward, backward = merge_bytes(elements, parts, query.itemsize)
         passes = 2 if cand.reruns is not None and cand.reruns[choice[i]] else 1
         merges = mp.cost_model.ticks((passes * forward + backward) / device.streaming_bandwidth)
         ticks[i] = round(ticks[i] * ring_load(parts) / causal_split_load(parts)) + merges
     return ticks
+
+
+def ring_exchange_ticks(mp: ModelProblem, choice: list[int]) -> int:
+    """Ticks the ring attentions' backward exchanges of fp32 key and value gradients leave exposed
+    under ``choice`` (``cost/ring.py``: ``gradient_ring_seconds``), on the slowest link of the axes
+    splitting the sequence: all of them where the step is compiled (the ring traced into the graph),
+    else what each step's share of the attention's backward (its even share of the causal work, as
+    ``ring_node_ticks``) does not hide. The keys' and values' all-gathers are the plan's own edges."""
+    total = 0.0
+    for i, parts in ring_attentions(mp, choice):
+        cand, j = mp.candidates[mp.names[i]], choice[i]
+        axes = cand.strategies[j].in_specs[0].dims[-2]
+        latency, bandwidth = max(mp.mesh.latency[a] for a in axes), min(mp.mesh.bandwidth[a] for a in axes)
+        query, key = cand.node.tensor, mp.graph[cand.node.inputs[1]].tensor
+        elements = local_bytes(cand.strategies[j].out_spec, query, mp.mesh) // query.itemsize * key.numel // query.numel
+        hidden = None
+        if mp.options.compile is None:
+            forward = cand.forward_costs[j] * (2 if cand.reruns is not None and cand.reruns[j] else 1)
+            backward = (int(mp.problem.node_costs[i][j]) - forward) * ring_load(parts) / causal_split_load(parts)
+            hidden = backward / parts / mp.cost_model.ticks_per_unit
+        total += gradient_ring_seconds(elements, parts, latency, bandwidth, hidden)
+    return mp.cost_model.ticks(total)
 
 
 def gathered_once_ticks(mp: ModelProblem, choice: list[int]) -> int:
@@ -127,8 +159,9 @@ def _fused(mp: ModelProblem, steps: tuple[Step, ...], meta: TensorMeta, kind: st
 def plan_ticks(mp: ModelProblem, choice: list[int], as_torch: bool) -> tuple[list[int], int]:
     """(each node's ticks, the edges' total) of ``choice``: as our model prices it (our runtime), or
     with ``as_torch`` as torch runs torchtitan's plan: causal attention on split rows as its ring
-    attention (``ring_node_ticks``), a module's input gathered once (``gathered_once_ticks``)."""
+    attention (``ring_node_ticks``) with its gradients' exchanges (``ring_exchange_ticks``), a
+    module's input gathered once (``gathered_once_ticks``)."""
     if not as_torch:
         nodes = [int(c[s]) for c, s in zip(mp.problem.node_costs, choice)]
         return nodes, sum(int(m[choice[a], choice[b]]) for (a, b), m in zip(mp.problem.edges, mp.problem.edge_costs))
-    return ring_node_ticks(mp, choice), gathered_once_ticks(mp, choice)
+    return ring_node_ticks(mp, choice), gathered_once_ticks(mp, choice) + ring_exchange_ticks(mp, choice)

@@ -19,6 +19,16 @@ step's output is merged into the running one by its log-sum-exp in fp32 (``_SDPA
 backward accumulates the query's and the travelling keys' and values' gradients in fp32
 (``_templated_ring_attention_backward``); ``merge_bytes`` counts that HBM traffic as one fused pass
 per step (inductor fuses the pointwise merge of a compiled block).
+
+The keys and values reach a device by one all-gather per pass (``_AllGatherRotater``), but their
+gradients travel the ring: after every backward step the device sends its fp32 key and value
+gradient buffers to the next rank (``dkv_rotater``, always ``ALL_TO_ALL``: ``permute_tensor``), ``p``
+exchanges of ``2 E`` fp32 elements for keys and values of ``E`` local elements each
+(``gradient_ring_bytes``). Under torch.compile the ring is traced into the block's graph, where
+each functional collective is awaited where it is issued (``_maybe_wrap_tensor``: ``wait_tensor``
+at once while tracing; inductor moves no wait unless ``reorder_for_compute_comm_overlap``, off by
+default), so every exchange is exposed; eagerly each overlaps the next step's kernel
+(``gradient_ring_seconds``).
 """
 
 from __future__ import annotations
@@ -66,3 +76,24 @@ def merge_bytes(elements: int, parts: int, itemsize: int = 2) -> tuple[int, int]
     step = 3 * merge  # the query's accumulator and the travelling key and value buffers
     backward = zeros + parts * step + 3 * cast_out
     return forward, backward
+
+
+def gradient_ring_bytes(elements: int, parts: int) -> int:
+    """Bytes one device sends in a backward's ring of key and value gradients, for keys and values of
+    ``elements`` local elements each: ``parts`` exchanges of both fp32 buffers, ``parts * 2 E * 4``
+    (0 on one device, which runs no ring)."""
+    return 0 if parts < 2 else parts * 2 * elements * FP32
+
+
+def gradient_ring_seconds(elements: int, parts: int, latency: float, bandwidth: float,
+                          hidden_under: float | None) -> float:
+    """Exposed seconds of that ring on a link of ``latency`` s and ``bandwidth`` bytes/s, each exchange
+    taking ``t = latency + 8 E / bandwidth``. Traced (``hidden_under`` None: each exchange awaited where
+    it is issued): ``p t``. Eager: the exchange sent after step ``i`` is awaited after step ``i + 1``'s
+    kernel of ``hidden_under`` seconds, the last one after the loop: ``(p - 1) max(0, t - h) + t``."""
+    if parts < 2:
+        return 0.0
+    exchange = latency + gradient_ring_bytes(elements, parts) / parts / bandwidth
+    if hidden_under is None:
+        return parts * exchange
+    return (parts - 1) * max(0.0, exchange - hidden_under) + exchange
