@@ -18,9 +18,12 @@ each axis gets the role PyTorch's APIs give a mesh dimension:
   replicated: the forward and the gradients are the same);
 - **replica** (``replica``): the plan does nothing on the axis; its ranks compute the same batch.
 
-An axis whose view has no such form (expert routing, attention split over the sequence by heads
-or by query rows, ``lower.context``; a second axis that shards weights for use) runs as
-replicas, and the source says so in a comment naming the choice and why, so the rest of the
+- **sequence parallel** (``sp``, at most one axis): the repeated blocks on the rank's slice of the
+  sequence, attention split by heads through all-to-alls, the MLP column/row-parallel on the
+  gathered sequence (``lower.sequence``, for transformers' models).
+
+An axis whose view has no such form (expert routing, attention split by query rows,
+``lower.context``; a second axis that shards weights for use) runs as replicas, and the source says so in a comment naming the choice and why, so the rest of the
 plan still exports and runs: a plan never fails to export. Per repeated block (``lower.blocks``):
 ``checkpoint_wrapper`` (full, or torchtitan's selective op policy) where the plan recomputes,
 and ``reshard_after_forward`` as it keeps or re-gathers the parameters. Gradients:
@@ -42,10 +45,11 @@ from torch import nn
 
 from autoshard.frontend.graph import NodeKind, OpGraph
 from autoshard.lower.blocks import memory_units
-from autoshard.lower.context import sequence_attention
+from autoshard.lower.context import HEADS, attention_split
 from autoshard.lower.native_source import render
 from autoshard.lower.project import parameter_dependent, project
-from autoshard.lower.roles import DP, REPLICA, TP, NativeLayout
+from autoshard.lower.roles import DP, REPLICA, SP, TP, NativeLayout
+from autoshard.lower.sequence import sequence_axis
 from autoshard.lower.tp_styles import NotMappable, batch_cut, tp_styles
 from autoshard.problem.plan import Plan
 from autoshard.sharding.reshard import ALL_GATHER, SLICE
@@ -99,9 +103,15 @@ def _role(view: Plan, graph: OpGraph, model: nn.Module, dependent: frozenset[str
     if any(n.op == "moe_experts" and n.in_specs[3].dims[0] for n in view.nodes.values()):
         raise NotMappable("it runs experts split over devices (expert routing), which no parallelize_module style "
                           "expresses for transformers' experts modules")
-    attention = sequence_attention(view, graph, dependent)
-    if attention is not None:
-        raise NotMappable(attention)
+    split = attention_split(view, graph, dependent)
+    if split is not None and split.kind == HEADS and layout.sequence is None:
+        try:
+            layout.sequence = sequence_axis(view, graph, model, dependent, split.module)
+        except NotMappable as why:
+            raise NotMappable(f"{split.description}; the sequence-parallel export does not fit it: {why}") from None
+        return SP
+    if split is not None:
+        raise NotMappable(split.description)
     used_sharded = any(graph[e.src].kind == NodeKind.PARAM and not e.dst_spec.is_replicated for e in view.edges)
     role = TP if used_sharded else DP
     _check_inputs(view, graph, dependent, role)

@@ -1,7 +1,7 @@
 """Render a :class:`NativeLayout` as torchtitan-style Python source.
 
 The source defines ``build_mesh``, ``parallelize(model, mesh)`` (a short list of named steps, as
-torchtitan's ``parallelize_llama``: ``apply_tp``, ``apply_ac``, ``apply_fsdp``, each present only
+torchtitan's ``parallelize_llama``: ``apply_tp``, ``apply_sp``, ``apply_ac``, ``apply_fsdp``, each present only
 when the plan needs it), ``loss_context()`` and ``loss_share(loss)``. Choices PyTorch has no API
 for are comment lines at the top (``NativeLayout.notes``).
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import textwrap
 
 from autoshard.lower.blocks import FULL, NONE, SELECTIVE
-from autoshard.lower.roles import DP, TP, NativeLayout
+from autoshard.lower.roles import DP, SP, TP, NativeLayout
+from autoshard.lower.sequence import HEADS, HEADS_IMPORTS, block_loop, sequence_lines
 from autoshard.lower.tp_styles import style_arguments
 from autoshard.problem.plan import Plan
 
@@ -97,20 +98,27 @@ def _ac_lines(layout: NativeLayout) -> list[str]:
 
 
 def _fsdp_lines(layout: NativeLayout, names: list[str]) -> list[str]:
-    units, sub = layout.units, _sub_mesh(names, layout.fsdp_axes)
+    units, seq = layout.units, layout.sequence
     shared_tp = TP in layout.roles and layout.roles.index(TP) in layout.fsdp_axes
     ignored = ", ignored_params=_ignored(module, styled)" if shared_tp else ""
     lines = ["def apply_fsdp(model, mesh):",
              '    """fully_shard per block and on the root; reshard_after_forward where the plan gathers again in '
-             'backward."""', f"    dp = {sub}"]
+             'backward."""']
+    lines += [f"    dp = {_sub_mesh(names, layout.fsdp_axes)}"] if layout.fsdp_axes else []
+    if seq is not None:
+        axes = [*layout.fsdp_axes, layout.roles.index(SP)]
+        along = _sub_mesh(names, axes) + (f'._flatten("{"_".join(names[a] for a in axes)}")' if len(axes) > 1 else "")
+        lines.append(f"    along = {along}  # the blocks' parts on sequence slices: gradients summed over these")
     if shared_tp:
-        lines.append("    styled = {p for p in model.parameters() if isinstance(p, DTensor)}  # left to their styles")
+        mine = f' and p.device_mesh.mesh_dim_names == ("{names[layout.roles.index(TP)]}",)' if seq else ""
+        lines.append(f"    styled = {{p for p in model.parameters() if isinstance(p, DTensor){mine}}}  "
+                     "# left to their styles")
         others = [a for a in layout.fsdp_axes if layout.roles[a] == DP]
         if others:
             lines += [f"    for path in {tuple(layout.styles)!r}:",
                       f"        fully_shard(model.get_submodule(path), mesh={_sub_mesh(names, others)})"]
     apart = [path for unit in (*units.blocks, units.root) for path in unit.regathered]
-    if apart:
+    if apart and layout.fsdp_axes:
         lines += ["    # re-gathered for backward, unlike the rest of their block",
                   f"    for path in {_tuple(tuple(apart), 16)}:",
                   "        fully_shard(model.get_submodule(path), mesh=dp, reshard_after_forward=True)"]
@@ -120,10 +128,17 @@ def _fsdp_lines(layout: NativeLayout, names: list[str]) -> list[str]:
         blocks = f'model.get_submodule("{units.container}")'
         loop = f"i, module in enumerate({blocks})" if "i in" in flag else f"module in {blocks}"
         lines += [f"    again = {_tuple(again, 12)}"] if "i in" in flag else []
-        lines += [f"    for {loop}:",
-                  f"        fully_shard(module, mesh=dp, reshard_after_forward={flag}{ignored})"]
-    lines.append(f"    fully_shard(model, mesh=dp, reshard_after_forward={units.root.reshard}"
-                 f"{ignored.replace('module', 'model')})")
+        if seq is not None:
+            lines.append(f"    blocks = {blocks}")
+            for group in seq.groups:
+                lines += [f"    {block_loop(group, seq.blocks)}",
+                          f"        fully_shard([blocks[i].get_submodule(p) for p in {group.parts!r}], mesh=along, "
+                          f"reshard_after_forward={flag})"]
+        if layout.fsdp_axes:
+            lines += [f"    for {loop}:", f"        fully_shard(module, mesh=dp, reshard_after_forward={flag}{ignored})"]
+    if layout.fsdp_axes:
+        lines.append(f"    fully_shard(model, mesh=dp, reshard_after_forward={units.root.reshard}"
+                     f"{ignored.replace('module', 'model')})")
     lines += ["    for module in model.modules():  # each rank's loss is its share: sum the gradients",
               "        if isinstance(module, FSDPModule):", "            module.set_gradient_divide_factor(1.0)",
               "            module.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no pre-scaled one)"]
@@ -160,13 +175,16 @@ def _imports(text: str, layout: NativeLayout) -> list[str]:
     placements = [name for name in ("DTensor", "Replicate", "Shard") if f"{name}(" in text or f"{name})" in text]
     if placements:
         lines.append(f"from torch.distributed.tensor import {', '.join(placements)}")
-    parallel = sorted({s.kind for s in layout.styles.values()} | ({"PrepareModuleInput"} if any(layout.sliced_inputs)
-                                                                  else set()))
-    parallel += ["loss_parallel"] if "loss_parallel(" in text else []
-    if layout.styles:
+    kinds = {s.kind for s in layout.styles.values()} | ({"PrepareModuleInput"} if any(layout.sliced_inputs) else set())
+    if layout.sequence is not None:
+        kinds |= {"PrepareModuleInput", "PrepareModuleOutput", *(style for group in layout.sequence.groups for _, style in group.styles)}
+    parallel = sorted(kinds) + (["loss_parallel"] if "loss_parallel(" in text else [])
+    if kinds:
         lines.append(f"from torch.distributed.tensor.parallel import {', '.join([*parallel, 'parallelize_module'])}")
     if "selective_context" in text:
         lines.append("from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts")
+    if "attention_by_heads(" in text:
+        lines += HEADS_IMPORTS
     return lines
 
 
@@ -176,9 +194,11 @@ def render(plan: Plan, layout: NativeLayout) -> str:
     steps: list[list[str]] = []
     if layout.styles:
         steps.append(_tp_lines(layout, names))
+    if layout.sequence is not None:
+        steps.append(sequence_lines(layout.sequence, names[layout.roles.index(SP)]))
     if layout.units.container is not None and any(u.recompute != NONE for u in layout.units.blocks):
         steps.append(_ac_lines(layout))
-    if layout.fsdp_axes:
+    if layout.fsdp_axes or layout.sequence is not None:
         steps.append(_fsdp_lines(layout, names))
     vocab_sharded = any(style.dtensor_output for style in layout.styles.values())
     body = [
@@ -204,6 +224,8 @@ def render(plan: Plan, layout: NativeLayout) -> str:
         text += SELECTIVE_POLICY
     if "_ignored(" in text:
         text += IGNORED
+    if "attention_by_heads(" in text:
+        text += HEADS
     head = [f'"""{plan.model or "The model"}\'s autoshard plan on mesh {plan.mesh.label} in PyTorch\'s own APIs '
             "(torchtitan style).", "", _describe(layout, names), '"""', ""]
     head += [f"# not exported: {note}" for note in layout.notes] + ([""] if layout.notes else [])

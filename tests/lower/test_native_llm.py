@@ -1,18 +1,19 @@
 """LLaMA-3-8B's optimum in PyTorch's own APIs, run on a 2-layer LLaMA of the same code on forked gloo ranks.
 
 The structures (tests/lower/structures/, read off the 8B plans by tests/lower/structure.py) are
-the optima of LLaMA-3-8B training (bf16-mixed, ``--device h100``, 80 GiB) on mesh 8: a
+the optima of LLaMA-3-8B training (bf16-mixed, ``--device h100``, 80 GiB) on mesh 8 and 2x8. On 8: a
 column-parallel embedding that hands each rank its batch slice, data-parallel layers with their
 weights stored sharded (FSDP), a column-parallel ``lm_head`` on the gathered batch whose logits
 go back to the rank's slice for the loss; with eager attention also a recomputed layer and a
 layer re-gathering two of its weights for backward. Carried to mesh 4, each exports with no
 note, and the exported ``build_mesh`` / ``parallelize`` / ``loss_share`` give the unsharded
 model's loss (the ranks' shares summed) and every gradient within 1e-5. The same structure under
-the selective policy exports torchtitan's op policy. The 2x8 optimum carried to 2x2 exports its
-first axis and names why its second (the layers on sequence slices, attention split by heads
-through all-to-alls) has no PyTorch form; that export runs equal to the unsharded model too, and
-so does a plan splitting attention by query rows, whose note names torch's context_parallel and
-why it cannot run it (``lower/context.py``).
+the selective policy exports torchtitan's op policy. The 2x8 optima carried to 2x2 export whole as
+well: the second axis runs the layers on sequence slices with attention split by heads through
+all-to-alls (``lower/sequence.py``, for models that dispatch attention through transformers'
+AttentionInterface; others keep the axis as a named note); both run equal to the unsharded model. A plan splitting attention by
+query rows names torch's context_parallel and why it cannot run it (``lower/context.py``), and
+its export of the rest runs equal too.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ TOLERANCE = 1e-5
 STRUCTURES = Path(__file__).parent / "structures"
 
 
-def _export(structure: str, attention: str, mesh: str, recompute: str = "full") -> DTensorExport:
-    """The 8B structure ``structure`` on the tiny model and ``mesh``, exported."""
-    model, _, graph = tiny_llama3(attention)
+def _export(structure: str, attention: str, mesh: str, recompute: str = "full",
+            model: torch.nn.Module | None = None) -> DTensorExport:
+    """The 8B structure ``structure`` on the tiny model (or ``model``, of the same code) and ``mesh``, exported."""
+    tiny, _, graph = tiny_llama3(attention)
+    model = tiny if model is None else model
     m = parse_mesh(mesh)
     budget = 1 << 40 if recompute != "none" else None  # a budget offers recomputation; this one never binds
     mp = build_problem(graph, m, make_cost_model("alpha-beta", m),
@@ -121,19 +124,44 @@ def test_llama3_8b_optima_on_mesh_8_export_whole_and_run_equal() -> None:
     _check(4, [(fused.source, "sdpa"), (eager.source, "eager"), (selective.source, "eager")])
 
 
-def test_llama3_8b_optima_on_mesh_2x8_export_their_first_axis_and_name_the_second() -> None:
+def test_llama3_8b_optima_on_mesh_2x8_export_whole_with_sequence_parallel_blocks_and_run_equal() -> None:
     fused = _export("llama3_8b_sdpa_2x8", "sdpa", "2x2", recompute="none")
-    eager = _export("llama3_8b_eager_2x8", "eager", "2x2")  # 8B layers 22 (kept) and 24 (recomputed)
+    # 8B layers 21 (the MLP column/row-parallel) and 24 (recomputed, the MLP on the slices)
+    eager = _export("llama3_8b_eager_2x8", "eager", "2x2")
     for export in (fused, eager):
-        assert len(export.notes) == 1 and export.notes[0].startswith("mesh axis 1 (2 devices): it splits attention ")
-        assert "(model.layers.0.self_attn) by heads through all-to-alls from the layers' sequence slices (Ulysses-" \
-               in export.notes[0] and "where torch's context_parallel would split it by query rows" in export.notes[0]
-        assert f"# not exported: {export.notes[0]}" in export.source
-        assert "mesh_dim_names=('tp', 'replica')" in export.source
+        assert export.notes == () and "not exported" not in export.source
+        assert "mesh_dim_names=('tp', 'sp')" in export.source
         assert '"lm_head": ColwiseParallel(input_layouts=Shard(0), output_layouts=Replicate()),' in export.source
-        assert "    return loss\n" in export.source  # the loss reads the whole batch along axis 0
+        # the blocks on sequence slices of axis 1; the rotary tables cut the same way; attention by heads
+        assert ('"model.layers.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), '
+                'use_local_output=True),') in export.source
+        assert '"model.layers.1": PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate()),' \
+               in export.source
+        assert '"model.rotary_emb": PrepareModuleOutput(output_layouts=(Replicate(), Replicate()), ' \
+               'desired_output_layouts=(Shard(1), Shard(1))),' in export.source
+        assert 'attention_by_heads(model, sp, "model.layers.0.self_attn")' in export.source
+        assert 'along = mesh[(\'tp\', \'sp\')]._flatten("tp_sp")' in export.source
+    # fused: every MLP column/row-parallel on the gathered sequence; eager: layer 1's MLP on the slices
+    assert '"mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),' in fused.source
+    assert "for i in range(2):\n        parallelize_module(blocks[i], sp, {" in fused.source
+    assert "('input_layernorm', 'post_attention_layernorm', 'self_attn')], mesh=along" in fused.source
+    assert "for i in (0,):\n        parallelize_module(blocks[i], sp, {" in eager.source
+    assert "    for i in (1,):\n        fully_shard([blocks[i].get_submodule(p) for p in ('input_layernorm', 'mlp', " \
+           "'post_attention_layernorm', 'self_attn')], mesh=along" in eager.source
     assert "for i in (1,):\n        blocks.register_module(str(i), checkpoint_wrapper(" in eager.source
     _check(4, [(fused.source, "sdpa"), (eager.source, "eager")])
+
+
+def test_a_model_without_transformers_attention_dispatch_keeps_the_heads_split_as_a_note() -> None:
+    model, _, graph = tiny_llama3("sdpa")
+    unhooked = copy.deepcopy(model)
+    unhooked.config = None  # attention not dispatched through transformers' AttentionInterface
+    note, = _export("llama3_8b_sdpa_2x8", "sdpa", "2x2", recompute="none", model=unhooked).notes
+    assert note.startswith("mesh axis 1 (2 devices): it splits attention ")
+    assert note.endswith("the sequence-parallel export does not fit it: the export hooks the all-to-alls into "
+                         "transformers' AttentionInterface, and this model does not dispatch its attention through "
+                         "one; PyTorch has no API for that, so its ranks compute as replicas here (run the JSON plan "
+                         "with autoshard.run for the rest)")
 
 
 def test_attention_split_by_query_rows_names_context_parallel_and_the_rest_runs() -> None:
