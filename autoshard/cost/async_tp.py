@@ -58,7 +58,8 @@ reducing quantization inefficiency"; here they run one after the other), and ind
 
 The solver prices each activation edge this way (``problem/edges.py`` ``EdgePrices.async_matrices``):
 per strategy pair, the forward reshard fused as a gather with the consumer's product or as a
-scatter with the producer's, the gradient's with the input-gradient products, whichever exposes
+scatter with the producer's (where the edge is the only reader of the producer's output, counted in
+the build: ``problem/edges.py`` ``reader_counts``), the gradient's with the input-gradient products, whichever exposes
 least, and in full where ``fused_step`` finds no single fusable collective.
 """
 

@@ -33,7 +33,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from autoshard.problem.candidates import Candidate, CandidateBuilder, LocalFlops, operand_meta
-from autoshard.problem.edges import EdgePrices
+from autoshard.problem.edges import EdgePrices, reader_counts
 from autoshard.problem.memory_nodes import memory_nodes
 from autoshard.problem.restrict import apply_boundary, apply_pins, pin_expert_parallel
 from autoshard.problem.reshard_copies import (CopiesBuilder, ReshardCopies, StepTimes, handed_savers, negligible,
@@ -318,6 +318,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
     index = {n: i for i, n in enumerate(names)}
     prices = EdgePrices(mesh, cost_model, options.precision, fsdp2=options.overlap, kept_over=options.kept_over)
     prices.async_tp = options.async_tp
+    readers = reader_counts(graph, candidates)
     edges: list[ModelEdge] = []
     copies: list[ReshardCopies] = []
     copier = CopiesBuilder(times)
@@ -339,7 +340,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
             owner = candidates[src].storage is not None and life.first_reader.get(src) == node.name \
                 and node.inputs.index(src) == operand and candidates[src].storage[0].use is not None
             matrix = prices.matrix(candidates[src], dst, operand, meta, backward, owner, blocks.same(src, node.name),
-                                   owner and (node.name, operand) in hidden)
+                                   owner and (node.name, operand) in hidden, readers[src] == 1)
             edges.append(ModelEdge(src, node.name, operand, meta, backward, len(pairs)))
             pairs.append((index[src], index[node.name]))
             matrices.append(matrix)

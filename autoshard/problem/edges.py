@@ -50,6 +50,7 @@ with no re-gather (the use copy is kept, recomputation reads it) and no hiding o
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from functools import lru_cache
 
@@ -59,7 +60,7 @@ from autoshard.cost.communication import CostModel
 from autoshard.cost.async_tp import fused_exposed, fuses
 from autoshard.cost.float8 import activation_itemsize, compute_dtype, gather_itemsize
 from autoshard.cost.memory import local_bytes, param_precision
-from autoshard.frontend.graph import TensorMeta
+from autoshard.frontend.graph import OpGraph, TensorMeta
 from autoshard.problem.candidates import Candidate
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps
@@ -104,22 +105,23 @@ class EdgePrices:
         return self.reshards[key]
 
     def matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
-               owner: bool, same_block: bool, overlap: bool = False) -> np.ndarray:
+               owner: bool, same_block: bool, overlap: bool = False, sole_reader: bool = True) -> np.ndarray:
         """Cost of every (producer strategy, consumer strategy) pair on one edge. A consumer that
         runs again when its block is recomputed pays the forward reshard again; inside one block, or from a
         parameter to its owner, both ends must make the same recompute choice. ``overlap``: a
-        parameter's traffic to its owner hides under the owner's compute (module doc)."""
+        parameter's traffic to its owner hides under the owner's compute (module doc).
+        ``sole_reader``: this edge is the only one reading ``src``'s output (``reader_counts``)."""
         key = (id(src.strategies), id(dst.strategies), id(dst.costs), id(dst.reruns), operand, meta, backward, owner,
                same_block, overlap)  # identical nodes share these lists; a kept one's costs and reruns differ
         if self.async_tp:  # what async_matrices reads besides: the ends' ops, their flops and compute dtypes
-            key += (_fusing(src), _fusing(dst))
+            key += (_fusing(src), _fusing(dst), sole_reader)
         if key not in self.matrices:
             if owner:
                 matrix = self._owner(src, dst, operand, meta, backward, overlap)
             else:
-                matrix = self._plain(src, dst, operand, meta, backward)
+                matrix = self._plain(src, dst, operand, meta, backward, sole_reader)
                 if dst.reruns is not None:
-                    again = self._plain(src, dst, operand, meta, False)
+                    again = self._plain(src, dst, operand, meta, False, sole_reader)
                     matrix = np.where(np.asarray(dst.reruns)[None, :], np.minimum(matrix + again, FORBIDDEN),
                                       matrix)
             if dst.recompute is not None and (same_block or owner) and src.recompute is not None:
@@ -129,13 +131,16 @@ class EdgePrices:
             self.matrices[key] = matrix
         return self.matrices[key]
 
-    def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool) -> np.ndarray:
-        forward, back = (self.async_matrices if self.async_tp else self.reshard_matrices)(src, dst, operand, meta,
-                                                                                          backward)
+    def _plain(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,
+               sole_reader: bool) -> np.ndarray:
+        if self.async_tp:
+            forward, back = self.async_matrices(src, dst, operand, meta, backward, sole_reader)
+        else:
+            forward, back = self.reshard_matrices(src, dst, operand, meta, backward)
         return forward + back
 
     def async_matrices(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta,
-                       backward: bool) -> tuple[np.ndarray, np.ndarray]:
+                       backward: bool, sole_reader: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """``reshard_matrices`` as torch's micro-pipelined TP runs them (``cost/async_tp.py``): per
         pair (i, j), with ``F``/``B`` the blocking forward/backward reshards and ``E(T, kind, p)``
         the ``fused_exposed`` ticks of a reshard priced ``T`` fused as a collective of ``kind`` with
@@ -147,19 +152,21 @@ class EdgePrices:
             backward(i, j) = min(E(B_ij, REDUCE_SCATTER, dst's input-gradient product under j),
                                  E(B_ij, ALL_GATHER, src's input-gradient product under i))
 
-        each term only where that end ``fuses`` (and, for dst's, the edge is its left operand 0;
-        the input-gradient product ``dX = dY W`` is half a linear's backward flops); with no term,
+        each term only where that end ``fuses`` (for dst's, the edge is its left operand 0; for src's
+        forward, the edge is the ``sole_reader`` of src's output: torch's ``fuse_matmul_reduce_scatter``
+        skips a product with another user, and each reader's edge reshards for itself, so two readers
+        are two users; the input-gradient product ``dX = dY W`` is half a linear's backward flops); with no term,
         ``F_ij`` / ``B_ij``. A fused pipeline can expose more than the blocking collective (its
         copies, chunks below the device's best rate): torch fuses it all the same, so it is not
-        capped. Each edge reshards for its own consumer, so no gathered tensor is ragged. Not
-        modelled: torch's pass also wants a scattered product to have no other reader."""
+        capped. Each edge reshards for its own consumer, so no gathered tensor is ragged."""
         forward, back = self.reshard_matrices(src, dst, operand, meta, backward)
         if not self.cost_model.charges_compute:  # no product time to hide under
             return forward, back
         cast = activation_itemsize(dst.node) if operand == 0 else None
         forward = self._fused(forward, [s.out_spec for s in src.strategies],
                               [s.in_specs[operand] for s in dst.strategies], meta, cast,
-                              (ALL_GATHER, dst, 0) if operand == 0 else None, (REDUCE_SCATTER, src, 0))
+                              (ALL_GATHER, dst, 0) if operand == 0 else None,
+                              (REDUCE_SCATTER, src, 0) if sole_reader else None)
         if backward:
             back = self._fused(back, [s.grad_specs[operand] for s in dst.strategies],
                                [s.out_spec.without_partial() for s in src.strategies], meta,
@@ -168,7 +175,8 @@ class EdgePrices:
         return forward, back
 
     def _fused(self, full: np.ndarray, sources: list[TensorSpec], targets: list[TensorSpec], meta: TensorMeta,
-               itemsize: int | None, by_dst: tuple[str, Candidate, int] | None, by_src: tuple[str, Candidate, int],
+               itemsize: int | None, by_dst: tuple[str, Candidate, int] | None,
+               by_src: tuple[str, Candidate, int] | None,
                transposed: bool = False) -> np.ndarray:
         """``full`` (producer x consumer strategies) with each pair's reshard, from ``sources`` (by
         consumer strategy if ``transposed``, else by producer strategy) into ``targets`` (the other
@@ -286,3 +294,11 @@ def _fusing(cand: Candidate) -> tuple:
     pass fuses with it, its per-strategy flops (shared by identical nodes) and its compute dtype."""
     fused = fuses(cand.node) and cand.flops is not None
     return (id(cand.flops), compute_dtype(cand.node.work, cand.node.tensor.dtype)) if fused else ()
+
+
+def reader_counts(graph: OpGraph, candidates: dict[str, Candidate]) -> Counter[str]:
+    """How many edges read each candidate's output: one per (consumer, operand) that reads its values
+    (an operand with an input layout), each of which reshards for itself."""
+    return Counter(src for node in graph if node.name in candidates for operand, src in enumerate(node.inputs)
+                   if src in candidates and operand < len(candidates[node.name].strategies[0].in_specs)
+                   and candidates[node.name].strategies[0].in_specs[operand] is not None)

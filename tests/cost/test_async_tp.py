@@ -301,3 +301,51 @@ def test_titan_plan_fuses_where_torch_would() -> None:
         seen.add((fused.candidates[src].node.op, readers))
     assert {("rms_norm", ("linear",) * 3), ("rms_norm", ("linear",) * 2), ("rms_norm", ("linear",)),
             ("linear", ("add",)), ("embedding", ("add", "rms_norm"))} <= seen
+
+
+class Readers(nn.Module):
+    """A column- then row-parallel pair whose row output is read by ``readers`` ops."""
+
+    def __init__(self, readers: int, dim: int = 1024) -> None:
+        super().__init__()
+        self.readers = readers
+        self.a1, self.a2 = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a2(torch.relu(self.a1(x)))
+        return x + y if self.readers == 1 else (x + y) * torch.sigmoid(y)
+
+
+def test_producer_with_another_user_is_not_fused_by_torch() -> None:
+    """Independent reference: torch's ``fuse_matmul_reduce_scatter`` skips a product whose result has
+    another user than the reduce-scatter (``len(input_node.users) != 1``); on a traced step the
+    product found by ``_find_producer_matmul`` has one user per op reading the linear's output."""
+    for readers in (1, 2):
+        model = Readers(readers, 16)
+        graph = make_fx(model)(torch.randn(8, 16)).graph
+        products = [n for n in graph.nodes if n.op == "call_function" and _find_producer_matmul(n) is not None
+                    and n.target is torch.ops.aten.mm.default]
+        y = products[-1]  # a2's product
+        assert len(y.users) == readers
+
+
+@pytest.mark.parametrize("readers", [1, 2])
+def test_scatter_fuses_with_a_producer_read_once(readers: int) -> None:
+    """The build counts the readers of a linear's output (``reader_counts``) and fuses the reduce-
+    scatter of its partial sums with the product only where one edge reads it, as torch's pass
+    does: with two readers every forward reshard from a2 costs what it costs without async TP."""
+    from autoshard.problem.edges import reader_counts
+
+    with torch.device("meta"):
+        model = Readers(readers).to(torch.bfloat16)
+    graph = trace(model, (torch.zeros(8, 2048, 1024, dtype=torch.bfloat16, device="meta"),))
+    built = {a: build_model_problem(graph, 4, mode="inference", device="h100", async_tp=a) for a in (False, True)}
+    (a2,) = [n for n in built[True].names if built[True].candidates[n].node.op == "linear"
+             and built[True].candidates[n].node.module.endswith("a2")]
+    assert reader_counts(built[True].graph, built[True].candidates)[a2] == readers
+    edges = [e.index for e in built[True].edges if e.src == a2 and e.index is not None]
+    assert len(edges) == readers
+    fused = [built[True].problem.edge_costs[i] for i in edges]
+    blocking = [built[False].problem.edge_costs[i] for i in edges]
+    assert all((f <= b).all() for f, b in zip(fused, blocking))
+    assert any((f < b).any() for f, b in zip(fused, blocking)) == (readers == 1)
