@@ -14,7 +14,9 @@ from torch.distributed.tensor.experimental._context_parallel import _attention
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from autoshard.api import build_model_problem
 from autoshard.cost.ring import gradient_ring_bytes, gradient_ring_seconds, ring_blocks
+from autoshard.frontend.trace import trace
 
 CHUNK, HEADS, DIM = 3, 2, 4
 
@@ -134,3 +136,32 @@ def test_exposed_seconds_match_a_walk_of_the_loop(parts: int, kernel: float) -> 
     assert gradient_ring_seconds(elements, parts, latency, bandwidth, kernel) == pytest.approx(
         walk_exposed(parts, exchange, kernel, traced=False))
     assert gradient_ring_seconds(elements, 1, latency, bandwidth, None) == 0.0 == gradient_ring_bytes(elements, 1)
+
+
+@pytest.mark.parametrize("compile", ["layers", None])
+def test_torchtitan_cp_plan_charges_each_ring_its_exchanges(compile: str | None) -> None:
+    """``benchmarks/as_torch_runs.py`` on torchtitan's CP plan of a 2-layer LLaMA over a ring of 4:
+    each causal attention splitting its rows pays ``gradient_ring_seconds`` for its local keys and
+    values (one head group repeated to every head, 4 heads x S/4 tokens x 32), all exposed where
+    the blocks are compiled and less eagerly, where the next step's kernel hides part of each."""
+    from benchmarks import as_torch_runs, reality
+    from benchmarks.titan_llama import Transformer
+
+    seq, parts = 4096, 4
+    run = reality.Run("cp", "cp", "8b", 1, 1, seq, "full", 1.0, 1.0, cp=parts, compile=compile is not None)
+    with torch.device("meta"):
+        model = Transformer(2, 128, 4, 2, 256, 512, seq).to(torch.bfloat16)
+    model.cos, model.sin = model.cos.float(), model.sin.float()
+    tokens = torch.zeros(1, seq, dtype=torch.long, device="meta")
+    mp = build_model_problem(trace(model, (tokens, tokens.clone())), run.mesh, mode="training", device="h100",
+                             precision="bf16-mixed", recompute="full", compile=compile)
+    choice = reality.context_parallel_choice(mp, run)
+    rings = as_torch_runs.ring_attentions(mp, choice)
+    assert [p for _, p in rings] == [parts, parts]
+    elements = 4 * seq // parts * 32
+    exposed = gradient_ring_seconds(elements, parts, mp.mesh.latency[0], mp.mesh.bandwidth[0], None)
+    ticks = as_torch_runs.ring_exchange_ticks(mp, choice)
+    if compile is not None:
+        assert ticks == mp.cost_model.ticks(2 * exposed)
+    else:
+        assert mp.cost_model.ticks(2 * exposed / parts) <= ticks < mp.cost_model.ticks(2 * exposed)
