@@ -43,13 +43,30 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 """Gate activations a fused node may name (``activation`` attribute)."""
 
 
+def _kernel_takes(*tensors: torch.Tensor) -> bool:
+    """``torch._grouped_mm`` runs these operands: one dtype its kernel has (float32 or bfloat16 on CPU,
+    bfloat16 on CUDA) and every stride but the unit one, and the data, on 16-byte boundaries."""
+    first = tensors[0]
+    kinds = (torch.float32, torch.bfloat16) if first.device.type == "cpu" else (torch.bfloat16,)
+    if not hasattr(torch, "_grouped_mm") or first.dtype not in kinds or first.device.type not in ("cpu", "cuda"):
+        return False
+    return all(t.dtype == first.dtype and t.data_ptr() % 16 == 0
+               and all(stride == 1 or stride * t.element_size() % 16 == 0 for stride in t.stride())
+               for t in tensors)
+
+
 @torch.library.custom_op("autoshard::grouped_mm", mutates_args=())
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """Rows ``ends[g-1]:ends[g]`` of ``x`` [R, K] times ``w[g]`` [K, N]; rows past ``ends[-1]`` give zeros.
 
-    What ``torch._grouped_mm`` computes, in any dtype and for any strides (its CPU kernel takes
-    only aligned float32/bfloat16 operands).
+    What ``torch._grouped_mm`` computes, in any dtype and for any strides: its kernel where it takes
+    the operands (``_kernel_takes``), which leaves the rows past the last group unwritten, else a
+    loop over the groups.
     """
+    if _kernel_takes(x, w):
+        out = torch._grouped_mm(x, w, offs=ends.to(torch.int32))
+        out[int(ends[-1]):] = 0
+        return out
     out = x.new_zeros(x.shape[0], w.shape[2])
     start = 0
     for g, end in enumerate(ends.tolist()):
@@ -67,7 +84,17 @@ def _grouped_mm_fake(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> to
 @torch.library.custom_op("autoshard::grouped_mm_backward", mutates_args=())
 def grouped_mm_backward(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
                         grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`grouped_mm` with respect to ``x`` and ``w``."""
+    """Gradients of :func:`grouped_mm` with respect to ``x`` and ``w`` (the kernel where it takes them:
+    ``grad`` times each group's ``w[g]`` transposed, and ``x`` transposed times ``grad`` grouped along
+    the rows)."""
+    wt, xt = w.transpose(1, 2), x.t()
+    if _kernel_takes(grad, wt) and _kernel_takes(xt, grad):
+        offs = ends.to(torch.int32)
+        grad_x = torch._grouped_mm(grad, wt, offs=offs)
+        grad_x[int(ends[-1]):] = 0
+        grad_w = torch._grouped_mm(xt, grad, offs=offs)
+        empty = torch.diff(ends, prepend=ends.new_zeros(1)) == 0
+        return grad_x, grad_w.masked_fill_(empty[:, None, None], 0)
     grad_x, grad_w = torch.zeros_like(x), torch.zeros_like(w)
     start = 0
     for g, end in enumerate(ends.tolist()):
