@@ -26,7 +26,7 @@ def test_stopping_a_pool_with_engines_waiting_starts_none_and_leaves_no_child(mo
     state.reduced({})
     pool = EnginePool(state)
     pool.start(["toulbar2-no-rows"], "toulbar2 on the core without memory rows")
-    pool.waiting = (["second-search"], "a second search", state.clock() + 1000.0)
+    pool.waiting = [(["second-search"], "a second search", state.clock() + 1000.0)]
     pool.stop()
     assert len(forked) == 1 and all(engine.pid is None for engine in pool.engines)
     assert all(exited(pid) for pid in forked)

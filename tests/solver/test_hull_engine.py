@@ -1,10 +1,13 @@
 """The hull bound as an engine in a child process (run/workers.py "hull"): its bounds hold against the
 enumerated optimum, its plans fit and cost what they say, each better root bound is heard as it is found,
-and the portfolio gives it the second processor on cores of repeated layers that memory binds."""
+and the portfolio gives it the second processor on cores of repeated layers that memory binds, HiGHS
+taking that processor once it has ended."""
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -13,11 +16,15 @@ from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
 from autoshard.solver.core.branching import Branch
 from autoshard.solver.engines.milp import solve_problem_milp
 from autoshard.solver.run.engine_pool import EnginePool
+from autoshard.solver.run.portfolio import Portfolio
+from autoshard.solver.run.state import RunState
+import autoshard.solver.run.workers as workers
 from tests.solver.test_branching import layers_that_must_partly_recompute
 from tests.solver.test_column_generation import hull_value, with_random_tally
 from autoshard.solver.core.reduced import Core
 from autoshard.solver.core.rows import attach_memory
-from autoshard.solver.run.workers import EngineWorker
+from autoshard.solver.run.workers import Engine, EngineWorker
+from tests.solver.helpers import exited
 from tests.solver.test_engines import HANG, ended
 from tests.solver.test_milp import cores, fitting_plans
 
@@ -126,3 +133,51 @@ def test_the_bound_of_the_child_the_dive_enters_is_heard_and_holds() -> None:
     assert [(b.sense, b.k) for b in ended.branches][:1] == [(-1, 5)]
     assert max(heard) <= optimum and max(heard) == ended.bound
     assert max(heard) > heard[0]  # the root's first bound is below what entering the child gave
+
+
+def _portfolio_on(problem, options: SolveOptions = SolveOptions()) -> Portfolio:
+    """A portfolio on ``problem``'s unreduced core (no engine started)."""
+    state = RunState(problem, options, lambda event: None)
+    core = Core(problem)
+    attach_memory(core, problem)
+    state.built(core)
+    state.reduced({})
+    return Portfolio(state)
+
+
+def test_on_counted_layers_that_memory_binds_the_hull_engine_goes_before_highs(monkeypatch) -> None:
+    """The second processor's queue: the hull engine, then HiGHS where its ILP is small enough;
+    the hull alone where it is not; HiGHS alone without tallies; the second search without proofs."""
+    import autoshard.solver.run.portfolio as portfolio
+
+    counted = layers_that_must_partly_recompute(8)
+    queue = lambda p, options=SolveOptions(): [m for methods, _ in _portfolio_on(p, options)._second_engines() for m in methods]
+    assert queue(counted) == ["hull", "highs"]
+    assert queue(replace(counted, tallies=[])) == ["highs"]
+    assert queue(counted, SolveOptions(prove=False)) == ["second-search"]
+    monkeypatch.setattr(portfolio, "MILP_MAX_COLUMNS", 0)
+    assert queue(counted) == ["hull"]
+
+
+def test_highs_takes_the_processor_once_the_hull_engine_has_ended_and_proves(monkeypatch) -> None:
+    """An engine queued with no latest start waits for the one before to end, then starts from
+    the run's best; here a hull engine that ends at once hands over to HiGHS, which proves the
+    optimum (five of eight layers recomputing)."""
+    monkeypatch.setitem(workers.ENGINES, "hull", Engine("hull", "ends at once", lambda worker, report: None,
+                                                        source="hull", bounds=True))
+    problem = layers_that_must_partly_recompute(8)
+    pool = _portfolio_on(problem).pool
+    try:
+        pool.start(["hull"], "the hull engine")
+        pool.waiting = [(["highs"], "HiGHS", math.inf)]
+        assert exited(pool.engines[0].pid), "the hull engine hung"
+        while len(pool.engines) < 2:  # its pipe closes once it has exited
+            pool.poll(1.0)
+        assert exited(pool.engines[1].pid), "HiGHS hung"
+        while not pool.engines[1].done:
+            pool.poll(1.0)
+        pool.poll()
+    finally:
+        pool.stop()
+    assert [e.method for e in pool.engines] == ["hull", "highs"] and not pool.waiting
+    assert pool.state.proved() and pool.state.best_cost == 5 * 7

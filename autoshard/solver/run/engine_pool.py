@@ -2,12 +2,12 @@
 
 ``EnginePool`` starts engines, polls them (each plan evaluated through ``RunState.offer``, bounds
 and verdicts of the engines whose bounds hold recorded), retires a relaxation that can no longer
-help, hands a processor over from toulbar2-without-rows to the engine waiting for it, and stops
-them all. Every engine is started, polled and stopped the same way.
+help, hands the second processor on along a queue of engines (each takes it when the one before
+has ended, been retired or had its time), and stops them all. Every engine is started, polled
+and stopped the same way.
 """
 
 from __future__ import annotations
-
 
 from autoshard.solver.procs.engine_events import EngineEvent
 from autoshard.solver.model.events import EngineFailed, Phase
@@ -16,14 +16,15 @@ from autoshard.solver.engines.toulbar import can_take
 from autoshard.solver.run.workers import EngineWorker
 
 class EnginePool:
-    """The engines running beside this process's own search; ``waiting`` holds the engines
-    (methods, description, latest start) that take toulbar2-without-rows' processor when it
-    ends, is retired or runs out of its time alone."""
+    """The engines running beside this process's own search; ``waiting`` queues the engines
+    (methods, description, latest start) that take the processor of the engine started last, in
+    turn: the first of them when that engine ends, is retired or its successor's latest start
+    has come (``math.inf``: only once it ends)."""
 
     def __init__(self, state: RunState) -> None:
         self.state = state
         self.engines: list[EngineWorker] = []
-        self.waiting: tuple[list[str], str, float] | None = None
+        self.waiting: list[tuple[list[str], str, float]] = []
         self.relaxation_proved_in: float | None = None  # seconds toulbar2 took to prove the core without rows
 
     @property
@@ -73,7 +74,7 @@ class EnginePool:
     def stop(self) -> None:
         """Kill the engines, taking in what they said after the last look (within the limit);
         the engines ``waiting`` are dropped, so no engine starts once the pool is stopped."""
-        self.waiting = None  # else the last look hands the stopped engine's processor on: a child nobody stops
+        self.waiting = []  # else the last look hands the stopped engine's processor on: a child nobody stops
         with self.state.timed("engines"):
             for engine in self.engines:
                 engine.stop(self.state.teardown_by)
@@ -111,14 +112,15 @@ class EnginePool:
                                  "lower bound, so none of them fits", state.elapsed()))
 
     def _hand_over(self) -> None:
-        """Once toulbar2 without memory rows has ended (proved its optimum: a bound, or the answer
-        when it fits), been retired or had its time alone, the waiting engines take its processor."""
-        if self.waiting is None or self.state.finished():
+        """Once the engine started last has ended (toulbar2 without rows: proved its optimum, a
+        bound or the answer when it fits; the hull engine: its dive is over), been retired or had
+        its time, the first waiting engines take its processor."""
+        if not self.waiting or not self.engines or self.state.finished():
             return
-        methods, what, until = self.waiting
-        first = self.engines[0]
-        if not first.done and first.pid is not None and self.state.clock() < until:
+        methods, what, until = self.waiting[0]
+        last = self.engines[-1]
+        if not last.done and last.pid is not None and self.state.clock() < until:
             return
-        self.waiting = None
-        first.stop(self.state.teardown_by)
+        self.waiting.pop(0)
+        last.stop(self.state.teardown_by)
         self.start(methods, what)

@@ -10,12 +10,12 @@ bounds come together (the ``search`` step of run/solve.py).
     pruning the core for a proof by toulbar2 on what is left (pruning.py) — ``_toulbar_search``;
   - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
     (bounds; its optimum, if it fits, is optimal; stopped sooner once a plan it reported costs
-    less than the lower bound, ``_retire``), then in its place HiGHS's MILP (proves) for an ILP of
-    at most MILP_MAX_COLUMNS, else on models' cores of counted layers (tallies) that memory binds
-    the hull bound by column generation (column_generation.py, in the child for the rest of the run: its
-    TRW-S pricing needs minutes of sweeps where the run's share of them came late and short),
-    else a second Lagrangian search with its own
-    seed, taking turns with toulbar2 on per-node usage weights in place of the rows
+    less than the lower bound, ``_retire``), then in its place, each once the one before has
+    ended (``_second_engines``): on models' cores of counted layers (tallies) that memory binds
+    the hull bound by column generation (column_generation.py, in the child: its TRW-S pricing
+    needs minutes of sweeps where the run's share of them came late and short), and HiGHS's
+    MILP (proves) for an ILP of at most MILP_MAX_COLUMNS; with neither, a second Lagrangian
+    search with its own seed, taking turns with toulbar2 on per-node usage weights in place of the rows
     (turns.py, usage_weights.py); this process runs the LP bound, z3 and the
     Lagrangian relaxation of memory by elimination or TRW-S (lagrangian.py, trws.py), exactly step
     by step for a while once toulbar2 has proved the core without rows within RELAXED_PROOF
@@ -35,6 +35,7 @@ measured for comparable work fits.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -119,29 +120,26 @@ class Portfolio:
         if state.options.toulbar and can_take(comp):
             self._toulbar_search()
             return
-        if state.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
-            second, what = ["highs"], "HiGHS's MILP of the core (child process)"
-        elif state.options.prove and comp.has_memory and comp.tallies:
-            second, what = ["hull"], "the hull bound: column generation on the memory rows (child process)"
-        else:
-            second, what = ["second-search"], "a second Lagrangian search with usage weights (child process, own seed)"
+        queue = self._second_engines()
         if state.finished():
             pass  # the greedy plan meets the gap
         elif state.options.prove and state.options.toulbar and can_take(comp, rows=False):
             self.pool.start(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
-            self.pool.waiting = (second, what, self.state.clock() + RELAXED_ALONE)
+            self.pool.waiting = [(*queue[0], self.state.clock() + RELAXED_ALONE), *((m, w, math.inf) for m, w in queue[1:])]
         else:
-            self.pool.start(second, what)
+            self.pool.start(*queue[0])
+            self.pool.waiting = [(m, w, math.inf) for m, w in queue[1:]]
+        engines = {method for methods, _ in queue for method in methods}
         try:
             # under a time limit the LP is skipped when its cut has no taker (z3 cannot take the
-            # core) and HiGHS solves the same LP at its MILP's root anyway: it would only hold
-            # this process for seconds of the limit
-            lp_wanted = state.deadline is None or second != ["highs"] or z3_takes(comp)
+            # core) and HiGHS, queued, solves the same LP at its MILP's root anyway: it would only
+            # hold this process for seconds of the limit
+            lp_wanted = state.deadline is None or "highs" not in engines or z3_takes(comp)
             cut = self._lp_phase() if lp_wanted else None
             z3_thread = self.z3.start(cut) if state.options.prove and cut is not None and not state.finished() else None
             if not state.finished():
                 with state.timed("lagrange"):
-                    z3_thread = self._lagrangian(z3_thread, plan, hull=second != ["hull"])
+                    z3_thread = self._lagrangian(z3_thread, plan, hull="hull" not in engines)
             if z3_thread is not None:
                 with state.timed("z3"):
                     z3_thread.stop(state.teardown_by)
@@ -152,6 +150,21 @@ class Portfolio:
             self.pool.stop()
         if not state.finished() and state.deadline is None and state.options.prove and not self.pool.any_exact:
             self._milp_proof()
+
+    def _second_engines(self) -> list[tuple[list[str], str]]:
+        """The engines that take the second processor in turn (after toulbar2 without rows, where
+        it runs), each once the one before has ended: on cores of counted layers that memory binds
+        the hull engine first (its bound comes within seconds where HiGHS's root LP on the same
+        core takes minutes, and its dive ends once no count is worth branching on), then HiGHS's
+        MILP on an ILP of at most MILP_MAX_COLUMNS (it proves what the hull's bound stops short
+        of); with neither, the second Lagrangian search (plans only)."""
+        state, comp = self.state, self.state.comp
+        queue = []
+        if state.options.prove and comp.has_memory and comp.tallies:
+            queue.append((["hull"], "the hull bound: column generation on the memory rows (child process)"))
+        if state.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
+            queue.append((["highs"], "HiGHS's MILP of the core (child process)"))
+        return queue or [(["second-search"], "a second Lagrangian search with usage weights (child process, own seed)")]
 
     def _greedy(self) -> None:
         """The first plan: minimum-memory start, repaired to fit, else TRW-S on memory-weighted
