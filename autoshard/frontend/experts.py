@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils.flop_counter import register_flop_formula
 
 from autoshard.frontend.call import NODE_CALLS_KEY, NodeCall, Operand
@@ -94,7 +95,9 @@ def grouped_mm_backward(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
         grad_x[int(ends[-1]):] = 0
         grad_w = torch._grouped_mm(xt, grad, offs=offs)
         empty = torch.diff(ends, prepend=ends.new_zeros(1)) == 0
-        return grad_x, grad_w.masked_fill_(empty[:, None, None], 0)
+        if bool(empty.any()):
+            grad_w[empty] = 0
+        return grad_x, grad_w
     grad_x, grad_w = torch.zeros_like(x), torch.zeros_like(w)
     start = 0
     for g, end in enumerate(ends.tolist()):
@@ -152,10 +155,35 @@ def register_grouped_mm_flops() -> None:
     register_flop_formula(fallback_backward)(_grouped_mm_backward_flops)
 
 
+def _eager_kernel(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Real tensors outside torch.compile whose matmuls the kernel takes: ``torch._grouped_mm`` then
+    runs with its own autograd (the custom op stands in for it under fake tensors and compile)."""
+    return (not is_fake(x) and not torch.compiler.is_compiling()
+            and _kernel_takes(x, gate_up.transpose(1, 2)) and _kernel_takes(x, down.transpose(1, 2)))
+
+
+def _kernel_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor,
+                activation: str) -> torch.Tensor:
+    """:func:`expert_mlp` on ``torch._grouped_mm``. The kernel leaves rows past the last group unwritten,
+    forward and backward: the rows are masked before the first matmul (whose backward then zeros
+    their gradient) and after the second."""
+    offs = ends.to(torch.int32)
+    counted = (torch.arange(x.shape[0], device=x.device) < ends[-1]).unsqueeze(1)
+    h = torch._grouped_mm(torch.where(counted, x, 0), gate_up.transpose(1, 2), offs=offs)
+    gate, up = h.chunk(2, dim=-1)
+    h = (ACTIVATIONS[activation](gate) * up).to(down.dtype)
+    y = (torch._grouped_mm(h, down.transpose(1, 2), offs=offs) if _kernel_takes(h, down.transpose(1, 2))
+         else grouped_mm(h, down.transpose(1, 2), ends))
+    return torch.where(counted, y, 0)
+
+
 def expert_mlp(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ends: torch.Tensor,
                activation: str) -> torch.Tensor:
     """``down_g(act(gate_g r) * up_g r)`` for the rows of each expert g (rows sorted by expert, ``ends``
-    their cumulative counts); ``gate_up`` [E, 2I, H] holds gate then up, ``down`` [E, H, I]."""
+    their cumulative counts; rows past the last give zeros); ``gate_up`` [E, 2I, H] holds gate then
+    up, ``down`` [E, H, I]."""
+    if _eager_kernel(rows.to(gate_up.dtype), gate_up, down):
+        return _kernel_mlp(rows.to(gate_up.dtype), gate_up, down, ends, activation)
     h = grouped_mm(rows.to(gate_up.dtype), gate_up.transpose(1, 2), ends)
     gate, up = h.chunk(2, dim=-1)
     h = ACTIVATIONS[activation](gate) * up

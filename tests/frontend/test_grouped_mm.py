@@ -9,10 +9,10 @@ weight gradient (the kernel leaves such memory unwritten).
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from autoshard.frontend.experts import _kernel_takes, grouped_mm, grouped_mm_backward
+from autoshard.frontend.experts import _eager_kernel, _kernel_takes, expert_mlp, grouped_mm, grouped_mm_backward
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor,
@@ -53,3 +53,26 @@ def test_the_kernel_takes_aligned_float32_and_bfloat16_and_not_the_rest() -> Non
     assert not _kernel_takes(torch.zeros(6, 8), torch.zeros(2, 8, 5))  # a row of 5 floats: 20-byte stride
     assert not _kernel_takes(torch.zeros(6, 8, dtype=torch.float64), torch.zeros(2, 8, 4, dtype=torch.float64))
     assert not _kernel_takes(torch.zeros(6, 8), torch.zeros(2, 8, 4, dtype=torch.bfloat16))
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=1, max_size=4), tail=st.integers(0, 3), seed=st.integers(0, 99))
+def test_the_expert_mlp_on_the_kernel_equals_it_on_the_custom_op(counts: list[int], tail: int, seed: int) -> None:
+    """float32 operands take ``torch._grouped_mm`` and its own autograd; float64 ones the custom op.
+    Rows past the last group (other experts' pairs) give zeros and get zero gradients on both."""
+    assume(sum(counts) + tail > 0)  # a layer always has token-expert pairs
+    generator = torch.Generator().manual_seed(seed)
+    ends = torch.tensor(counts).cumsum(0)
+    rows = torch.randn(int(ends[-1]) + tail, 8, generator=generator)
+    gate_up, down = torch.randn(len(counts), 16, 8, generator=generator), torch.randn(len(counts), 8, 8, generator=generator)
+    grad = torch.randn(rows.shape[0], 8, generator=generator)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (rows, gate_up, down)]
+        assert _eager_kernel(*leaves) == (dtype == torch.float32)
+        out = expert_mlp(*leaves, ends, "silu")
+        out.backward(grad.to(dtype))
+        results.append([out.detach(), *(t.grad for t in leaves)])
+    for kernel, loop in zip(*results):
+        torch.testing.assert_close(kernel.double(), loop, rtol=1e-4, atol=1e-4)
+    assert not results[0][0][int(ends[-1]):].any() and not results[0][1][int(ends[-1]):].any()
