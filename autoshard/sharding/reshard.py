@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autoshard.sharding.spec import TensorSpec, piece_size
 
@@ -68,18 +69,101 @@ class Step:
         return f"{self.kind}(axis{self.axis},{where})"
 
 
-def _next_axis(cur: TensorSpec, dst: TensorSpec, dim: int) -> int | None:
-    """The axis dst appends next on ``dim`` if cur's axes there are a proper prefix of dst's."""
-    have, want = cur.dims[dim], dst.dims[dim]
-    if len(have) < len(want) and want[: len(have)] == have:
-        return want[len(have)]
-    return None
+Move = tuple[str, int, int | None, int | None, TensorSpec, TensorSpec]
+"""A step without its bytes: (kind, axis, dim, to_dim, before, after)."""
 
 
-def _replace(cur: TensorSpec, dim: int, axes: tuple[int, ...], partial: frozenset[int] | None = None) -> TensorSpec:
-    dims = list(cur.dims)
-    dims[dim] = axes
-    return TensorSpec(tuple(dims), cur.partial if partial is None else partial)
+def reshard_moves(src: TensorSpec, dst: TensorSpec) -> tuple[Move, ...]:
+    """The steps turning ``src`` into ``dst`` in the order of the module doc, without their bytes:
+    which steps a reshard takes reads only the two layouts, never the tensor's shape or the mesh."""
+    if not dst.partial <= src.partial:
+        raise ValueError("a reshard cannot create partial sums")
+    want, dims, partial = dst.dims, list(src.dims), src.partial
+    used = {a for axes in dims for a in axes} | partial
+    moves: list[Move] = []
+    cur = src
+
+    def emit(kind: str, axis: int, dim: int | None, to_dim: int | None) -> None:
+        nonlocal cur
+        after = TensorSpec(tuple(dims), partial)
+        moves.append((kind, axis, dim, to_dim, cur, after))
+        cur = after
+
+    def next_axis(d: int) -> int | None:
+        """The axis ``dst`` appends next on dim ``d`` where the axes there are a proper prefix of its."""
+        have, wanted = dims[d], want[d]
+        return wanted[len(have)] if len(have) < len(wanted) and wanted[: len(have)] == have else None
+
+    def free_slices() -> None:
+        progress = True
+        while progress:
+            progress = False
+            for d in range(len(dims)):
+                a = next_axis(d)
+                if a is not None and a not in used:
+                    dims[d] += (a,)
+                    used.add(a)
+                    emit(SLICE, a, d, None)
+                    progress = True
+
+    free_slices()
+    for a in sorted(partial - dst.partial):
+        target = next((d for d in range(len(dims)) if next_axis(d) == a), None)
+        if target is not None:
+            dims[target] += (a,)
+            partial = partial - {a}
+            emit(REDUCE_SCATTER, a, target, None)
+            free_slices()
+    for a in sorted(partial - dst.partial):
+        partial = partial - {a}
+        used.discard(a)
+        emit(ALL_REDUCE, a, None, None)
+    free_slices()
+    for d in range(len(dims)):
+        while dims[d] != want[d][: len(dims[d])]:
+            a = dims[d][-1]
+            dims[d] = dims[d][:-1]
+            d2 = next((e for e in range(len(dims)) if e != d and next_axis(e) == a), None)
+            if d2 is None:
+                used.discard(a)
+                emit(ALL_GATHER, a, d, None)
+            else:
+                dims[d2] += (a,)
+                emit(ALL_TO_ALL, a, d, d2)
+        free_slices()
+    free_slices()
+    if cur != dst:
+        raise AssertionError(f"reshard {src} -> {dst} ended at {cur}")
+    return tuple(moves)
+
+
+@dataclass(frozen=True)
+class _Route:
+    """:func:`reshard_moves` on one mesh: with each move's pieces per dim entering it (``factors``)
+    and the dim it cuts (``cuts``: a reduce-scatter's or all-to-all's target), and the pieces per
+    dim of both ends, all a reshard's bytes need beside the shape and itemsize."""
+
+    moves: tuple[Move, ...]
+    factors: tuple[tuple[int, ...], ...]
+    cuts: tuple[int | None, ...]
+    ends: tuple[tuple[int, ...], tuple[int, ...]]
+
+
+@lru_cache(maxsize=1 << 14)
+def _factors(spec: TensorSpec, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """How many pieces ``spec`` cuts each dim into (remembered: routes pass through few layouts)."""
+    return tuple(spec.shard_factor(d, mesh_shape) for d in range(spec.ndim))
+
+
+@lru_cache(maxsize=1 << 17)
+def _route(src: TensorSpec, dst: TensorSpec, mesh_shape: tuple[int, ...]) -> _Route:
+    """:class:`_Route` of ``src`` -> ``dst``, remembered: the edges of a problem reshard the same
+    pair of layouts for tensors of many shapes and itemsizes."""
+    moves = reshard_moves(src, dst)
+    cuts = tuple(dim if kind == REDUCE_SCATTER else to_dim if kind == ALL_TO_ALL else None
+                 for kind, _, dim, to_dim, _, _ in moves)
+    return _Route(moves, tuple(_factors(m[4], mesh_shape) for m in moves), cuts,
+                  (_factors(src, mesh_shape), _factors(dst, mesh_shape)))
 
 
 def reshard_steps(
@@ -89,55 +173,17 @@ def reshard_steps(
     itemsize: int,
     mesh_shape: tuple[int, ...],
 ) -> tuple[Step, ...]:
-    """Steps that turn a tensor laid out as ``src`` into ``dst`` (dst may keep, not add, partial axes)."""
+    """Steps that turn a tensor laid out as ``src`` into ``dst`` (dst may keep, not add, partial axes):
+    :func:`reshard_moves`, each with the bytes of the largest local piece entering it."""
     if src.ndim != dst.ndim or src.ndim != len(shape):
         raise ValueError(f"reshard between specs of different rank: {src} -> {dst} for shape {shape}")
-    if not dst.partial <= src.partial:
-        raise ValueError("a reshard cannot create partial sums")
-    steps: list[Step] = []
-    cur = src
-    uneven = tuple(shape) if src.uneven_dims(shape, mesh_shape) or dst.uneven_dims(shape, mesh_shape) else ()
-
-    def emit(kind: str, axis: int, dim: int | None, to_dim: int | None, after: TensorSpec) -> None:
-        nonlocal cur
-        local = list(cur.local_shape(shape, mesh_shape))
-        cut = dim if kind == REDUCE_SCATTER else to_dim if kind == ALL_TO_ALL else None
+    mesh_shape = tuple(mesh_shape)
+    route = _route(src, dst, mesh_shape)
+    uneven = tuple(shape) if any(n % f for ends in route.ends for n, f in zip(shape, ends)) else ()
+    steps = []
+    for (kind, axis, dim, to_dim, before, after), factors, cut in zip(route.moves, route.factors, route.cuts):
+        local = [piece_size(n, f) for n, f in zip(shape, factors)]
         if cut is not None:  # the dim this step cuts travels padded to equal pieces (module doc)
             local[cut] = mesh_shape[axis] * piece_size(local[cut], mesh_shape[axis])
-        size = math.prod(local) * itemsize
-        steps.append(Step(kind, axis, dim, to_dim, size, cur, after, uneven))
-        cur = after
-
-    def free_slices() -> None:
-        progress = True
-        while progress:
-            progress = False
-            for d in range(cur.ndim):
-                a = _next_axis(cur, dst, d)
-                if a is not None and a not in cur.used_axes:
-                    emit(SLICE, a, d, None, _replace(cur, d, cur.dims[d] + (a,)))
-                    progress = True
-
-    free_slices()
-    for a in sorted(cur.partial - dst.partial):
-        target = next((d for d in range(cur.ndim) if _next_axis(cur, dst, d) == a), None)
-        if target is not None:
-            emit(REDUCE_SCATTER, a, target, None, _replace(cur, target, cur.dims[target] + (a,), cur.partial - {a}))
-            free_slices()
-    for a in sorted(cur.partial - dst.partial):
-        emit(ALL_REDUCE, a, None, None, TensorSpec(cur.dims, cur.partial - {a}))
-    free_slices()
-    for d in range(cur.ndim):
-        while cur.dims[d] != dst.dims[d][: len(cur.dims[d])]:
-            a = cur.dims[d][-1]
-            removed = _replace(cur, d, cur.dims[d][:-1])
-            d2 = next((e for e in range(cur.ndim) if e != d and _next_axis(removed, dst, e) == a), None)
-            if d2 is None:
-                emit(ALL_GATHER, a, d, None, removed)
-            else:
-                emit(ALL_TO_ALL, a, d, d2, _replace(removed, d2, removed.dims[d2] + (a,)))
-        free_slices()
-    free_slices()
-    if cur != dst:
-        raise AssertionError(f"reshard {src} -> {dst} ended at {cur}")
+        steps.append(Step(kind, axis, dim, to_dim, math.prod(local) * itemsize, before, after, uneven))
     return tuple(steps)

@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, reshard_steps
+from autoshard.sharding.reshard import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, reshard_moves,
+                                     reshard_steps)
 from autoshard.sharding.spec import TensorSpec
 from tests.layout_sim import all_coords, apply_step, piece, place, reduce_partial
 
@@ -89,3 +90,39 @@ def test_step_bytes_follow_the_local_tensor_size():
 def test_a_reshard_cannot_create_partial_sums():
     with pytest.raises(ValueError):
         reshard_steps(TensorSpec.parse("RR", 2, 1), TensorSpec.parse("RRP", 2, 1), (4, 4), 4, (2,))
+
+
+def _entering_bytes(step, shape, itemsize, mesh_shape) -> int:
+    """The module doc's definition: the largest local piece entering the step, the dim it cuts padded."""
+    local = list(step.before.local_shape(shape, mesh_shape))
+    cut = step.dim if step.kind == REDUCE_SCATTER else step.to_dim if step.kind == ALL_TO_ALL else None
+    if cut is not None:
+        n = mesh_shape[step.axis]
+        local[cut] = n * -(-local[cut] // n)
+    return int(np.prod(local)) * itemsize
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (3, 2)])
+def test_steps_of_one_pair_differ_across_shapes_only_in_their_bytes(mesh_shape):
+    """The route of a pair of layouts (``reshard_moves``, remembered per pair) is shared by every
+    shape; each shape's steps carry that shape's bytes and, where a dim is cut unevenly, the shape."""
+    shapes = [(8, 8, 4), (24, 16, 8), (7, 9, 5), (13, 8, 24)]
+    checked = uneven = 0
+    for src in layouts(3, mesh_shape, with_partial=True):
+        for dst in layouts(3, mesh_shape, with_partial=False):
+            if not dst.partial <= src.partial:
+                continue
+            moves = reshard_moves(src, dst)
+            for shape in shapes:
+                if not (src.fits(shape, mesh_shape) and dst.fits(shape, mesh_shape)):
+                    continue
+                for itemsize in (2, 4):
+                    steps = reshard_steps(src, dst, shape, itemsize, mesh_shape)
+                    assert [(s.kind, s.axis, s.dim, s.to_dim, s.before, s.after) for s in steps] == list(moves)
+                    assert [s.in_bytes for s in steps] == [_entering_bytes(s, shape, itemsize, mesh_shape)
+                                                           for s in steps]
+                    ragged = bool(src.uneven_dims(shape, mesh_shape) or dst.uneven_dims(shape, mesh_shape))
+                    assert all(s.shape == (shape if ragged else ()) for s in steps)
+                    uneven += ragged and bool(steps)
+                    checked += 1
+    assert checked > 500 and uneven > 50
