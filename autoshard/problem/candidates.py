@@ -31,11 +31,11 @@ from autoshard.cost.compute import causal_split_load, op_times
 from autoshard.cost.float8 import compute_dtype, with_casts
 from autoshard.cost.fusion import compiled_bytes
 from autoshard.cost.lifetimes import Lifetimes
-from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, out_metas, param_items, param_precision,
+from autoshard.cost.memory import (MemoryItem, ParamStorage, local_bytes, out_metas, param_precision,
                                    recompute_variants, state_items)
 from autoshard.cost.recompute import NO_BLOCKS, Blocks, checkpoint_readers
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpGraph, OpNode, OpWork, TensorMeta
-from autoshard.problem.retimed import RetimedItems
+from autoshard.problem.retimed import RetimedItems, RetimedParams
 
 LocalFlops = Callable[[OpNode, Sequence[tuple[int, ...]]], tuple[int, int]]
 """(op node, local operand shapes) -> (forward, backward) flops of one device's piece
@@ -130,6 +130,7 @@ class CandidateBuilder:
         self.first_readers: dict[str, list[int]] | None = None
         self.config = (mesh, repr(cost_model), training, slapo_space, capacity_factor, local_flops is None)
         self.retimed = RetimedItems(life, mesh, training)
+        self.retimed_params = RetimedParams(life, mesh, precision, training, optimizer_slots, keep_gathered)
 
     def build(self, node: OpNode, built: dict[str, Candidate]) -> Candidate:
         """The candidate of ``node``; ``built`` holds those of the nodes before it (a parameter's
@@ -255,9 +256,8 @@ class CandidateBuilder:
             options = self.storage_cache[key]
 
         def items_of(chosen: list[tuple[TensorSpec, ParamStorage]], recomputed: Blocks | None) -> list[MemoryItem]:
-            return param_items(node, [l for l, _ in chosen], [s for _, s in chosen], owner.node if owner else None,
-                               saved, self.life, self.mesh, self.precision, self.training, self.optimizer_slots,
-                               recomputed, self.keep_gathered)
+            return self.retimed_params.items(key, node, [l for l, _ in chosen], [s for _, s in chosen],
+                                             owner.node if owner else None, saved, recomputed)
 
         items = items_of(options, None)
         mirrors = owner is not None and owner.recompute is not None  # mirrors its owner's block choice

@@ -1,4 +1,5 @@
-"""Items re-timed from a twin equal items computed in full, item for item, on every node of a build."""
+"""Items re-timed from a twin equal items computed in full, item for item, on every node of a build
+(ops and parameters)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from autoshard.api import build_model_problem
 from autoshard.cost.devices import get_device
 from autoshard.cost.memory import op_items
-from autoshard.problem.retimed import RetimedItems
+from autoshard.problem.retimed import RetimedItems, RetimedParams
 from tests.pipeline.models import tiny_llama, traced
 
 
@@ -31,5 +32,27 @@ def test_retimed_items_are_the_items(monkeypatch, budget) -> None:
     full = build_model_problem(graph, "2x2", **options)
     assert len(calls) > 100
     assert {n: c.items for n, c in retimed.candidates.items()} == {n: c.items for n, c in full.candidates.items()}
+    assert retimed.problem.intervals == full.problem.intervals
+    assert all((a == b).all() for a, b in zip(retimed.problem.node_usages, full.problem.node_usages))
+
+
+@pytest.mark.parametrize("budget", [None, 1 << 30])
+def test_retimed_parameter_items_are_the_items(monkeypatch, budget) -> None:
+    """The same for every parameter (with a budget: owners in recomputable blocks, so their
+    kept-gathered subsets and recomputed use copies too)."""
+    graph = traced(tiny_llama(4), 4)
+    device = get_device("h100")
+    options = dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
+                   memory_budget=None if budget is None else device.runtime_bytes + budget)
+    shared = []
+    first = RetimedParams._items
+    monkeypatch.setattr(RetimedParams, "_items", lambda self, node, layouts, *a: shared.append(not layouts)
+                        or first(self, node, layouts, *a))
+    retimed = build_model_problem(graph, "2x2", **options)
+    monkeypatch.setattr(RetimedParams, "items", lambda self, _, *a: first(self, *a))
+    full = build_model_problem(graph, "2x2", **options)
+    assert sum(shared) > 20  # twins were re-timed, not computed
+    params = [n for n, c in full.candidates.items() if c.storage is not None]
+    assert {n: retimed.candidates[n].items for n in params} == {n: full.candidates[n].items for n in params}
     assert retimed.problem.intervals == full.problem.intervals
     assert all((a == b).all() for a, b in zip(retimed.problem.node_usages, full.problem.node_usages))
