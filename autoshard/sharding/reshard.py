@@ -69,6 +69,13 @@ class Step:
         return f"{self.kind}(axis{self.axis},{where})"
 
 
+@lru_cache(maxsize=1 << 16)
+def _layout(dims: tuple[tuple[int, ...], ...], partial: frozenset[int]) -> TensorSpec:
+    """``TensorSpec(dims, partial)``, one object per layout: the routes of a problem pass through
+    few layouts, and equal specs that are one object compare at once."""
+    return TensorSpec(dims, partial)
+
+
 Move = tuple[str, int, int | None, int | None, TensorSpec, TensorSpec]
 """A step without its bytes: (kind, axis, dim, to_dim, before, after)."""
 
@@ -85,7 +92,7 @@ def reshard_moves(src: TensorSpec, dst: TensorSpec) -> tuple[Move, ...]:
 
     def emit(kind: str, axis: int, dim: int | None, to_dim: int | None) -> None:
         nonlocal cur
-        after = TensorSpec(tuple(dims), partial)
+        after = _layout(tuple(dims), partial)
         moves.append((kind, axis, dim, to_dim, cur, after))
         cur = after
 
