@@ -219,7 +219,10 @@ def _slot_bytes(keys: tuple[Key, ...], saves: bool, reruns: bool, handed: bool, 
     columns: dict[Slot, list[int]] = {}
 
     def add(slot: Slot, k: int, used: int) -> None:
-        columns.setdefault(slot, [0] * len(keys))[k] += used
+        column = columns.get(slot)
+        if column is None:
+            column = columns[slot] = [0] * len(keys)
+        column[k] += used
 
     for k, key in enumerate(keys):
         if key is None:
