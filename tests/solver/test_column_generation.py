@@ -14,8 +14,6 @@ from autoshard.solver.core.reduced import INF, Core, FrozenCore
 from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
 from autoshard.solver.core.branching import Branch
 from autoshard.solver.core.rows import attach_memory
-from autoshard.solver.model.solution import SolveOptions
-from tests.solver.test_lns import stalled_of
 from tests.solver.test_milp import cores, fitting_plans
 from tests.solver.test_branching import layers_that_must_partly_recompute
 
@@ -109,16 +107,3 @@ def test_branching_on_the_count_of_recomputing_layers_proves_the_whole_number_op
     assert not ended.closed and optimum - 1 <= ended.bound <= optimum
     ended = dive(generation, lambda: optimum, time.monotonic() + 30)
     assert ended.closed  # nothing cheaper than the optimum on either side
-
-
-def test_a_stalled_search_runs_the_hull_once_and_its_closed_dive_proves_the_best_plan() -> None:
-    """The hand-over when the Lagrangian plans stall (handover.py): whole-layer flips take the
-    all-recomputing start to the optimum, then the dive closes both counts and proves it."""
-    # the run's own clock: the hull's TRW-S sweeps and local search read time.monotonic, so a
-    # fake clock would put their deadlines out of step with the hand-over's
-    stalled = stalled_of(layers_that_must_partly_recompute(), SolveOptions(timeout=20.0), time.monotonic)
-    state = stalled.state
-    assert stalled.hull_due and state.offer(np.ones(8, dtype=np.int64), "test", None)
-    stalled.run()
-    assert state.best_cost == 5 * 7 and state.lower == 5 * 7 and state.lower_source == "hull"
-    assert not stalled.hull_due and state.finished()

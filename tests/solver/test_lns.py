@@ -96,7 +96,6 @@ def stalled_of(problem, options, clock=None):
     started), on a fake clock (the run's searches read it): ``clock``, else one that stands still."""
     from autoshard.solver.core.reduced import Core
     from autoshard.solver.run.engine_pool import EnginePool
-    from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
     from autoshard.solver.core.rows import attach_memory
     from autoshard.solver.run.handover import StalledSearch
     from autoshard.solver.run.state import RunState
@@ -106,7 +105,7 @@ def stalled_of(problem, options, clock=None):
     attach_memory(core, problem)
     state.built(core)
     state.reduced({})
-    return StalledSearch(state, EnginePool(state), relaxed_lagrangian(state.comp, state.rng))
+    return StalledSearch(state, EnginePool(state))
 
 
 def test_a_slice_is_due_after_stale_steps_of_this_process_whoever_found_the_best_plan():

@@ -74,19 +74,16 @@ class ColumnGeneration:
     """The master LP over a shared pool of plans and TRW-S pricing (module docstring)."""
 
     def __init__(self, comp: FrozenCore, rng: np.random.Generator, offer: Callable[[np.ndarray], object],
-                 messages: MessagePassing | None = None, centre: np.ndarray | None = None,
-                 between: Callable[[], bool] = lambda: False,
                  bounded: Callable[[int], object] = lambda bound: None) -> None:
-        """``offer`` hears every priced plan that fits; ``messages``: TRW-S's (warm) state to go on
-        from; ``centre``: multipliers to smooth towards before any bound is known; ``between``
-        runs after each pricing step and stops the search when it returns True; ``bounded`` hears
-        each better bound on every fitting plan as it is found (the root's, then each open child's
-        that the dive enters), for a caller that may be stopped before the search returns."""
+        """``offer`` hears every priced plan that fits; ``bounded`` hears each better bound on
+        every fitting plan as it is found (the root's, then each open child's that the dive
+        enters), for a caller that may be stopped before the search returns (the hull engine's
+        child, killed at the run's deadline)."""
         assert comp.capacity is not None
-        self.comp, self.rng, self.offer, self.between, self.bounded = comp, rng, offer, between, bounded
-        self.mp = messages if messages is not None else MessagePassing(comp)
+        self.comp, self.rng, self.offer, self.bounded = comp, rng, offer, bounded
+        self.mp = MessagePassing(comp)
         self.capacity = comp.capacity.astype(np.float64)
-        self.centre = np.zeros(len(self.capacity)) if centre is None else np.asarray(centre, dtype=np.float64)
+        self.centre = np.zeros(len(self.capacity))  # the root's best multipliers once known: the branches' centre
         self.marked = [np.asarray([comp.arrays.c_off[node] + s for node, m in tally for s in m], dtype=np.int64)
                        for tally in comp.tallies]
         self.costs: list[float] = []
@@ -130,7 +127,7 @@ class ColumnGeneration:
             else:
                 stale += 1
             best.master, best.counts = value, counts
-            if value - best.bound <= SOLVED * abs(value) or self.between():
+            if value - best.bound <= SOLVED * abs(value):
                 break
         return best
 
@@ -223,7 +220,7 @@ class PooledCounts:
         return math.inf if known is None else known
 
     def more(self) -> bool:
-        return time.monotonic() < self.deadline and not self.generation.between()
+        return time.monotonic() < self.deadline
 
 
 def dive(generation: ColumnGeneration, known: Callable[[], int | None], deadline: float) -> Dive:

@@ -1,15 +1,10 @@
 """What the Lagrangian search (portfolio.py) hands over to when its plans stop improving:
 
 1. flips of whole layers (layer_flips.flip_groups): a layer is wider than a wide core's neighbourhoods;
-2. once, where memory binds, a proof is wanted and the problem states tallies (models of
-   repeated layers, problem.Tally), the hull bound (column_generation.py): the Lagrangian dual of the memory
-   rows by column generation, with branching on tallies under it (here only where the hull engine
-   does not run in a child process, run/workers.py); its bound goes to the run,
-   its plans that fit are offered, and a dive that closes every branch proves the best plan.
-   Cores without tallies (the IOPDDL instances) keep their time for neighbourhood search: the
-   hull is measured on the models' cores only (benchmarks/README.md, "Column generation for
-   the memory rows");
-3. a slice of large-neighbourhood search from the best plan (lns.py).
+2. a slice of large-neighbourhood search from the best plan (lns.py).
+
+The hull bound (column_generation.py) is no move of this process's: where it applies it runs as
+an engine in a child process (run/workers.py, portfolio.py ``_second_engines``).
 """
 
 from __future__ import annotations
@@ -19,9 +14,6 @@ import numpy as np
 
 from autoshard.solver.run.engine_pool import EnginePool
 from autoshard.solver.model.events import Phase
-from autoshard.solver.bounds.column_generation import ColumnGeneration, dive
-from autoshard.solver.bounds.lagrangian import Lagrangian
-from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser
 from autoshard.solver.search.lns import LNS_AFTER_STEPS, LNS_SLICE, NeighbourhoodSearch
 from autoshard.solver.run.state import RunState
 from autoshard.solver.search.layer_flips import flip_groups
@@ -36,22 +28,15 @@ LNS_MIN_STEPS = 10
 LNS_SHARE = 0.5
 """Share of the time left a slice of neighbourhood search takes (on some cores it finds what the
 Lagrangian search, stalled within seconds, cannot)."""
-HULL_SHARE = 0.3
-"""Share of the time left the hull bound and its dive may take (HULL_SECONDS without a limit):
-on the 2x8 LLaMA cores they end within 5-25 s (benchmarks/README.md, "Column generation for the
-memory rows")."""
-HULL_SECONDS = 60.0
 
 
 class StalledSearch:
-    """The moves beyond the Lagrangian steps (module docstring), for one Lagrangian search ``lag``."""
+    """The moves beyond the Lagrangian steps (module docstring) of one run's search."""
 
-    def __init__(self, state: RunState, pool: EnginePool, lag: Lagrangian[RelaxedMinimiser], hull: bool = True) -> None:
-        """``hull``: the hull bound is this search's to run (not an engine's in a child process)."""
-        self.state, self.pool, self.lag = state, pool, lag
+    def __init__(self, state: RunState, pool: EnginePool) -> None:
+        self.state, self.pool = state, pool
         self.lns = NeighbourhoodSearch(state.comp, state.rng, clock=state.clock)
         self.paid = False  # the last slice of neighbourhood search improved the best plan
-        self.hull_due = hull and state.comp.has_memory and state.options.prove and bool(state.comp.tallies)
 
     def due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on
@@ -71,40 +56,14 @@ class StalledSearch:
         return self.paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
 
     def run(self) -> None:
-        """Flips, the hull bound (the first time), then a slice of neighbourhood search."""
+        """Flips, then a slice of neighbourhood search."""
         state = self.state
         budget = self._budget()
         if budget is None:
             return
         if (flipped := flip_groups(state.comp, state.best_local, state.soon(0.2 * budget))) is not None:
             state.offer(flipped, "flips", None)
-        if self.hull_due:
-            self.hull_due = False
-            self._hull()
-            if state.finished():
-                return
         self._slice()
-
-    def _hull(self) -> None:
-        """Column generation on the memory rows and the dive on counts (column_generation.py), from the best
-        plan and the Lagrangian search's TRW-S messages and multipliers."""
-        state = self.state
-        state.emit(Phase("hull", "the Lagrangian dual of memory by column generation, branching on counts",
-                         state.elapsed()))
-
-        def heard() -> bool:
-            self.pool.poll()
-            return state.finished()
-
-        generation = ColumnGeneration(state.comp, state.rng, lambda x: state.offer(x, "hull", None),
-                                      self.lag.minimiser.mp, self.lag.lam, heard)
-        generation.add(state.best_local)
-        until = state.share(HULL_SHARE) or state.clock() + HULL_SECONDS
-        with state.timed("hull"):
-            ended = dive(generation, lambda: state.best_cost, until)
-        state.bound(ended.bound, "hull")
-        if ended.closed:  # no branch holds a plan cheaper than the best: it is optimal
-            state.bound(state.best_cost, "hull")
 
     def _slice(self) -> None:
         """A slice of large-neighbourhood search from the best plan (lns.py). The engines are heard

@@ -21,8 +21,7 @@ bounds come together (the ``search`` step of run/solve.py).
     by step for a while once toulbar2 has proved the core without rows within RELAXED_PROOF
     seconds (exact_lagrangian.py),
     with toulbar2 on its penalised subproblem while that pays (penalised_probe.py) and, when its
-    plans stall, whole-layer flips, the hull bound by column generation (models of repeated
-    layers) and large-neighbourhood search (handover.py);
+    plans stall, whole-layer flips and large-neighbourhood search (handover.py);
 - z3 CEGIS (cegis.py, run by z3_phases.py) beside them, with the LP's or TRW-S's dual as a cut,
   and the z3 certificate of an optimum another method proved (``Z3Phases.certify``);
 - without a time limit, HiGHS's exact ILP of a core still unproved (``_milp_proof``).
@@ -139,7 +138,7 @@ class Portfolio:
             z3_thread = self.z3.start(cut) if state.options.prove and cut is not None and not state.finished() else None
             if not state.finished():
                 with state.timed("lagrange"):
-                    z3_thread = self._lagrangian(z3_thread, plan, hull="hull" not in engines)
+                    z3_thread = self._lagrangian(z3_thread, plan)
             if z3_thread is not None:
                 with state.timed("z3"):
                     z3_thread.stop(state.teardown_by)
@@ -234,13 +233,9 @@ class Portfolio:
         state.bound(relax.bound, "lp")
         return relax.cut
 
-    def _lagrangian(
-        self, z3_thread: Z3Worker | None, plan: EliminationPlan, hull: bool = True
-    ) -> Z3Worker | None:
+    def _lagrangian(self, z3_thread: Z3Worker | None, plan: EliminationPlan) -> Z3Worker | None:
         """Lagrangian/TRW-S steps until proved or out of time; without an LP cut, z3 starts after
-        a warm-up with the TRW-S cut instead; ``hull``: the stalled search may run the hull bound
-        here (False while the hull engine runs in a child). Returns the z3 thread (if any) for the
-        caller to stop."""
+        a warm-up with the TRW-S cut instead. Returns the z3 thread (if any) for the caller to stop."""
         state = self.state
         comp = state.comp
         memory = comp.has_memory
@@ -249,7 +244,7 @@ class Portfolio:
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = relaxed_lagrangian(comp, state.rng, plan=plan)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, self.greedy_time
-        stalled, since = StalledSearch(state, self.pool, lag, hull), (self.state.clock(), 0)
+        stalled, since = StalledSearch(state, self.pool), (self.state.clock(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
         probe = PenalisedProbe(comp, state.rng, state.options.seed, back_off=True) \
             if memory and not lag.minimiser.exact and state.options.toulbar and can_take(comp, rows=False) else None
