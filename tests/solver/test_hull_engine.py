@@ -146,15 +146,18 @@ def _portfolio_on(problem, options: SolveOptions = SolveOptions()) -> Portfolio:
 
 
 def test_on_counted_layers_that_memory_binds_the_hull_engine_goes_before_highs(monkeypatch) -> None:
-    """The second processor's queue: the hull engine, then HiGHS where its ILP is small enough;
-    the hull alone where it is not; HiGHS alone without tallies; the second search without proofs."""
+    """The second processor's queue: HiGHS first where its ILP is small (it proves within
+    seconds), else the hull engine then HiGHS where its ILP is small enough; the hull alone where
+    it is not; HiGHS alone without tallies; the second search without proofs."""
     import autoshard.solver.run.portfolio as portfolio
 
     counted = layers_that_must_partly_recompute(8)
     queue = lambda p, options=SolveOptions(): [m for methods, _ in _portfolio_on(p, options)._second_engines() for m in methods]
-    assert queue(counted) == ["hull", "highs"]
+    assert queue(counted) == ["highs", "hull"]
     assert queue(replace(counted, tallies=[])) == ["highs"]
     assert queue(counted, SolveOptions(prove=False)) == ["second-search"]
+    monkeypatch.setattr(portfolio, "HIGHS_FIRST_COLUMNS", 0)
+    assert queue(counted) == ["hull", "highs"]
     monkeypatch.setattr(portfolio, "MILP_MAX_COLUMNS", 0)
     assert queue(counted) == ["hull"]
 

@@ -65,6 +65,12 @@ LP_FIRST_COLUMNS = 100_000
 several times slower beside toulbar2's two processes (measured: see benchmarks/README.md,
 "Measurements behind the design")."""
 MILP_MAX_COLUMNS = 1_000_000
+HIGHS_FIRST_COLUMNS = 100_000
+"""Cores whose ILP has at most this many variables give HiGHS's MILP the second processor before
+the hull engine: there it proves within seconds (a 4-layer LLaMA's pipeline stage cores, 67k
+columns: four exact solves 22 s with HiGHS first, 95 s behind the hull's dive), where on larger
+memory-bound cores of counted layers its root LP takes minutes (LLaMA-3.1-8B at 131,072 tokens,
+360k columns: no bound in 115 s) and the hull's bound comes within seconds."""
 """Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
 Lagrangian search, which proves cores of this size that the Lagrangian search alone ends just
 short of (measured: see benchmarks/README.md, "Measurements behind the design")."""
@@ -156,13 +162,16 @@ class Portfolio:
         the hull engine first (its bound comes within seconds where HiGHS's root LP on the same
         core takes minutes, and its dive ends once no count is worth branching on), then HiGHS's
         MILP on an ILP of at most MILP_MAX_COLUMNS (it proves what the hull's bound stops short
-        of); with neither, the second Lagrangian search (plans only)."""
+        of), except on an ILP of at most HIGHS_FIRST_COLUMNS, where HiGHS goes first; with
+        neither, the second Lagrangian search (plans only)."""
         state, comp = self.state, self.state.comp
         queue = []
+        columns = lp_columns(comp)
         if state.options.prove and comp.has_memory and comp.tallies:
             queue.append((["hull"], "the hull bound: column generation on the memory rows (child process)"))
-        if state.options.prove and lp_columns(comp) <= MILP_MAX_COLUMNS:
-            queue.append((["highs"], "HiGHS's MILP of the core (child process)"))
+        if state.options.prove and columns <= MILP_MAX_COLUMNS:
+            highs = (["highs"], "HiGHS's MILP of the core (child process)")
+            queue.insert(0 if columns <= HIGHS_FIRST_COLUMNS else len(queue), highs)
         return queue or [(["second-search"], "a second Lagrangian search with usage weights (child process, own seed)")]
 
     def _greedy(self) -> None:
