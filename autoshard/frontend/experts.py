@@ -182,9 +182,10 @@ def expert_mlp(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, en
     """``down_g(act(gate_g r) * up_g r)`` for the rows of each expert g (rows sorted by expert, ``ends``
     their cumulative counts; rows past the last give zeros); ``gate_up`` [E, 2I, H] holds gate then
     up, ``down`` [E, H, I]."""
-    if _eager_kernel(rows.to(gate_up.dtype), gate_up, down):
-        return _kernel_mlp(rows.to(gate_up.dtype), gate_up, down, ends, activation)
-    h = grouped_mm(rows.to(gate_up.dtype), gate_up.transpose(1, 2), ends)
+    x = rows.to(gate_up.dtype)
+    if _eager_kernel(x, gate_up, down):
+        return _kernel_mlp(x, gate_up, down, ends, activation)
+    h = grouped_mm(x, gate_up.transpose(1, 2), ends)
     gate, up = h.chunk(2, dim=-1)
     h = ACTIVATIONS[activation](gate) * up
     return grouped_mm(h.to(down.dtype), down.transpose(1, 2), ends)

@@ -32,9 +32,9 @@ SDPA = "scaled_dot_product_attention"
 RING = "only over SDPA's CUDA kernels and only for a model taking its position ids and shifted labels as inputs"
 
 
-def _split(spec: TensorSpec | None, dim: int) -> bool:
-    """The 1-D spec cuts tensor dim ``dim``."""
-    return spec is not None and spec.ndim > 0 and bool(spec.dims[dim])
+def cuts(spec: TensorSpec | None, dim: int) -> bool:
+    """The 1-D spec cuts tensor dim ``dim`` (negative from the last; False past its dims)."""
+    return spec is not None and -spec.ndim <= dim < spec.ndim and bool(spec.dims[dim])
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ def attention_split(view: Plan, graph: OpGraph, dependent: frozenset[str]) -> At
         place = view.nodes.get(node.name)
         if node.name not in dependent or place is None or node.op not in (SDPA, "softmax"):
             continue
-        if node.op == SDPA and _split(place.in_specs[0], -2):
+        if node.op == SDPA and cuts(place.in_specs[0], -2):
             return AttentionSplit(ROWS, node.module, (
                 f"it splits attention {node.name} ({node.module or 'the root'}) by query rows, the keys and "
                 f"values gathered, which torch's context_parallel runs {RING} (it shards the sequence of the "
                 "tensors it is handed)"))
-        if _split(place.in_specs[0], 1):
+        if cuts(place.in_specs[0], 1):
             by_heads.setdefault(node.module, node.name)
     for edge in view.edges:
         dst = graph[edge.dst]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from autoshard.frontend.graph import NodeKind, OpGraph
+from autoshard.lower.context import cuts
 from autoshard.lower.tp_styles import NotMappable
 from autoshard.problem.plan import Plan
 from autoshard.sharding.layers import find_repeated_layers
@@ -61,10 +62,6 @@ class SequenceAxis:
     groups: tuple[BlockGroup, ...]
 
 
-def _splits(spec, dim: int) -> bool:
-    return spec is not None and spec.ndim > dim and bool(spec.dims[dim])
-
-
 def _relative(path: str, container: str) -> str:
     """``container.i.rest`` -> ``rest``."""
     return path[len(container) + 1:].partition(".")[2]
@@ -83,7 +80,7 @@ def _block_params(view: Plan, graph: OpGraph, container: str,
         where = f"{src.qualname} ({op.name}, {op.op})"
         if edge.dst_spec.is_replicated:
             others = [s for k, s in enumerate(place.in_specs) if op.inputs[k] != edge.src and op.inputs[k] in dependent]
-            if not any(_splits(s, 1) for s in others):
+            if not any(cuts(s, 1) for s in others):
                 raise NotMappable(f"{where} runs whole on the axis, on an input not cut by the sequence")
             style = ""
         elif op.op == "linear" and edge.dst_spec.dims[0] and not place.in_specs[0].dims[1]:
@@ -127,7 +124,7 @@ def _tables(view: Plan, graph: OpGraph, container: str, blocks: frozenset[str],
     found: dict[str, set[str]] = {}
     for edge in view.edges:
         src = graph[edge.src]
-        if edge.src in blocks or edge.src in dependent or edge.dst not in blocks or not _splits(edge.dst_spec, 1):
+        if edge.src in blocks or edge.src in dependent or edge.dst not in blocks or not cuts(edge.dst_spec, 1):
             continue
         module = src.module
         if module in ("", parent) or (parent and not module.startswith(parent + ".")):

@@ -17,13 +17,18 @@ def _full(self, node, options, recomputed, gathered, kept_until):
                     self.training, recomputed, gathered, kept_until)
 
 
+def _llama_training(budget: int | None) -> tuple:
+    """A 4-layer LLaMA's graph and its training build options (h100, full recomputation offered;
+    ``budget`` bytes beside the runtime's, or none)."""
+    device = get_device("h100")
+    return traced(tiny_llama(4), 4), dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
+                                          memory_budget=None if budget is None else device.runtime_bytes + budget)
+
+
 @pytest.mark.parametrize("budget", [None, 1 << 30])
 def test_retimed_items_are_the_items(monkeypatch, budget) -> None:
     """LLaMA training on 2x2 (with a budget: recomputable blocks, so the recomputed windows too)."""
-    graph = traced(tiny_llama(4), 4)
-    device = get_device("h100")
-    options = dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
-                   memory_budget=None if budget is None else device.runtime_bytes + budget)
+    graph, options = _llama_training(budget)
     calls = []
     first = RetimedItems.items
     monkeypatch.setattr(RetimedItems, "items", lambda self, *a: calls.append(1) or first(self, *a))
@@ -40,10 +45,7 @@ def test_retimed_items_are_the_items(monkeypatch, budget) -> None:
 def test_retimed_parameter_items_are_the_items(monkeypatch, budget) -> None:
     """The same for every parameter (with a budget: owners in recomputable blocks, so their
     kept-gathered subsets and recomputed use copies too)."""
-    graph = traced(tiny_llama(4), 4)
-    device = get_device("h100")
-    options = dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
-                   memory_budget=None if budget is None else device.runtime_bytes + budget)
+    graph, options = _llama_training(budget)
     shared = []
     first = RetimedParams._items
     monkeypatch.setattr(RetimedParams, "_items", lambda self, node, layouts, *a: shared.append(not layouts)
