@@ -161,3 +161,40 @@ def test_a_child_set_aside_caps_every_bound_and_takes_the_proof_with_it(monkeypa
     assert result.cost == 36 and not result.optimal
     assert result.bound is not None and result.bound <= 35 and result.certified <= 35
     assert all(value <= 35 for kind, value, _ in heard if kind == "bound")
+
+
+def test_nodes_tied_to_a_flipped_group_follow_it() -> None:
+    """As above, with each layer's first node feeding a node outside the group whose strategy is
+    a function of it (a reshard copy's: ``none`` while the layer keeps, ``copy`` while it
+    recomputes; any other pair forbidden), holding 1 byte while it copies. Flipping the group
+    alone leaves a forbidden pair; the tied node follows, so two layers stop recomputing."""
+    layers, keep, again = 4, (0, 1), (2, 3)
+    agree = np.full((4, 4), 10**18, dtype=np.int64)
+    agree[np.ix_(keep, keep)] = agree[np.ix_(again, again)] = 0
+    tie = np.full((4, 2), 10**18, dtype=np.int64)
+    tie[keep, 0] = tie[again, 1] = 0
+    costs, usages, edges, matrices = [], [], [], []
+    for layer in range(layers):
+        costs += [np.array([0, 0, 7, 7], dtype=np.int64), np.array([1, 2, 1, 2], dtype=np.int64)]
+        usages += [np.array([10, 10, 0, 0], dtype=np.int64), np.zeros(4, dtype=np.int64)]
+        edges.append((2 * layer, 2 * layer + 1))
+        matrices.append(agree)
+    for layer in range(layers):
+        costs.append(np.zeros(2, dtype=np.int64))
+        usages.append(np.array([0, 1], dtype=np.int64))
+        edges.append((2 * layer, 2 * layers + layer))
+        matrices.append(tie)
+    pair = (2, 3, 0, 1)
+    groups = tuple(((2 * layer, again, pair), (2 * layer + 1, again, pair)) for layer in range(layers))
+    problem = ShardingProblem(costs, usages, [(0, 1)] * (3 * layers), edges, matrices, usage_limit=25,
+                              tallies=[Tally("recomputing layers", groups)])
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    start = np.array([2, 2] * layers + [1] * layers)
+    assert comp.is_feasible(start) and comp.cost(start) == 4 * 7 + 4
+    flipped = flip_groups(comp, start)
+    assert flipped is not None and comp.is_feasible(flipped) and comp.cost(flipped) == 2 * 7 + 4
+    kept = [layer for layer in range(layers) if flipped[2 * layer] < 2]
+    assert len(kept) == 2 and all(flipped[2 * layers + layer] == (0 if layer in kept else 1) for layer in range(layers))
+    assert flip_groups(comp, flipped) is None

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from autoshard.errors import AutoshardError
 from autoshard.solver import Improved, Phase, SolveOptions, solve
 from autoshard.solver.model.problem import ShardingProblem
+from autoshard.solver.run.solve import build, reduce
+from autoshard.solver.run.state import RunState
 from tests.solver.helpers import brute_force, random_problem
 
 
@@ -89,3 +91,23 @@ def test_nothing_is_built_once_the_limit_has_passed_with_a_start():
     cost, start = plans[0]
     solution = solve(problem, SolveOptions(timeout=0.0, start=tuple(start)))
     assert solution.choice == start and solution.cost == cost and solution.core_nodes == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_the_start_carried_onto_the_reduced_core_is_a_plan_no_worse(seed):
+    """After the reductions the start becomes the searches' first core plan (``best_local``)
+    wherever the core kept its strategies: it fits, and expanded it costs at most the start."""
+    problem, plans = _problem_with_plans(seed)
+    _, start = plans[int(np.random.default_rng(seed).integers(len(plans)))]
+    state = RunState(problem, SolveOptions(start=tuple(start)), lambda event: None)
+    assert state.start_from(tuple(start), "baseline")
+    build(state)
+    reduce(state)
+    local = state.best_local
+    kept = all(start[v] in state.core.strategies[v] for v in state.comp.nodes)
+    assert (local is not None) == kept
+    if local is not None:
+        expanded = state.core.expand({v: int(s) for v, s in zip(state.comp.nodes, local)})
+        assert [expanded[v] for v in state.comp.nodes] == [start[v] for v in state.comp.nodes]
+        assert problem.evaluate(expanded).feasible and problem.cost(expanded) <= problem.cost(start)

@@ -54,6 +54,7 @@ from autoshard.solver.bounds.lp import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.bounds.lp import Relaxation, lp_bound, lp_columns
 from autoshard.solver.search.penalised_probe import PenalisedProbe
 from autoshard.solver.run.handover import StalledSearch
+from autoshard.solver.search.layer_flips import flip_groups
 from autoshard.solver.engines.toulbar import can_take
 from autoshard.solver.run.engine_pool import EnginePool
 from autoshard.solver.procs.forks import call_forked
@@ -84,6 +85,9 @@ RELAXED_ALONE = 10.0
 processor: where its optimum fits it proves it within seconds, and where memory binds it would
 only slow the Lagrangian searches (measured: see benchmarks/README.md, "LLM scale" and
 "Measurements behind the design")."""
+FLIPS_SHARE = 0.05
+"""At most this share of the time left (and 5 s) goes to the first whole-layer flips: a pass costs
+one evaluation per layer, and they take a 32-layer model's start in tenths of a second."""
 LP_MIN_TIME = 0.3
 """Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
 LP_GRACE = 0.5
@@ -194,7 +198,21 @@ class Portfolio:
             state.offer(search.x, "greedy", None)
             if weighted:
                 self.weighted_start_cost = state.best_cost
+        self._flips()
         self.greedy_time = self.state.clock() - began
+
+    def _flips(self) -> None:
+        """Whole-layer flips from the best plan, polished by local search: on a model's core whose
+        start recomputes every layer (the minimum-memory start, a hand-written recipe), each flip
+        keeps one more layer's activations while they fit, moves no single-node search makes."""
+        state = self.state
+        if state.best_local is None or not state.comp.toggles:
+            return
+        flipped = flip_groups(state.comp, state.best_local, state.soon(min(5.0, FLIPS_SHARE * (state.left() or 100.0))))
+        if flipped is not None:
+            search = Search(state.comp, flipped, state.rng)
+            search.descend(state.soon(5.0))
+            state.offer(search.x if search.feasible else flipped, "flips", None)
 
     def _toulbar_search(self) -> None:
         """The LP relaxation first on small cores (often integral there: plan and proof in a

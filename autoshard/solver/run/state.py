@@ -84,6 +84,21 @@ class RunState:
         self.counts = dict(counts)
         self.comp = self.core.freeze()
         self.size = Size.of(self.core)
+        if self.best is not None:
+            self.best_local = self._localised(self.best)
+
+    def _localised(self, choice: list[int]) -> np.ndarray | None:
+        """The core plan with ``choice``'s strategy at every node of the core, where the reductions
+        left each of them that strategy and the plan fits, so the searches can start from a given
+        plan (``start_from``); else None. Its removed nodes expand as the reductions decide, at
+        most ``choice``'s cost."""
+        local = np.empty(self.comp.n, dtype=np.int64)
+        for i, v in enumerate(self.comp.nodes):
+            where = np.flatnonzero(self.core.strategies[v] == choice[v])
+            if not len(where):
+                return None
+            local[i] = where[0]
+        return local if self.comp.is_feasible(local) else None
 
     def proved_by(self, source: str) -> None:
         """``source`` proved the best plan optimal, or the problem infeasible, without a bound."""

@@ -2,7 +2,10 @@
 
 One layer starts or stops recomputing in one move, which no search over single nodes or
 neighbourhoods smaller than a layer can make (a group's members must agree: forbidden pairs
-between them). Each pass takes the flip that lowers the cost most among those that fit:
+between them). Nodes outside the group that are tied to its members (a model's reshard copies:
+their strategy is a function of both ends of their edge) follow: each one whose edges the flip
+made forbidden takes its cheapest strategy given its neighbours. Each pass takes the flip that
+lowers the cost most among those that fit:
 
     x <- argmin { cost(flip_g(x)) : g a group, flip_g(x) fits, cost(flip_g(x)) < cost(x) }
 """
@@ -13,7 +16,11 @@ import time
 
 import numpy as np
 
-from autoshard.solver.core.reduced import FrozenCore
+from autoshard.solver.core.reduced import INF, FrozenCore
+
+FOLLOW_VISITS = 2
+"""How often one tied node may take a new strategy in one flip: a tie's strategy follows from its
+neighbours, so a second visit only happens along a chain of ties; more means the ties conflict."""
 
 
 def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) -> np.ndarray | None:
@@ -30,7 +37,7 @@ def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) 
         champion: tuple[int, np.ndarray] | None = None
         for groups in comp.toggles:
             for members in groups:
-                y = _flipped(best, members)
+                y = flipped(comp, best, members)
                 if y is None:
                     continue
                 new = comp.cost(y)
@@ -42,8 +49,9 @@ def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) 
     return best if improved else None
 
 
-def _flipped(x: np.ndarray, members: list[tuple[int, np.ndarray]]) -> np.ndarray | None:
-    """x with every member at its twin; None when a member has none (or the group none alive)."""
+def flipped(comp: FrozenCore, x: np.ndarray, members: list[tuple[int, np.ndarray]]) -> np.ndarray | None:
+    """x with every member at its twin and the nodes tied to them following (module docstring);
+    None when a member has no twin, the group none alive, or a tied node no allowed strategy."""
     if not members:
         return None
     y = x.copy()
@@ -51,4 +59,28 @@ def _flipped(x: np.ndarray, members: list[tuple[int, np.ndarray]]) -> np.ndarray
         if twin[y[node]] < 0:
             return None
         y[node] = twin[y[node]]
+    return _follow(comp, y, {node for node, _ in members})
+
+
+def _follow(comp: FrozenCore, y: np.ndarray, moved: set[int]) -> np.ndarray | None:
+    """y with every node outside ``moved`` that has a forbidden edge, reached from ``moved``
+    through such nodes, at its cheapest strategy given its neighbours (in place); None when one
+    has none below FORBIDDEN or is revisited more than FOLLOW_VISITS times."""
+    queue = [w for v in moved for w, _ in comp.nbrs[v] if w not in moved]
+    visits: dict[int, int] = {}
+    while queue:
+        v = queue.pop()
+        if v in moved or not any(m[y[v], y[w]] >= INF for w, m in comp.nbrs[v]):
+            continue
+        visits[v] = visits.get(v, 0) + 1
+        if visits[v] > FOLLOW_VISITS:
+            return None
+        total = comp.costs[v].copy()
+        for w, m in comp.nbrs[v]:
+            total = np.minimum(total + m[:, y[w]], INF)
+        s = int(np.argmin(total))
+        if total[s] >= INF:
+            return None
+        y[v] = s
+        queue += [w for w, _ in comp.nbrs[v] if w not in moved]
     return y
