@@ -12,6 +12,11 @@ lam moves along the minimiser's overflow g by full deflected Polyak steps toward
 
     d = g - 1.5 (g . d' / |d'|^2) d'  if g . d' < 0, else g;   lam <- max(0, lam + (U - L) d / |d|^2)
 
+Beside toulbar2's search of a core with memory rows (run/pruning.py) the same minimiser, with
+longer proofs (DUAL_SECONDS), serves the bound alone: lam then maximises the cutting-plane model
+of L (cutting_plane.py), which reaches L's maximum in a handful of minima and says so
+(``dual_search``).
+
 Why exact: the identical layers answer a penalty alike, so the minimisers jump between keeping
 every layer's activations and recomputing every layer; only exact minimisers land on the plans
 at the balance of the two, which are the fitting plans TRW-S's rounded and toulbar2's
@@ -40,6 +45,9 @@ SHARE = 0.5
 """Most of the time left the search takes."""
 PROVE_SECONDS = 1
 """toulbar2's CPU-time limit per penalised core; a step whose minimum is not proved gives no bound."""
+DUAL_SECONDS = 10
+"""toulbar2's CPU-time limit per penalised core in ``dual_search``: near L's maximum the penalties
+balance the plans and the proofs take longest (IOPDDL V: 2-6 s, a few 20-40 s)."""
 POLISH_SECONDS = 1.0
 """Longest local search on a step's plan that fits."""
 
@@ -50,8 +58,9 @@ Runner = Callable[[Callable[[], tuple[np.ndarray, bool] | None], float], tuple[n
 class ToulbarMinimiser:
     """The penalised core minimised by toulbar2's proof, ``run`` in a child killed at its limit."""
 
-    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner) -> None:
-        self.comp, self.rng, self.seed, self.run = comp, rng, seed, run
+    def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner,
+                 seconds: int = PROVE_SECONDS) -> None:
+        self.comp, self.rng, self.seed, self.run, self.seconds = comp, rng, seed, run, seconds
         self.calls = 0
 
     def minimise(self, lam: np.ndarray, penalty: np.ndarray | None, deadline: float) -> Minimum | None:
@@ -60,8 +69,8 @@ class ToulbarMinimiser:
         comp = self.comp
         self.calls += 1
         floored = np.floor(penalty) if penalty is not None else np.zeros(comp.arrays.c_off[-1])
-        answer = self.run(lambda: prove_penalised(comp, floored, PROVE_SECONDS, self.seed + self.calls),
-                          2 * PROVE_SECONDS + 1)
+        answer = self.run(lambda: prove_penalised(comp, floored, self.seconds, self.seed + self.calls),
+                          2 * self.seconds + 1)
         if answer is None or comp.cost(answer[0]) >= INF:
             return None
         x, proved = answer
@@ -83,6 +92,12 @@ class ToulbarMinimiser:
 def exact_lagrangian(comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner) -> Lagrangian[ToulbarMinimiser]:
     """The Lagrangian search with toulbar2 as its minimiser: full deflected Polyak steps."""
     return Lagrangian(comp, ToulbarMinimiser(comp, rng, seed, run), halving=False)
+
+
+def dual_search(comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner) -> Lagrangian[ToulbarMinimiser]:
+    """The Lagrangian search for the bound: toulbar2's minima of up to DUAL_SECONDS, lam from
+    the cutting-plane model; step it until ``converged``."""
+    return Lagrangian(comp, ToulbarMinimiser(comp, rng, seed, run, DUAL_SECONDS), cutting=True)
 
 
 def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable[[], int | None],

@@ -16,6 +16,8 @@ direction (Camerini, Fratta and Maffioli 1975):
 
 Plain subgradient steps zig-zag (every other penalised plan overflows and yields no plan);
 deflection damps that (measured: see benchmarks/README.md, "Measurements behind the design").
+With ``cutting`` (for exact minimisers) lam comes instead from the cutting-plane model of L that
+the minima build (cutting_plane.py), which needs no target U and says when L's maximum is reached.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.reduced import FrozenCore
+from autoshard.solver.bounds.cutting_plane import CuttingPlane
+from autoshard.solver.core.reduced import INF, FrozenCore
 
 
 @dataclass
@@ -104,10 +107,12 @@ class Lagrangian(Generic[M]):
     alpha halves after HALVE_AFTER steps without a better L; exact minimisers take full steps.
     ``back_to_best`` (with ``halving``): each halving also moves lam back to the multipliers of the
     best L so far, so steps that overshot from a target U far above the optimum do not leave lam
-    stranded where L is low (the search beside toulbar2, whose first plans are far from it)."""
+    stranded where L is low (the search beside toulbar2, whose first plans are far from it).
+    ``cutting``: lam maximises the cutting-plane model instead (cutting_plane.py; no Polyak step),
+    and ``converged`` says when the best L is the dual's maximum."""
 
     def __init__(self, comp: FrozenCore, minimiser: M, deflect: bool = True, halving: bool = True,
-                 back_to_best: bool = False) -> None:
+                 back_to_best: bool = False, cutting: bool = False) -> None:
         self.comp, self.minimiser, self.deflect, self.halving = comp, minimiser, deflect, halving
         self.back_to_best = back_to_best
         self.capacity = np.zeros(0) if comp.capacity is None else comp.capacity.astype(np.float64)
@@ -118,6 +123,13 @@ class Lagrangian(Generic[M]):
         self.best_value = -np.inf
         self.stale = 0
         self.steps = 0
+        self.model = CuttingPlane(len(self.capacity)) if cutting else None
+
+    @property
+    def converged(self) -> bool:
+        """Whether the cutting-plane model says the best dual value is L's maximum (never without
+        ``cutting``)."""
+        return self.model is not None and bool(self.model.values) and self.model.converged
 
     def penalties(self) -> np.ndarray | None:
         """The penalty of every strategy, flat (``FrozenCore.arrays.c_off``'s layout, which every
@@ -128,14 +140,21 @@ class Lagrangian(Generic[M]):
 
     def step(self, upper: int | None, deadline: float) -> StepResult:
         """One step: the penalised minimum and its bound, a plan made from it, lam moved towards
-        ``upper`` (else the plan's cost)."""
+        ``upper`` (else the plan's cost), or with ``cutting`` to the model's maximum in its box
+        (a minimiser at a forbidden cost adds no cut)."""
         self.steps += 1
         minimum = self.minimiser.minimise(self.lam, self.penalties(), deadline)
         if minimum is None:
             return StepResult(None, None, None, answered=False)
         found = self.minimiser.plan(minimum.x, deadline)
         plan, cost = found if found is not None else (None, None)
-        if len(self.lam):
+        if self.model is not None:
+            if self.comp.cost(minimum.x) >= INF:
+                return StepResult(plan, cost, minimum.bound)
+            self.model.add(self.lam, self.comp.cost(minimum.x), self.comp.profile(minimum.x) - self.capacity,
+                           minimum.value, upper if upper is not None else cost)
+            self.lam = self.model.next()
+        elif len(self.lam):
             self.move(self.comp.profile(minimum.x).astype(np.float64) - self.capacity, minimum.value,
                       upper if upper is not None else cost)
         return StepResult(plan, cost, minimum.bound)
