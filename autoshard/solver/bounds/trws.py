@@ -17,6 +17,7 @@ into those flat arrays, so they see every update.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -38,16 +39,11 @@ class MessagePassing:
         self.comp = comp
         n = comp.n
         self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]
-        self.edges: list[tuple[int, int, np.ndarray]] = []
+        self.matrices = float_matrices(comp)
+        self.edges = self.matrices.edges
         self.flipped = [u > v for u, v, _ in comp.edges]
         self.inc: list[list[tuple[int, int, bool]]] = [[] for _ in range(n)]
-        oriented = [(v, u, m.T) if u > v else (u, v, m) for u, v, m in comp.edges]
-        as_float: dict[object, np.ndarray] = {}  # one float copy per distinct matrix (repeated layers share it)
-        for (u, v, m), key in zip(oriented, content_keys([m for _, _, m in oriented])):
-            if key not in as_float:
-                as_float[key] = np.ascontiguousarray(np.where(m < INF, m.astype(np.float64), np.inf))
-            e = len(self.edges)
-            self.edges.append((u, v, as_float[key]))
+        for e, (u, v, _) in enumerate(self.edges):
             self.inc[u].append((e, v, True))
             self.inc[v].append((e, u, False))
         self.gamma = np.array([
@@ -55,10 +51,8 @@ class MessagePassing:
             for i in range(n)
         ])
         self.flat = _FlatGraph(self)
-        # the per-node and per-edge arrays become views of the flat ones: one copy in memory
+        # the per-node arrays become views of the flat ones: one copy in memory
         self.theta = views(self.flat.theta, self.flat.th_off)
-        self.edges = [(u, v, self.flat.mats[a:a + m.size].reshape(m.shape))
-                      for (u, v, m), a in zip(self.edges, self.flat.m_off.tolist())]
         self.to_u = views(self.flat.to_u, self.flat.u_off)
         self.to_v = views(self.flat.to_v, self.flat.v_off)
         self._top: float | None = None
@@ -158,6 +152,48 @@ class MessagePassing:
         return DualCut(safe_bound(total, scale), node_terms, pair_terms)
 
 
+@dataclass(frozen=True)
+class FloatMatrices:
+    """A core's edge matrices as TRW-S reads them: edge e of ``comp.edges`` oriented lower node
+    first (``edges[e]``: (u, v, matrix) with u < v), float64 with forbidden entries at +inf, each
+    matrix a view into ``mats`` at ``m_off[e]`` (row-major), where every distinct content (a
+    model's repeated layers) is stored once."""
+
+    edges: list[tuple[int, int, np.ndarray]]
+    mats: np.ndarray
+    m_off: np.ndarray
+
+
+def float_matrices(comp: FrozenCore) -> FloatMatrices:
+    """``comp``'s FloatMatrices, built on first use and kept on ``comp``: every MessagePassing of
+    the core reads the same ones, and a child forked after they were built (an engine's) shares
+    their pages instead of building its own (gigabytes on a large model's core). Each distinct
+    matrix is converted straight into the flat array (no intermediate copy)."""
+    cached = comp.__dict__.get("_float_matrices")
+    if cached is not None:
+        return cached
+    oriented = [(v, u, m.T) if u > v else (u, v, m) for u, v, m in comp.edges]
+    start: dict[int, int] = {}
+    m_off = np.empty(len(oriented), dtype=np.int64)
+    size = 0
+    for e, ((_, _, m), key) in enumerate(zip(oriented, content_keys([m for _, _, m in oriented]))):
+        if key not in start:
+            start[key] = size
+            size += m.size
+        m_off[e] = start[key]
+    mats = np.empty(size)
+    edges, filled = [], set()
+    for (u, v, m), at in zip(oriented, m_off.tolist()):
+        block = mats[at:at + m.size].reshape(m.shape)
+        if at not in filled:
+            filled.add(at)
+            block[...] = m
+            block[m >= INF] = np.inf
+        edges.append((u, v, block))
+    cached = comp.__dict__["_float_matrices"] = FloatMatrices(edges, mats, m_off)
+    return cached
+
+
 class _FlatGraph:
     """The costs, incidence lists, edge matrices and messages of a MessagePassing as flat
     arrays with offsets, which is what the compiled loops take."""
@@ -172,18 +208,9 @@ class _FlatGraph:
         self.inc_edge = np.array([e for e, _, _ in inc], dtype=np.int64)
         self.inc_other = np.array([j for _, j, _ in inc], dtype=np.int64)
         self.inc_is_u = np.array([is_u for _, _, is_u in inc], dtype=np.bool_)
-        # Each distinct matrix is stored once; m_off[e] is where edge e's starts (edges sharing a
-        # matrix share the start). An edge's parts (the bound's per-entry split) are its own, at p_off[e].
-        start: dict[int, int] = {}
-        pieces: list[np.ndarray] = []
-        size = 0
-        for _, _, m in mp.edges:
-            if id(m) not in start:
-                start[id(m)] = size
-                pieces.append(m.ravel())
-                size += m.size
-        self.mats = np.concatenate(pieces) if pieces else np.zeros(0)
-        self.m_off = np.array([start[id(m)] for _, _, m in mp.edges], dtype=np.int64)
+        # edge e's matrix starts at m_off[e] (FloatMatrices); its parts (the bound's per-entry
+        # split) are its own, at p_off[e]
+        self.mats, self.m_off = mp.matrices.mats, mp.matrices.m_off
         self.p_off = offsets([m.size for _, _, m in mp.edges])
         self.u_off = offsets([sizes[u] for u, _, _ in mp.edges])
         self.v_off = offsets([sizes[v] for _, v, _ in mp.edges])

@@ -31,6 +31,18 @@ def sat(a: np.ndarray) -> np.ndarray:
     return np.minimum(a, INF)
 
 
+def saturated(values: np.ndarray | list[int]) -> np.ndarray:
+    """``values`` as a read-only int64 array clipped at INF: a view of the caller's array when it
+    is int64 and already at most INF (a large model's costs are gigabytes: no copy), else a copy.
+    Reductions replace arrays, never edit them, so the caller's data is never written."""
+    a = np.asarray(values, dtype=np.int64)
+    if a.size and a.max() > INF:
+        a = sat(a)
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 @dataclass(frozen=True)
 class Record:
     """Node ``node`` was removed; its original strategy is ``table[i_1, ..., i_k]`` where i_j is the
@@ -57,14 +69,15 @@ class Core:
     def __init__(self, problem: ShardingProblem) -> None:
         n = problem.num_nodes
         self.num_original = n
-        self.costs: list[np.ndarray | None] = [sat(np.asarray(c, dtype=np.int64)) for c in problem.node_costs]
-        self.strategies: list[np.ndarray] = [np.arange(len(c)) for c in problem.node_costs]
+        self.costs: list[np.ndarray | None] = [saturated(c) for c in problem.node_costs]
+        every = np.arange(max((len(c) for c in problem.node_costs), default=0))
+        every.flags.writeable = False
+        self.strategies: list[np.ndarray] = [every[:len(c)] for c in problem.node_costs]
         self.adj: list[dict[int, np.ndarray]] = [{} for _ in range(n)]
         shared: dict[int, np.ndarray] = {}  # identical edges (repeated layers) share one matrix object
         for (u, v), m in zip(problem.edges, problem.edge_costs):
             if id(m) not in shared:
-                shared[id(m)] = sat(np.asarray(m, dtype=np.int64))
-                shared[id(m)].flags.writeable = False  # shared: reductions build new matrices, never edit
+                shared[id(m)] = saturated(m)
             self.add_edge(u, v, shared[id(m)])
         self.alive: set[int] = set(range(n))
         self.const = 0
@@ -198,9 +211,10 @@ class FrozenCore:
 
     def __getstate__(self) -> dict:
         """Pickled without what is derived (the neighbour lists hold a transposed copy of every
-        edge matrix, ``arrays`` the whole core again): neighbourhood search sends restricted
-        cores to another process (procs/call_server.py) several times a second."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays")}
+        edge matrix, ``arrays`` the whole core again, TRW-S's float matrices once more):
+        neighbourhood search sends restricted cores to another process (procs/call_server.py)
+        several times a second."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays", "_float_matrices")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -10,6 +10,7 @@ pipe are pickles behind their length (8 bytes, little endian): ``send_frame`` an
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import pickle
 import select
@@ -61,8 +62,13 @@ def fork_child(child: Callable[[], object], parent_ends: Sequence[int | None] = 
                child_ends: Sequence[int | None] = ()) -> int:
     """Fork: the child closes the pipe ends the parent keeps (``parent_ends``), runs ``child()``
     and exits without returning (status 0, or 1 when it raised); the parent closes the child's
-    ends (``child_ends``) and gets the child's pid. None entries are skipped."""
+    ends (``child_ends``) and gets the child's pid. None entries are skipped. The child's garbage
+    collector never visits the objects the parent had at the fork (``gc.freeze``): a collection
+    writes to every object it visits, and each page it writes stops being shared with the parent."""
+    gc.freeze()  # the parent's objects out of the child's collections: they stay shared pages
     pid = os.fork()
+    if pid != 0:
+        gc.unfreeze()
     if pid == 0:
         status = 1
         try:
