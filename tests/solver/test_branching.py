@@ -19,7 +19,7 @@ from autoshard.solver.core import branching
 from autoshard.solver.model.problem import ShardingProblem, Tally
 from autoshard.solver.bounds.lp import lp_bound
 from autoshard.solver.core.branching import dive
-from autoshard.solver.search.layer_flips import flip_groups
+from autoshard.solver.search.layer_flips import fit_by_flips, flip_groups
 from tests.solver.test_milp import cores, fitting_plans
 
 
@@ -198,3 +198,22 @@ def test_nodes_tied_to_a_flipped_group_follow_it() -> None:
     kept = [layer for layer in range(layers) if flipped[2 * layer] < 2]
     assert len(kept) == 2 and all(flipped[2 * layers + layer] == (0 if layer in kept else 1) for layer in range(layers))
     assert flip_groups(comp, flipped) is None
+
+
+def test_a_plan_over_the_limit_fits_by_recomputing_the_layers_that_pay_least_per_byte() -> None:
+    """Eight layers that keep (10 bytes) or recompute at 7 or 8 ticks, under 35 bytes: from every
+    layer kept (80 bytes, 45 over) flips recompute the fewest layers that fit, each the cheaper
+    way, which is the exact optimum."""
+    problem = layers_that_must_partly_recompute()
+    pair = (1, 0, 0)  # keep <-> recompute at 7; recomputing at 8 flips back to keep
+    groups = tuple(((layer, (1, 2), pair),) for layer in range(8))
+    problem = replace(problem, tallies=[Tally("recomputing layers", groups)])
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    every_kept = np.zeros(8, dtype=np.int64)
+    assert comp.overflow(every_kept) == 45
+    fitted = fit_by_flips(comp, every_kept)
+    assert fitted is not None and comp.is_feasible(fitted)
+    assert comp.cost(fitted) == solve_core_milp(comp, exact=True).cost == 5 * 7
+    assert fit_by_flips(comp, fitted) is not None  # fits already: unchanged

@@ -3,11 +3,14 @@
 ``EnginePool`` starts engines, polls them (each plan evaluated through ``RunState.offer``, bounds
 and verdicts of the engines whose bounds hold recorded), retires a relaxation that can no longer
 help, hands the second processor on along a queue of engines (each takes it when the one before
-has ended, been retired or had its time), and stops them all. Every engine is started, polled
+has ended, been retired or had its time), and stops them all. A relaxation's plan that overflows
+memory is kept (``unfit``) for the search to make fit (portfolio.py). Every engine is started, polled
 and stopped the same way.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from autoshard.solver.procs.engine_events import EngineEvent
 from autoshard.solver.model.events import EngineFailed, Phase
@@ -26,6 +29,7 @@ class EnginePool:
         self.engines: list[EngineWorker] = []
         self.waiting: list[tuple[list[str], str, float]] = []
         self.relaxation_proved_in: float | None = None  # seconds toulbar2 took to prove the core without rows
+        self.unfit: np.ndarray | None = None  # the relaxation's last plan that overflows memory, until taken
 
     @property
     def any_exact(self) -> bool:
@@ -59,6 +63,11 @@ class EnginePool:
         self._retire()
         self._hand_over()
 
+    def take_unfit(self) -> np.ndarray | None:
+        """The relaxation's last plan that overflows memory, once (None when there is none new)."""
+        unfit, self.unfit = self.unfit, None
+        return unfit
+
     def exact_running(self) -> bool:
         """True while some exact engine is searching."""
         return any(not e.done for e in self.engines if e.exact)
@@ -87,7 +96,9 @@ class EnginePool:
         if event.kind == "error":
             state.emit(EngineFailed(engine.method, event.message or "no message", state.elapsed()))
         elif event.kind == "plan":
-            state.offer(event.choice, source, None)
+            if not state.offer(event.choice, source, None) and engine.relaxation and \
+                    not state.comp.is_feasible(event.choice):
+                self.unfit = np.asarray(event.choice, dtype=np.int64)
         elif not engine.bounds:
             return
         elif event.kind in ("bound", "optimal"):

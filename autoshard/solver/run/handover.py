@@ -3,6 +3,10 @@
 1. flips of whole layers (layer_flips.flip_groups): a layer is wider than a wide core's neighbourhoods;
 2. a slice of large-neighbourhood search from the best plan (lns.py).
 
+Whole-layer flips also polish the first plan (``polish_by_flips``: a start that recomputes every
+layer keeps each layer's activations that fit) and make the relaxation's plans that overflow
+memory fit (``fit_by_flips_and_polish``: the optimum without memory rows, a few layers over).
+
 The hull bound (column_generation.py) is no move of this process's: where it applies it runs as
 an engine in a child process (run/workers.py, portfolio.py ``_second_engines``).
 """
@@ -16,8 +20,14 @@ from autoshard.solver.run.engine_pool import EnginePool
 from autoshard.solver.model.events import Phase
 from autoshard.solver.search.lns import LNS_AFTER_STEPS, LNS_SLICE, NeighbourhoodSearch
 from autoshard.solver.run.state import RunState
-from autoshard.solver.search.layer_flips import flip_groups
+from autoshard.solver.core.local_search import Search
+from autoshard.solver.search.layer_flips import fit_by_flips, flip_groups
 
+FLIPS_SHARE = 0.05
+"""At most this share of the time left (and FLIPS_MOST seconds) goes to one run of whole-layer
+flips outside a stalled search: a pass costs one evaluation per layer, and they take a 32-layer
+model's start in tenths of a second."""
+FLIPS_MOST = 5.0
 LNS_STALL_SHARE = 0.1
 """... or this share of the time limit and LNS_MIN_STEPS steps without one, whichever comes first:
 where Lagrangian steps are slow, thirty of them are a large part of the limit, and neighbourhood
@@ -85,6 +95,8 @@ class StalledSearch:
 
         def heard() -> bool:
             self.pool.poll()
+            if (unfit := self.pool.take_unfit()) is not None:
+                fit_by_flips_and_polish(state, unfit)
             return state.finished() or state.best_cost != own[0]
 
         end = state.soon(budget)
@@ -103,3 +115,26 @@ class StalledSearch:
         if left is not None and left < 2.0:
             return None
         return LNS_SLICE if left is None else min(left, max(LNS_SLICE, LNS_SHARE * left))
+
+
+def polish_by_flips(state: RunState, x: np.ndarray) -> None:
+    """Offer ``x`` (it fits) after the whole-layer flips that pay and local search."""
+    comp = state.comp
+    flipped = flip_groups(comp, x, _flips_deadline(state)) if comp.toggles else None
+    search = Search(comp, x if flipped is None else flipped, state.rng)
+    search.descend(state.soon(FLIPS_MOST))
+    if search.feasible:
+        state.offer(search.x, "flips", None)
+
+
+def fit_by_flips_and_polish(state: RunState, x: np.ndarray) -> None:
+    """A plan that overflows memory (the relaxation's) made to fit by whole-layer flips, then
+    polished (``polish_by_flips``); nothing when flips cannot make it fit."""
+    if state.comp.toggles and (fitted := fit_by_flips(state.comp, x, _flips_deadline(state))) is not None:
+        polish_by_flips(state, fitted)
+
+
+def _flips_deadline(state: RunState) -> float:
+    """When one run of flips outside a stalled search stops (FLIPS_SHARE)."""
+    left = state.left()
+    return state.soon(FLIPS_MOST if left is None else min(FLIPS_MOST, FLIPS_SHARE * left))

@@ -8,7 +8,9 @@ bounds come together (the ``search`` step of run/solve.py).
     relaxation first when small (often integral on small reduced cores), then toulbar2's branch
     and bound (proves) beside its neighbourhood search (plans), and on memory-free cores TRW-S
     pruning the core for a proof by toulbar2 on what is left (pruning.py) — ``_toulbar_search``;
-  - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds
+  - otherwise toulbar2 on the core without its memory rows for up to RELAXED_ALONE seconds (longer
+    on cores of counted layers, RELAXED_FLIPPED_SHARE: its optimum, made to fit by whole-layer
+    flips, is a good plan there)
     (bounds; its optimum, if it fits, is optimal; stopped sooner once a plan it reported costs
     less than the lower bound, ``_retire``), then in its place, each once the one before has
     ended (``_second_engines``): on models' cores of counted layers (tallies) that memory binds
@@ -54,8 +56,7 @@ from autoshard.solver.run.pruning import PrunedProof
 from autoshard.solver.bounds.lp import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.bounds.lp import Relaxation, lp_bound, lp_columns
 from autoshard.solver.search.penalised_probe import PenalisedProbe
-from autoshard.solver.run.handover import StalledSearch
-from autoshard.solver.search.layer_flips import flip_groups
+from autoshard.solver.run.handover import StalledSearch, fit_by_flips_and_polish, polish_by_flips
 from autoshard.solver.engines.toulbar import can_take
 from autoshard.solver.run.engine_pool import EnginePool
 from autoshard.solver.procs.forks import call_forked
@@ -86,9 +87,12 @@ RELAXED_ALONE = 10.0
 processor: where its optimum fits it proves it within seconds, and where memory binds it would
 only slow the Lagrangian searches (measured: see benchmarks/README.md, "LLM scale" and
 "Measurements behind the design")."""
-FLIPS_SHARE = 0.05
-"""At most this share of the time left (and 5 s) goes to the first whole-layer flips: a pass costs
-one evaluation per layer, and they take a 32-layer model's start in tenths of a second."""
+RELAXED_FLIPPED_SHARE = 0.4
+"""... or, on cores of counted layers under memory rows, this share of the time left if longer: there
+its optimum is worth having even where it overflows, since whole-layer flips make it fit
+(handover.fit_by_flips_and_polish; LLaMA-3-8B on 2x8 at 40 GiB: toulbar2 proves the optimum
+without rows in 14 s alone, 33 s beside the other searches at load 6, and recomputing a few layers
+fits it within 6% of the bound, where the searches had stopped 18% above)."""
 LP_MIN_TIME = 0.3
 """Seconds below which the LP is not tried (lp_bound needs 0.2 s after building the model)."""
 LP_GRACE = 0.5
@@ -137,7 +141,10 @@ class Portfolio:
             pass  # the greedy plan meets the gap
         elif state.options.prove and state.options.toulbar and can_take(comp, rows=False):
             self.pool.start(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
-            self.pool.waiting = [(*queue[0], self.state.clock() + RELAXED_ALONE), *((m, w, math.inf) for m, w in queue[1:])]
+            alone, left = RELAXED_ALONE, state.left()
+            if comp.toggles and comp.has_memory and left is not None:
+                alone = max(alone, RELAXED_FLIPPED_SHARE * left)
+            self.pool.waiting = [(*queue[0], self.state.clock() + alone), *((m, w, math.inf) for m, w in queue[1:])]
         else:
             self.pool.start(*queue[0])
             self.pool.waiting = [(m, w, math.inf) for m, w in queue[1:]]
@@ -201,21 +208,9 @@ class Portfolio:
             state.offer(search.x, "greedy", None)
             if weighted:
                 self.weighted_start_cost = state.best_cost
-        self._flips()
+        if state.best_local is not None and comp.toggles:  # a start recomputing every layer keeps what fits
+            polish_by_flips(state, state.best_local)
         self.greedy_time = self.state.clock() - began
-
-    def _flips(self) -> None:
-        """Whole-layer flips from the best plan, polished by local search: on a model's core whose
-        start recomputes every layer (the minimum-memory start, a hand-written recipe), each flip
-        keeps one more layer's activations while they fit, moves no single-node search makes."""
-        state = self.state
-        if state.best_local is None or not state.comp.toggles:
-            return
-        flipped = flip_groups(state.comp, state.best_local, state.soon(min(5.0, FLIPS_SHARE * (state.left() or 100.0))))
-        if flipped is not None:
-            search = Search(state.comp, flipped, state.rng)
-            search.descend(state.soon(5.0))
-            state.offer(search.x if search.feasible else flipped, "flips", None)
 
     def _toulbar_search(self) -> None:
         """The LP relaxation first on small cores (often integral there: plan and proof in a
@@ -303,6 +298,8 @@ class Portfolio:
             if probe is not None and probe.due(steps):
                 own = self._probe(probe, lag, steps) or own
             self.pool.poll()
+            if (unfit := self.pool.take_unfit()) is not None:
+                fit_by_flips_and_polish(state, unfit)
             proved_in = self.pool.relaxation_proved_in
             if exact_due and proved_in is not None and proved_in <= RELAXED_PROOF:
                 exact_due = False

@@ -4,10 +4,15 @@ One layer starts or stops recomputing in one move, which no search over single n
 neighbourhoods smaller than a layer can make (a group's members must agree: forbidden pairs
 between them). Nodes outside the group that are tied to its members (a model's reshard copies:
 their strategy is a function of both ends of their edge) follow: each one whose edges the flip
-made forbidden takes its cheapest strategy given its neighbours. Each pass takes the flip that
-lowers the cost most among those that fit:
+made forbidden takes its cheapest strategy given its neighbours. Each pass of ``flip_groups``
+takes the flip that lowers the cost most among those that fit:
 
     x <- argmin { cost(flip_g(x)) : g a group, flip_g(x) fits, cost(flip_g(x)) < cost(x) }
+
+and each pass of ``fit_by_flips`` (a plan over the memory limit, e.g. the optimum without memory
+rows) the one that pays least per byte of overflow it removes:
+
+    x <- argmin { (cost(flip_g(x)) - cost(x)) / (over(x) - over(flip_g(x))) : over(flip_g(x)) < over(x) }
 """
 
 from __future__ import annotations
@@ -47,6 +52,33 @@ def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) 
             break
         (cost, best), improved = champion, True
     return best if improved else None
+
+
+def fit_by_flips(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) -> np.ndarray | None:
+    """``x`` made to fit by flips of whole groups, each pass the one that adds least cost per
+    byte of overflow removed (module docstring); None when no flip lowers the overflow before
+    the plan fits, or at the deadline. Where the cheapest plan without memory rows overflows by
+    a few layers' activations, recomputing those layers is often the cheapest way to fit."""
+    if not comp.toggles:
+        return None
+    y = np.asarray(x, dtype=np.int64).copy()
+    cost, over = comp.cost(y), comp.overflow(y)
+    while over > 0:
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        champion: tuple[float, int, int, np.ndarray] | None = None
+        for groups in comp.toggles:
+            for members in groups:
+                z = flipped(comp, y, members)
+                if z is None or (new := comp.cost(z)) >= INF or (left := comp.overflow(z)) >= over:
+                    continue
+                rate = (new - cost) / (over - left)
+                if champion is None or rate < champion[0]:
+                    champion = (rate, new, left, z)
+        if champion is None:
+            return None
+        _, cost, over, y = champion
+    return y if cost < INF else None
 
 
 def flipped(comp: FrozenCore, x: np.ndarray, members: list[tuple[int, np.ndarray]]) -> np.ndarray | None:
