@@ -1,6 +1,6 @@
-"""Large arrays held once: the Core reads the problem's int64 arrays without copying them, TRW-S's
-float matrices are built once per core (and before a fork, shared with the child), and a forked
-child's collector leaves the parent's objects alone."""
+"""Large arrays held once: the Core and the exact evaluation read the problem's int64 arrays without
+copying them, TRW-S's float matrices are built once per core (and before a fork, shared with the
+child), and a forked child's collector leaves the parent's objects alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pickle
 import numpy as np
 
 from autoshard.solver.bounds.trws import MessagePassing, float_matrices
+from autoshard.solver.core.evaluation import FlatProblem
 from autoshard.solver.core.reduced import INF, Core, saturated
+from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.procs.forks import fork_child, read_frame, send_frame
 from tests.solver.helpers import exited, large_problem, random_problem
 
@@ -64,3 +66,25 @@ def test_a_forked_child_has_the_parents_objects_frozen_and_the_parent_does_not()
     assert exited(pid)
     assert whole and frozen > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_the_exact_evaluation_reads_the_problems_matrices_in_place():
+    problem = large_problem(np.random.default_rng(5), 60)
+    shared = problem.edge_costs[0]
+    problem.edge_costs = [shared if m.shape == shared.shape else m for m in problem.edge_costs]
+    flat = FlatProblem.of(problem)
+    held = [m for m, _, _ in flat.edges]
+    assert all(any(m is e for e in problem.edge_costs) for m in held) and len(held) == len({id(m) for m in held})
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        choice = np.array([rng.integers(problem.num_strategies(i)) for i in range(problem.num_nodes)])
+        assert flat.evaluate(choice) == problem.evaluate(choice.tolist())
+
+
+def test_edge_sums_past_int64_are_left_to_python():
+    """Eight edges sharing one matrix of 2**59 prices: each below FORBIDDEN, their sum 2**62."""
+    big = np.full((1, 1), 2**59, dtype=np.int64)
+    problem = ShardingProblem([np.array([0])] * 9, [np.array([0])] * 9, [(0, 1)] * 9,
+                              [(0, v) for v in range(1, 9)], [big] * 8)
+    flat = FlatProblem.of(problem)
+    assert flat.compiled and flat.evaluate(np.zeros(9, dtype=np.int64)).cost == 2**62

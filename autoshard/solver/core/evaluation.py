@@ -8,10 +8,11 @@ see benchmarks/README.md, "Solver throughput"). Here both are loops over flat ar
 
 - ``Expansion``: the records as flat arrays; a removed node's strategy is its table entry at the
   positions of its scope's strategies in the snapshots taken when it was removed.
-- ``FlatProblem``: node costs, edge matrices (each distinct one once, ``pool.py``) and memory
-  intervals flat; the cost is exact in int64 while no term is forbidden and the sum stays below
-  2**62, else ``ShardingProblem.evaluate`` decides (Python ints); the peak is the largest prefix
-  sum of usage changes on the sorted times.
+- ``FlatProblem``: node costs and memory intervals flat; the edges grouped by their matrix object
+  (the problem's own arrays, not copied: a large model's are gigabytes, shared by its repeated
+  layers), each group's entries read at once by numpy; the cost is exact in int64 while no term is
+  forbidden and the sum stays below 2**62, else ``ShardingProblem.evaluate`` decides (Python
+  ints); the peak is the largest prefix sum of usage changes on the sorted times.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import numpy as np
 from numba import njit
 
 from autoshard.solver.model.problem import FORBIDDEN, Evaluation, ShardingProblem
-from autoshard.solver.core.pool import matrix_pool
 from autoshard.solver.core.reduced import Core, flat, offsets
 
 
@@ -100,10 +100,7 @@ class FlatProblem:
     k: np.ndarray  # strategies per node
     c_off: np.ndarray
     costs: np.ndarray
-    eu: np.ndarray
-    ev: np.ndarray
-    m_off: np.ndarray
-    mats: np.ndarray
+    edges: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]  # per matrix object: it, its edges' ends
     usages: np.ndarray  # node i's at c_off[i], like its costs
     t_start: np.ndarray  # each node's interval as positions in the sorted distinct times
     t_end: np.ndarray
@@ -119,18 +116,14 @@ class FlatProblem:
         times = np.unique(bounds[live])
         t_start = np.where(live, np.searchsorted(times, bounds[:, 0]), 0).astype(np.int64)
         t_end = np.where(live, np.searchsorted(times, bounds[:, 1]), 0).astype(np.int64)
-        edges = np.array(problem.edges, dtype=np.int64).reshape(-1, 2)
         arrays = [*problem.node_costs, *problem.node_usages, *problem.edge_costs]
         compiled = all(np.asarray(a).dtype.kind == "i" for a in arrays)
         if compiled:  # no usage sum past int64 (at most each node's largest usage at once)
             compiled = sum(int(np.max(u, initial=0)) for u in problem.node_usages) < 2**62
         pick = _flat if compiled else (lambda arrays: np.zeros(0, dtype=np.int64))
-        # edges sharing a matrix (repeated layers) point at one copy: 405B on 8x8x8 would flatten 259 GiB
-        mats, m_off = matrix_pool(problem.edge_costs) if compiled else (pick([]), np.zeros(len(edges), np.int64))
         return cls(
             problem=problem, k=k, c_off=offsets(k), costs=pick(problem.node_costs),
-            eu=edges[:, 0].copy(), ev=edges[:, 1].copy(), m_off=m_off,
-            mats=mats, usages=pick(problem.node_usages),
+            edges=_edge_groups(problem) if compiled else (), usages=pick(problem.node_usages),
             t_start=t_start, t_end=t_end, times=len(times), compiled=compiled,
         )
 
@@ -140,27 +133,50 @@ class FlatProblem:
         valid = len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all())
         if not (self.compiled and valid):
             return self.problem.evaluate(choice.tolist())  # for an invalid choice: its one-line error
-        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.eu, self.ev, self.k, self.m_off,
-                                       self.mats, self.usages, self.t_start, self.t_end, self.times)
-        if not exact:
+        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.usages, self.t_start, self.t_end,
+                                       self.times)
+        total = _edges_total(choice, self.edges, int(total)) if exact else None
+        if total is None:
             return self.problem.evaluate(choice.tolist())
         limit = self.problem.usage_limit
         return Evaluation(cost=int(total), peak=int(peak), uses_forbidden=False,
                           within_limit=limit is None or peak <= limit)
 
 
+def _edge_groups(problem: ShardingProblem) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """The problem's edges grouped by matrix object: (the matrix, its edges' first ends, their
+    second ends)."""
+    groups: dict[int, tuple[np.ndarray, list[int], list[int]]] = {}
+    for (u, v), matrix in zip(problem.edges, problem.edge_costs):
+        _, us, vs = groups.setdefault(id(matrix), (np.asarray(matrix), [], []))
+        us.append(u)
+        vs.append(v)
+    return tuple((m, np.array(us, dtype=np.int64), np.array(vs, dtype=np.int64)) for m, us, vs in groups.values())
+
+
+def _edges_total(choice: np.ndarray, groups: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...],
+                 total: int) -> int | None:
+    """``total`` plus every edge's price under ``choice``, or None when a price is forbidden or the
+    sum reaches 2**62 (then Python decides)."""
+    for matrix, us, vs in groups:
+        terms = matrix[choice[us], choice[vs]]
+        if int(terms.max()) >= FORBIDDEN:
+            return None
+        # a group's int64 sum is exact while its largest magnitude times its size stays below 2**62
+        exact = int(np.abs(terms).max()) * len(terms) < 2**62
+        total += int(terms.sum()) if exact else sum(int(t) for t in terms)
+        if total >= 2**62:
+            return None
+    return total
+
+
 @njit(cache=True)
-def _evaluate(choice, c_off, costs, eu, ev, k, m_off, mats, usages, t_start, t_end, times):  # pragma: no cover
-    """Cost, whether it is exact (no forbidden term, the sum below 2**62: every term is below
-    FORBIDDEN < 2**60, so no addition overflows before the check), and peak memory."""
+def _evaluate(choice, c_off, costs, usages, t_start, t_end, times):  # pragma: no cover
+    """The node costs' sum, whether it is exact (no forbidden term, the sum below 2**62: every
+    term is below FORBIDDEN < 2**60, so no addition overflows before the check), and peak memory."""
     total = 0
     for i in range(len(choice)):
         term = costs[c_off[i] + choice[i]]
-        if term >= FORBIDDEN or total >= 2**62:
-            return 0, False, 0
-        total += term
-    for e in range(len(eu)):
-        term = mats[m_off[e] + choice[eu[e]] * k[ev[e]] + choice[ev[e]]]
         if term >= FORBIDDEN or total >= 2**62:
             return 0, False, 0
         total += term
