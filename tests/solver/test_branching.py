@@ -3,6 +3,7 @@ is branched on as a whole; the optimum stays the enumerated one and the bound is
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import highspy
@@ -217,3 +218,28 @@ def test_a_plan_over_the_limit_fits_by_recomputing_the_layers_that_pay_least_per
     assert fitted is not None and comp.is_feasible(fitted)
     assert comp.cost(fitted) == solve_core_milp(comp, exact=True).cost == 5 * 7
     assert fit_by_flips(comp, fitted) is not None  # fits already: unchanged
+
+
+def test_a_flip_that_overflows_is_taken_when_freeing_memory_elsewhere_still_pays() -> None:
+    """Four layers keep (10 bytes) or recompute (7 ticks); four parameters stay gathered (5 bytes)
+    or are gathered again (1 tick); 30 bytes. From every layer recomputing and every parameter
+    kept (28 ticks), one flip fits; each further flip overflows, and pays once local search
+    gathers two parameters again: three layers keep and all four parameters re-gather (11 ticks,
+    the optimum by enumeration). Without ``rng`` the flips stop after the first."""
+    layers = 4
+    costs = [np.array([0, 7], dtype=np.int64)] * layers + [np.array([0, 1], dtype=np.int64)] * layers
+    usages = [np.array([10, 0], dtype=np.int64)] * layers + [np.array([5, 0], dtype=np.int64)] * layers
+    groups = tuple(((layer, (1,), (1, 0)),) for layer in range(layers))
+    problem = ShardingProblem(costs, usages, [(0, 1)] * (2 * layers), [], [], usage_limit=30,
+                              tallies=[Tally("recomputing layers", groups)])
+    core = Core(problem)
+    attach_memory(core, problem)
+    comp = core.freeze()
+    start = np.array([1] * layers + [0] * layers)
+    assert comp.is_feasible(start) and comp.cost(start) == 28
+    optimum = min(comp.cost(x) for x in itertools.product((0, 1), repeat=2 * layers) if comp.is_feasible(x))
+    assert optimum == 11
+    alone = flip_groups(comp, start)
+    assert alone is not None and comp.cost(alone) == 21
+    repaired = flip_groups(comp, start, rng=np.random.default_rng(0))
+    assert repaired is not None and comp.is_feasible(repaired) and comp.cost(repaired) == optimum

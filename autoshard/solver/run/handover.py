@@ -71,7 +71,7 @@ class StalledSearch:
         budget = self._budget()
         if budget is None:
             return
-        if (flipped := flip_groups(state.comp, state.best_local, state.soon(0.2 * budget))) is not None:
+        if (flipped := flip_groups(state.comp, state.best_local, state.soon(0.2 * budget), state.rng)) is not None:
             state.offer(flipped, "flips", None)
         self._slice()
 
@@ -118,9 +118,10 @@ class StalledSearch:
 
 
 def polish_by_flips(state: RunState, x: np.ndarray) -> None:
-    """Offer ``x`` (it fits) after the whole-layer flips that pay and local search."""
+    """Offer ``x`` (it fits) after the whole-layer flips that pay, those repaired by local search
+    included, and local search."""
     comp = state.comp
-    flipped = flip_groups(comp, x, _flips_deadline(state)) if comp.toggles else None
+    flipped = flip_groups(comp, x, _flips_deadline(state), state.rng) if comp.toggles else None
     search = Search(comp, x if flipped is None else flipped, state.rng)
     search.descend(state.soon(FLIPS_MOST))
     if search.feasible:

@@ -9,6 +9,9 @@ takes the flip that lowers the cost most among those that fit:
 
     x <- argmin { cost(flip_g(x)) : g a group, flip_g(x) fits, cost(flip_g(x)) < cost(x) }
 
+or, where none fits, the cheapest that overflows made to fit by local search, if it still pays
+(keeping one more layer's activations can pay for re-gathering parameters to make room);
+
 and each pass of ``fit_by_flips`` (a plan over the memory limit, e.g. the optimum without memory
 rows) the one that pays least per byte of overflow it removes:
 
@@ -21,18 +24,28 @@ import time
 
 import numpy as np
 
+from autoshard.solver.core.local_search import Search
 from autoshard.solver.core.reduced import INF, FrozenCore
 
+REPAIRED_TRIES = 3
+"""Flips that overflow tried per pass, cheapest first, each repaired by local search: the cheapest
+flip is the one most likely to pay after the repair, and each try costs a repair and a descent."""
+REPAIR_SECONDS = 5.0
+"""Without a deadline, the longest one try's repair and descent take."""
 FOLLOW_VISITS = 2
 """How often one tied node may take a new strategy in one flip: a tie's strategy follows from its
 neighbours, so a second visit only happens along a chain of ties; more means the ties conflict."""
 
 
-def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) -> np.ndarray | None:
+def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None,
+                rng: np.random.Generator | None = None) -> np.ndarray | None:
     """The plan after the best-paying flips of whole groups (``problem.Tally``: every member to
     its twin, so one layer starts or stops recomputing), one flip per pass, until no flip leaves
     a cheaper plan that fits. Local search cannot make these moves: a group's members must agree
-    (forbidden pairs between them), so no single node can change alone. None when no flip paid."""
+    (forbidden pairs between them), so no single node can change alone. With ``rng``, a pass in
+    which no cheaper flip fits tries the REPAIRED_TRIES cheapest that overflow, each made to fit
+    by local search (memory freed elsewhere at the least cost per byte, e.g. parameters gathered
+    again) and polished, and takes the first that still pays. None when no flip paid."""
     if not comp.toggles:
         return None
     best = np.asarray(x, dtype=np.int64).copy()
@@ -40,18 +53,37 @@ def flip_groups(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) 
     improved = False
     while deadline is None or time.monotonic() < deadline:
         champion: tuple[int, np.ndarray] | None = None
+        over: list[tuple[int, np.ndarray]] = []
         for groups in comp.toggles:
             for members in groups:
                 y = flipped(comp, best, members)
-                if y is None:
+                if y is None or (new := comp.cost(y)) >= cost:
                     continue
-                new = comp.cost(y)
-                if new < cost and (champion is None or new < champion[0]) and comp.is_feasible(y):
-                    champion = (new, y)
+                if comp.is_feasible(y):
+                    if champion is None or new < champion[0]:
+                        champion = (new, y)
+                elif new < INF:
+                    over.append((new, y))
+        if champion is None and rng is not None:
+            champion = _repaired(comp, sorted(over, key=lambda o: o[0])[:REPAIRED_TRIES], cost, rng, deadline)
         if champion is None:
             break
         (cost, best), improved = champion, True
     return best if improved else None
+
+
+def _repaired(comp: FrozenCore, tries: list[tuple[int, np.ndarray]], cost: int, rng: np.random.Generator,
+              deadline: float | None) -> tuple[int, np.ndarray] | None:
+    """The first of ``tries`` (plans that overflow) that local search makes fit at a cost below
+    ``cost``, with that cost; None when none does."""
+    for _, y in tries:
+        until = time.monotonic() + REPAIR_SECONDS if deadline is None else deadline
+        search = Search(comp, y, rng)
+        if search.repair(until):
+            search.descend(until)
+            if search.feasible and search.total < cost:
+                return search.total, search.x.copy()
+    return None
 
 
 def fit_by_flips(comp: FrozenCore, x: np.ndarray, deadline: float | None = None) -> np.ndarray | None:
