@@ -88,7 +88,8 @@ processor: where its optimum fits it proves it within seconds, and where memory 
 only slow the Lagrangian searches (measured: see benchmarks/README.md, "LLM scale" and
 "Measurements behind the design")."""
 RELAXED_FLIPPED_SHARE = 0.4
-"""... or, on cores of counted layers under memory rows, this share of the time left if longer: there
+"""... or, on cores of counted layers under memory rows that the hull engine takes first (HiGHS,
+where it goes first, proves within seconds), this share of the time left if longer: there
 its optimum is worth having even where it overflows, since whole-layer flips make it fit
 (handover.fit_by_flips_and_polish; LLaMA-3-8B on 2x8 at 40 GiB: toulbar2 proves the optimum
 without rows in 14 s alone, 33 s beside the other searches at load 6, and recomputing a few layers
@@ -142,7 +143,7 @@ class Portfolio:
         elif state.options.prove and state.options.toulbar and can_take(comp, rows=False):
             self.pool.start(["toulbar2-no-rows"], "toulbar2 on the core without memory rows (child process)")
             alone, left = RELAXED_ALONE, state.left()
-            if comp.toggles and comp.has_memory and left is not None:
+            if comp.toggles and queue[0][0] == ["hull"] and left is not None:  # HiGHS first: it proves soon
                 alone = max(alone, RELAXED_FLIPPED_SHARE * left)
             self.pool.waiting = [(*queue[0], self.state.clock() + alone), *((m, w, math.inf) for m, w in queue[1:])]
         else:
