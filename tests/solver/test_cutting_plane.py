@@ -14,7 +14,8 @@ from autoshard.solver.bounds.cutting_plane import CuttingPlane
 from autoshard.solver.bounds.exact_lagrangian import dual_search
 from autoshard.solver.bounds.lagrangian import Lagrangian
 from autoshard.solver.core.reduced import INF, FrozenCore
-from tests.solver.helpers import memory_cores
+from autoshard.solver.engines.toulbar import prove_below
+from tests.solver.helpers import core_of, memory_cores
 from tests.solver.test_lagrangian import Enumeration
 
 
@@ -83,4 +84,35 @@ def test_toulbar2s_dual_search_reaches_the_dual_maximum() -> None:
         checked += 1
         if checked >= 10:
             break
+    assert checked >= 10
+
+
+def test_a_minimum_not_proved_gives_its_cut_but_neither_centre_nor_convergence() -> None:
+    """A plan at the model's maximum whose value is not proved (a search cut short) neither moves
+    the centre nor confirms the model, however high its value."""
+    model = CuttingPlane(1)
+    model.add(np.zeros(1), 100.0, np.array([10.0]), 100.0, 150)
+    lam = model.next()
+    model.add(lam, 1000.0, np.array([0.0]), None, 150)
+    assert not model.converged and model.best == 100.0 and model.centre[0] == 0.0
+    assert len(model.values) == 2
+
+
+def test_prove_below_finds_the_cheaper_plan_or_proves_there_is_none() -> None:
+    """toulbar2 bounded by a plan's penalised cost: below the optimum without rows it proves that
+    nothing is cheaper; above it, it returns a plan at the optimum (enumerated), proved."""
+    checked = 0
+    for seed in range(60):
+        comp = core_of(seed, nodes=7)
+        if comp is None or comp.n == 0:
+            continue
+        costs = [comp.cost(list(x)) for x in itertools.product(*[range(len(c)) for c in comp.costs])]
+        least = min(costs)
+        if least >= INF:
+            continue
+        zero = np.zeros(comp.arrays.c_off[-1])
+        assert prove_below(comp, zero, float(least), 30, seed) == (None, True)
+        x, proved = prove_below(comp, zero, float(least + 1), 30, seed)
+        assert proved and comp.cost(x) == least
+        checked += 1
     assert checked >= 10

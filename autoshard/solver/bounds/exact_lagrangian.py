@@ -36,7 +36,7 @@ from autoshard.solver.core.certify import proved_bound
 from autoshard.solver.core.reduced import INF, FrozenCore
 from autoshard.solver.bounds.lagrangian import Lagrangian, Minimum
 from autoshard.solver.core.local_search import Search
-from autoshard.solver.engines.toulbar import prove_penalised
+from autoshard.solver.engines.toulbar import prove_below, prove_penalised
 
 STALL = 20
 """Steps in a row without a better plan after which the search stops (its bounds, weak on the
@@ -47,7 +47,11 @@ PROVE_SECONDS = 1
 """toulbar2's CPU-time limit per penalised core; a step whose minimum is not proved gives no bound."""
 DUAL_SECONDS = 10
 """toulbar2's CPU-time limit per penalised core in ``dual_search``: near L's maximum the penalties
-balance the plans and the proofs take longest (IOPDDL V: 2-6 s, a few 20-40 s)."""
+balance the plans and the proofs take longest (IOPDDL V's core: 2-6 s and a few 20-40 s without
+the known minima as its upper bound, 1.5-4 s with them). Its child gets
+DUAL_WALL seconds of wall-clock time: beside toulbar2's two engines on two cores it gets about a
+third of one, and a child killed returns no plan, so no cut, and the search stands still."""
+DUAL_WALL = 4 * DUAL_SECONDS + 1
 POLISH_SECONDS = 1.0
 """Longest local search on a step's plan that fits."""
 
@@ -56,11 +60,17 @@ Runner = Callable[[Callable[[], tuple[np.ndarray, bool] | None], float], tuple[n
 
 
 class ToulbarMinimiser:
-    """The penalised core minimised by toulbar2's proof, ``run`` in a child killed at its limit."""
+    """The penalised core minimised by toulbar2's proof, ``run`` in a child killed at its limit.
+    With ``known``, the minima it returned are kept and the cheapest of them under the new
+    penalties bounds the search from the start (``toulbar.prove_below``): a proof that nothing
+    is cheaper makes that plan the minimum, and the proofs near L's maximum, where the minima
+    repeat, come sooner."""
 
     def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner,
-                 seconds: int = PROVE_SECONDS) -> None:
+                 seconds: int = PROVE_SECONDS, wall: float | None = None, known: bool = False) -> None:
         self.comp, self.rng, self.seed, self.run, self.seconds = comp, rng, seed, run, seconds
+        self.wall = 2 * seconds + 1 if wall is None else wall  # the child's wall-clock limit
+        self.known: list[np.ndarray] | None = [] if known else None
         self.calls = 0
 
     def minimise(self, lam: np.ndarray, penalty: np.ndarray | None, deadline: float) -> Minimum | None:
@@ -69,15 +79,27 @@ class ToulbarMinimiser:
         comp = self.comp
         self.calls += 1
         floored = np.floor(penalty) if penalty is not None else np.zeros(comp.arrays.c_off[-1])
-        answer = self.run(lambda: prove_penalised(comp, floored, self.seconds, self.seed + self.calls),
-                          2 * self.seconds + 1)
+        seed = self.seed + self.calls
+        if self.known:
+            values = [self._penalised(x, floored) for x in self.known]
+            best = int(np.argmin(values))
+            found = self.run(lambda: prove_below(comp, floored, values[best], self.seconds, seed), self.wall)
+            answer = None if found is None else (self.known[best] if found[0] is None else found[0], found[1])
+        else:
+            answer = self.run(lambda: prove_penalised(comp, floored, self.seconds, seed), self.wall)
         if answer is None or comp.cost(answer[0]) >= INF:
             return None
         x, proved = answer
-        value = comp.cost(x) + float(floored[comp.arrays.c_off[:-1] + x].sum()) - float(lam @ comp.capacity)
+        value = self._penalised(x, floored) - float(lam @ comp.capacity)
         if not math.isfinite(value):  # no balance within doubles
             return None
+        if self.known is not None:
+            self.known.append(np.asarray(x, dtype=np.int64))
         return Minimum(np.asarray(x, dtype=np.int64), value, proved_bound(value) if proved else None)
+
+    def _penalised(self, x: np.ndarray, floored: np.ndarray) -> float:
+        """Plan x's cost plus its floored penalties (exact in doubles below 2**53)."""
+        return self.comp.cost(x) + float(floored[self.comp.arrays.c_off[:-1] + x].sum())
 
     def plan(self, x: np.ndarray, deadline: float) -> tuple[np.ndarray, int] | None:
         """``x`` polished for up to POLISH_SECONDS when it fits; no repair (the minimisers that
@@ -95,9 +117,10 @@ def exact_lagrangian(comp: FrozenCore, rng: np.random.Generator, seed: int, run:
 
 
 def dual_search(comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner) -> Lagrangian[ToulbarMinimiser]:
-    """The Lagrangian search for the bound: toulbar2's minima of up to DUAL_SECONDS, lam from
-    the cutting-plane model; step it until ``converged``."""
-    return Lagrangian(comp, ToulbarMinimiser(comp, rng, seed, run, DUAL_SECONDS), cutting=True)
+    """The Lagrangian search for the bound: toulbar2's minima of up to DUAL_SECONDS, each search
+    bounded by the cheapest minimum so far, lam from the cutting-plane model; step it until
+    ``converged``."""
+    return Lagrangian(comp, ToulbarMinimiser(comp, rng, seed, run, DUAL_SECONDS, DUAL_WALL, known=True), cutting=True)
 
 
 def search(comp: FrozenCore, rng: np.random.Generator, seed: int, best: Callable[[], int | None],

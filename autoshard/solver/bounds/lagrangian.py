@@ -109,7 +109,8 @@ class Lagrangian(Generic[M]):
     best L so far, so steps that overshot from a target U far above the optimum do not leave lam
     stranded where L is low (the search beside toulbar2, whose first plans are far from it).
     ``cutting``: lam maximises the cutting-plane model instead (cutting_plane.py; no Polyak step),
-    and ``converged`` says when the best L is the dual's maximum."""
+    and ``converged`` says when the best L is the dual's maximum; for minimisers whose ``bound``
+    is set only when their minimum is proved (exact up to rounding)."""
 
     def __init__(self, comp: FrozenCore, minimiser: M, deflect: bool = True, halving: bool = True,
                  back_to_best: bool = False, cutting: bool = False) -> None:
@@ -152,7 +153,7 @@ class Lagrangian(Generic[M]):
             if self.comp.cost(minimum.x) >= INF:
                 return StepResult(plan, cost, minimum.bound)
             self.model.add(self.lam, self.comp.cost(minimum.x), self.comp.profile(minimum.x) - self.capacity,
-                           minimum.value, upper if upper is not None else cost)
+                           None if minimum.bound is None else minimum.value, upper if upper is not None else cost)
             self.lam = self.model.next()
         elif len(self.lam):
             self.move(self.comp.profile(minimum.x).astype(np.float64) - self.capacity, minimum.value,

@@ -106,6 +106,29 @@ def prove_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     return _proved_minimum(comp, views(flat, a.c_off), None, False, seconds, seed)
 
 
+def prove_below(comp: FrozenCore, penalty: np.ndarray, upper: float, seconds: int,
+                seed: int) -> tuple[np.ndarray | None, bool] | None:
+    """As ``prove_penalised``, for plans whose penalised cost (constant included) is below
+    ``upper`` (a known plan's: the search prunes by it from the start): (the cheapest such plan,
+    True) when proved, (None, True) when proved that none is, (plan or None, False) when the time
+    ran out; None when the costs are not exact in doubles."""
+    a = comp.arrays
+    flat = np.where(a.costs < INF, a.costs.astype(np.float64) + penalty, INF)
+    if np.where(flat < INF, flat, 0).max(initial=0) >= MAX_EXACT_COST:
+        return None
+    import pytoulbar2
+
+    with silenced():
+        cfn = _solver(float(upper - comp.const), seed, vns=False)
+        _network(cfn, comp, views(flat, a.c_off))
+        try:
+            found = _timed_solve(cfn, seconds)
+        except pytoulbar2.Contradiction:  # closed in preprocessing: nothing below upper
+            return None, True
+    proved = not cfn.Option.limited  # type: ignore[attr-defined]
+    return (None if found is None else np.asarray(found[0], dtype=np.int64)), proved
+
+
 def prove_among(comp: FrozenCore, allowed: list[np.ndarray], upper: int, seconds: int,
                 seed: int) -> tuple[np.ndarray, bool] | None:
     """toulbar2's branch and bound on the core (memory rows as knapsack constraints) with only
