@@ -6,11 +6,13 @@ proportional set size (PSS: shared pages split among their sharers, so forked en
 counted twice) of this process and its descendants every half second. Past the limit — 90% of
 the memory this process may use, the smaller of the machine's and its cgroup's, or
 ``AUTOSHARD_MEMORY_LIMIT`` bytes — it kills the descendants, prints one line naming what it
-held and what to change, and exits with status 2.
+held and what to change, and exits with status 2. :func:`return_freed_blocks` makes the C
+allocator give large freed blocks back to the system, so that what is resident is what is held.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -106,6 +108,25 @@ def _watch(limit: int, started: float, advice: str) -> None:
                          f"({LIMIT_ENV} sets it); {advice}\n")
         sys.stderr.flush()
         os._exit(2)
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's ``mallopt`` parameters (malloc.h)."""
+LARGE_BLOCK = 128 * 1024
+"""Bytes from which an allocation gets a mapping of its own (glibc's initial default)."""
+
+
+def return_freed_blocks() -> bool:
+    """Have glibc give every freed block of at least LARGE_BLOCK bytes back to the system: by
+    default it raises its mapping threshold to the largest block freed so far (up to 32 MiB), and
+    from then on such blocks come from the heap, where freed ones stay resident. The solver frees
+    arrays of megabytes by the thousand (the reductions' matrices); on 405B's core this kept
+    0.5 GiB more resident at the search's peak. Process-wide; True where glibc took both settings."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)) and bool(libc.mallopt(M_TRIM_THRESHOLD, LARGE_BLOCK))
 
 
 def start(advice: str) -> None:

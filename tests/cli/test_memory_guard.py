@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -37,3 +38,24 @@ def test_held_bytes_counts_forked_children_and_the_limit_reads_the_machine() -> 
         child.wait()
     limit = memory_guard.memory_limit()
     assert limit is None or limit > 2**30
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def test_large_blocks_get_mappings_of_their_own_after_return_freed_blocks():
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    assert memory_guard.return_freed_blocks()
+    free = libc.malloc(1 << 24)  # raises glibc's dynamic threshold past 4 MiB once freed, unless it is fixed
+    libc.free(free)
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(1 << 22)
+    try:
+        assert libc.mallinfo2().hblkhd >= before + (1 << 22)  # mapped, so its free returns it to the system
+    finally:
+        libc.free(block)
