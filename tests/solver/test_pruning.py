@@ -110,28 +110,30 @@ class RunningEngines:
 
 def test_beside_toulbar2_on_memory_rows_the_lagrangian_takes_its_share_and_bounds_the_optimum() -> None:
     """On a core with memory rows nothing runs for ALONE seconds, then Lagrangian steps take at
-    most BESIDE_SHARE of the time (plus one step), and each bound they give is at most the optimum
-    (enumeration); the clock is fake, a reading every half second."""
+    most their share of the time (plus one step): TRW-S's BESIDE_SHARE without toulbar2, the exact
+    dual's EXACT_SHARE with it, and each bound they give is at most the optimum (enumeration); the
+    clock is fake, a reading every half second."""
     from autoshard.solver.run import pruning
     from tests.solver.helpers import FakeClock
 
-    bounded = 0
-    for seed in range(40):
-        problem, core, comp = unreduced(seed, memory=True)
-        fitting = [x for x in plans(comp) if comp.is_feasible(list(x))]
-        if not fitting or not comp.has_memory:
-            continue
-        best = min(comp.cost(list(x)) for x in fitting)
-        clock = FakeClock(now=1e9, step=0.5)  # far ahead of time.monotonic: the steps' deadlines stay ahead
-        state = RunState(problem, SolveOptions(), lambda event: None, clock=clock)
-        state.built(core)
-        state.reduced({})
-        sources = []
-        state.bound = lambda value, source: sources.append((value, source))  # type: ignore[method-assign]
-        began = clock.now
-        PrunedProof(state, RunningEngines(400), lambda: False)._lagrangian_beside()
-        steps = [value for value, _ in sources]
-        assert all(value is None or value <= best for value in steps)
-        assert len(steps) <= pruning.BESIDE_SHARE * (clock.now - began) + 1
-        bounded += any(value is not None for value in steps)
-    assert bounded >= 10
+    for toulbar, share in ((False, pruning.BESIDE_SHARE), (True, pruning.EXACT_SHARE)):
+        bounded = 0
+        for seed in range(40):
+            problem, core, comp = unreduced(seed, memory=True)
+            fitting = [x for x in plans(comp) if comp.is_feasible(list(x))]
+            if not fitting or not comp.has_memory:
+                continue
+            best = min(comp.cost(list(x)) for x in fitting)
+            clock = FakeClock(now=1e9, step=0.5)  # far ahead of time.monotonic: the steps' deadlines stay ahead
+            state = RunState(problem, SolveOptions(toulbar=toulbar), lambda event: None, clock=clock)
+            state.built(core)
+            state.reduced({})
+            sources = []
+            state.bound = lambda value, source: sources.append((value, source))  # type: ignore[method-assign]
+            began = clock.now
+            PrunedProof(state, RunningEngines(400), lambda: False)._lagrangian_beside()
+            steps = [value for value, _ in sources]
+            assert all(value is None or value <= best for value in steps)
+            assert len(steps) <= share * (clock.now - began) + 1
+            bounded += any(value is not None for value in steps)
+        assert bounded >= 10

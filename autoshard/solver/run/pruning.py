@@ -17,7 +17,8 @@ own bound treats the rows as separate knapsacks and on V stays at 0.54 of the op
 Lagrangian's reaches 0.77 in two seconds of steps. Where toulbar2 can minimise the core without
 its rows, it minimises each penalised core exactly (exact_lagrangian.dual_search, in a forked
 child) for at most EXACT_SHARE of the time until the dual's maximum is reached (V: 0.844 of the
-optimum in 8 minima), else TRW-S does, for at most BESIDE_SHARE.
+optimum in 8 minima), else (or when toulbar2 does not prove the first, unpenalised, core) TRW-S
+does, for at most BESIDE_SHARE.
 
 Why pruning: on wide memory-free cores toulbar2's own bounds (soft arc consistency) stall far below
 TRW-S's. On the 70B-shaped LLaMA on 4x4x4, toulbar2 alone ends 0.09% short after 120 s, even
@@ -131,6 +132,8 @@ class PrunedProof:
             if result.plan is not None:
                 state.offer(result.plan, "lagrange", None)
             state.bound(result.bound, "lagrange")
+            if exact and lag.steps == 1 and result.bound is None:  # no proof without penalties: TRW-S's instead
+                exact, share, lag = False, BESIDE_SHARE, None
             pool.poll()
         pool.poll()
 
