@@ -101,7 +101,7 @@ class EliminationPlan:
                 fscope, table = factors.pop(key)
                 for w in fscope:
                     touching[w].discard(key)
-                joint = _add(joint, _expand(table, fscope, joint_scope), exact)
+                _add_into(joint, _expand(table, fscope, joint_scope), exact)
             axis = joint_scope.index(v)
             best = np.argmin(joint, axis=axis)
             reduced = np.take_along_axis(joint, np.expand_dims(best, axis), axis=axis).squeeze(axis)
@@ -128,3 +128,11 @@ def _expand(table: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...]) 
 def _add(a, b, exact: bool):
     """a + b, saturated at INF in the exact (int64) case."""
     return np.minimum(a + b, INF) if exact else a + b
+
+
+def _add_into(joint: np.ndarray, table: np.ndarray, exact: bool) -> None:
+    """``joint`` += ``table`` (broadcast) in place, saturated at INF in the exact (int64) case:
+    ``_add``'s values without a new array of the joint's size per factor."""
+    np.add(joint, table, out=joint)
+    if exact:
+        np.minimum(joint, INF, out=joint)
