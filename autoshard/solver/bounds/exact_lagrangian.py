@@ -95,7 +95,9 @@ class ToulbarMinimiser:
             return None
         if self.known is not None:
             self.known.append(np.asarray(x, dtype=np.int64))
-        return Minimum(np.asarray(x, dtype=np.int64), value, proved_bound(value) if proved else None)
+        # without penalties the proved minimum is the plan's cost, an exact integer
+        exact = comp.cost(x) if penalty is None else proved_bound(value)
+        return Minimum(np.asarray(x, dtype=np.int64), value, exact if proved else None)
 
     def _penalised(self, x: np.ndarray, floored: np.ndarray) -> float:
         """Plan x's cost plus its floored penalties (exact in doubles below 2**53)."""
