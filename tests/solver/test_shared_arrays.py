@@ -88,3 +88,17 @@ def test_edge_sums_past_int64_are_left_to_python():
                               [(0, v) for v in range(1, 9)], [big] * 8)
     flat = FlatProblem.of(problem)
     assert flat.compiled and flat.evaluate(np.zeros(9, dtype=np.int64)).cost == 2**62
+
+
+def test_a_fork_leaves_objects_the_caller_froze_frozen():
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        read, write = os.pipe()
+        pid = fork_child(lambda: send_frame(write, 0), [read], [write])
+        read_frame(read)
+        os.close(read)
+        assert exited(pid)
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()

@@ -65,9 +65,11 @@ def fork_child(child: Callable[[], object], parent_ends: Sequence[int | None] = 
     ends (``child_ends``) and gets the child's pid. None entries are skipped. The child's garbage
     collector never visits the objects the parent had at the fork (``gc.freeze``): a collection
     writes to every object it visits, and each page it writes stops being shared with the parent."""
-    gc.freeze()  # the parent's objects out of the child's collections: they stay shared pages
+    ours = gc.get_freeze_count() == 0  # a caller's own frozen objects stay frozen
+    if ours:
+        gc.freeze()  # the parent's objects out of the child's collections: they stay shared pages
     pid = os.fork()
-    if pid != 0:
+    if pid != 0 and ours:
         gc.unfreeze()
     if pid == 0:
         status = 1
