@@ -31,6 +31,9 @@ building the problem's Core took (the same kind of work and size; measured: see
 benchmarks/README.md, "Measurements behind the design"), and at most FINISH_SHARE of the limit."""
 FINISH_PER_BUILD = 0.5
 FINISH_SHARE = 0.1
+LOCALISE_PASSES = 2
+"""Passes over the nodes whose start strategy the reductions removed (``RunState._localised``): a
+second pass lets neighbours that were both removed agree."""
 TEARDOWN_SHARE = 0.5
 """Stopping the engines and z3 waits for them at most this share of the reserve."""
 
@@ -88,17 +91,27 @@ class RunState:
             self.best_local = self._localised(self.best)
 
     def _localised(self, choice: list[int]) -> np.ndarray | None:
-        """The core plan with ``choice``'s strategy at every node of the core, where the reductions
-        left each of them that strategy and the plan fits, so the searches can start from a given
-        plan (``start_from``); else None. Its removed nodes expand as the reductions decide, at
-        most ``choice``'s cost."""
-        local = np.empty(self.comp.n, dtype=np.int64)
-        for i, v in enumerate(self.comp.nodes):
+        """The core plan with ``choice``'s strategy at every node of the core that the reductions
+        left it (a node whose strategy was removed as dominated takes its cheapest strategy given
+        its neighbours, in LOCALISE_PASSES passes), when that plan fits, so the searches can start
+        from a given plan (``start_from``); else None. Its removed nodes expand as the reductions
+        decide."""
+        comp = self.comp
+        local = np.zeros(comp.n, dtype=np.int64)
+        missing = []
+        for i, v in enumerate(comp.nodes):
             where = np.flatnonzero(self.core.strategies[v] == choice[v])
-            if not len(where):
-                return None
-            local[i] = where[0]
-        return local if self.comp.is_feasible(local) else None
+            if len(where):
+                local[i] = where[0]
+            else:
+                missing.append(i)
+        for _ in range(LOCALISE_PASSES if missing else 0):
+            for i in missing:
+                total = comp.costs[i].copy()
+                for w, m in comp.nbrs[i]:
+                    total = np.minimum(total + m[:, local[w]], FORBIDDEN)
+                local[i] = int(np.argmin(total))
+        return local if comp.is_feasible(local) else None
 
     def proved_by(self, source: str) -> None:
         """``source`` proved the best plan optimal, or the problem infeasible, without a bound."""
