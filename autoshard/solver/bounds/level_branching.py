@@ -44,7 +44,7 @@ class Branch:
 
 
 class LevelBranching:
-    """Depth-first branch and bound on ``comp``'s usage levels below ``upper``, from the root's
+    """Best-first branch and bound on ``comp``'s usage levels below ``upper``, from the root's
     multipliers ``lam`` and its cut plans ``known`` (dual_search's); ``step`` settles one branch."""
 
     def __init__(self, comp: FrozenCore, rng: np.random.Generator, seed: int, run: Runner, upper: int,
@@ -69,9 +69,11 @@ class LevelBranching:
         return min([self.upper, *self.stuck, *(b.bound for b in self.open)])
 
     def step(self) -> bool:
-        """Settle the last open branch: its dual; closed at or above ``upper``, else split; False
-        when its dual search gave no minimum (the branch stays open)."""
-        branch = self.open.pop()
+        """Settle the open branch of least bound (the last opened among equals), so the bound rises
+        as branches close (with ``upper`` fixed, the branches settled before the end are the same
+        in any order): its dual; closed at or above ``upper``, else split. False when its dual
+        search gave no minimum (the branch stays open)."""
+        branch = self.open.pop(min(range(len(self.open)), key=lambda j: (self.open[j].bound, -j)))
         self.branches += 1
         costs = [np.where(keep, c, INF) for c, keep in zip(self.comp.costs, branch.allowed)]
         sub = FrozenCore(self.comp.nodes, costs, self.comp.edges, self.comp.capacity, self.comp.segments,
