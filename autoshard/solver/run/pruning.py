@@ -17,8 +17,10 @@ own bound treats the rows as separate knapsacks and on V stays at 0.54 of the op
 Lagrangian's reaches 0.77 in two seconds of steps. Where toulbar2 can minimise the core without
 its rows, it minimises each penalised core exactly (exact_lagrangian.dual_search, in a forked
 child) for at most EXACT_SHARE of the time until the dual's maximum is reached (V: 0.844 of the
-optimum in 8 minima), else (or when toulbar2 does not prove the first, unpenalised, core) TRW-S
-does, for at most BESIDE_SHARE.
+optimum in 8 minima), then, within the same share, branches on usage levels below the best plan's
+cost with that dual bounding each branch (bounds/level_branching.py), which can prove the plan
+optimal; else (or when toulbar2 does not prove the first, unpenalised, core) TRW-S does, for at
+most BESIDE_SHARE.
 
 Why pruning: on wide memory-free cores toulbar2's own bounds (soft arc consistency) stall far below
 TRW-S's. On the 70B-shaped LLaMA on 4x4x4, toulbar2 alone ends 0.09% short after 120 s, even
@@ -40,6 +42,7 @@ from autoshard.solver.run.state import RunState
 from autoshard.solver.engines.toulbar import can_take, prove_among
 from autoshard.solver.bounds.exact_lagrangian import dual_search
 from autoshard.solver.bounds.lagrangian import Lagrangian
+from autoshard.solver.bounds.level_branching import LevelBranching
 from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser, relaxed_lagrangian
 from autoshard.solver.bounds.trws import MessagePassing
 from autoshard.solver.core.certify import safe_bound
@@ -108,18 +111,29 @@ class PrunedProof:
     def _lagrangian_beside(self) -> None:
         """Until the engines end (as ``wait``): after ALONE seconds, Lagrangian steps on the memory
         rows whenever they have taken less than their share of the time since the engines
-        started (module docstring), the exact ones until converged; their bounds (and any plan
-        they make) go to the run."""
+        started (module docstring), the exact ones until converged and then the branching on usage
+        levels; their bounds (and any plan they make) go to the run."""
         state, pool = self.state, self.pool
         began, spent = state.clock(), 0.0
         exact = state.options.toulbar and can_take(state.comp, rows=False)
         share = EXACT_SHARE if exact else BESIDE_SHARE
         lag: Lagrangian | None = None
+        branching: LevelBranching | None = None
         while pool.exact_running() and not state.out_of_time() and not state.finished():
             now = state.clock()
-            if now - began < ALONE or spent > share * (now - began) or (lag is not None and lag.converged):
+            settled = lag is not None and lag.converged and (
+                branching.done if branching is not None else state.best_cost is None)
+            if now - began < ALONE or spent > share * (now - began) or settled:
                 left = state.left()
                 pool.poll(0.05 if left is None else max(0.0, min(0.05, left)))
+                continue
+            if lag is not None and lag.converged:  # the exact dual's maximum: branch on usage levels
+                if branching is None:
+                    branching = self._branching(lag)
+                branching.step()
+                spent += state.clock() - now
+                state.bound(branching.bound, "branching")
+                pool.poll()
                 continue
             if lag is None:
                 state.emit(Phase("lagrange", f"the Lagrangian relaxation of memory ({'exact' if exact else 'TRW-S'}) "
@@ -136,6 +150,18 @@ class PrunedProof:
                 exact, share, lag = False, BESIDE_SHARE, None
             pool.poll()
         pool.poll()
+
+    def _branching(self, lag: Lagrangian) -> LevelBranching:
+        """Branch and bound on usage levels below the best plan's cost, from the converged exact
+        dual's multipliers and cut plans (bounds/level_branching.py)."""
+        state = self.state
+        assert state.best_cost is not None
+        state.emit(Phase("branching", "branch and bound on memory usage levels, each branch bounded by the exact "
+                         "Lagrangian dual", state.elapsed()))
+        return LevelBranching(state.comp, state.rng, state.options.seed,
+                              lambda call, seconds: call_forked(call, state.soon(seconds), self.heard),
+                              state.best_cost, lag.model.centre, lag.minimiser.known or [],
+                              state.lower if state.lower is not None else -(2**62))
 
     def _attempt(self) -> None:
         """Report TRW-S's bound; prune by it and let toulbar2 search the rest in a child."""
