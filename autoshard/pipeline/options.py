@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from autoshard.errors import AutoshardError
-from autoshard.pipeline.schedules import SCHEDULES
+from autoshard.pipeline.schedules import SCHEDULES, device_orders, timing
 from autoshard.pipeline.stages import even_cuts
 
 
@@ -69,8 +69,10 @@ def options_for(layers: int, devices: int, microbatches: Sequence[int], schedule
                 virtual: Sequence[int] = (2,), axis: int | None = None) -> list[PipelineOption]:
     """The enumerated options: each microbatch count with each schedule, interleaved with each count
     of ``virtual`` stages per device, and the cuts: even, or one layer fewer on the last stage
-    (which holds the head) and one more in the middle. Options of one microbatch count come
-    together: their bounds share the parts of their shortened devices (``layer_bound.py``)."""
+    (which holds the head) and one more in the middle; in order of :func:`schedule_overhead` (the
+    search bounds options in this order and may not reach them all in its time: those whose
+    schedule idles least come first; their bounds share the parts of their shortened devices
+    whatever the order, ``layer_bound.py``)."""
     found = []
     for m in microbatches:
         for schedule in schedules:
@@ -85,7 +87,17 @@ def options_for(layers: int, devices: int, microbatches: Sequence[int], schedule
                     lighter[(len(lighter) - 1) // 2] += 1
                     cuts.append(tuple(lighter))
                 found += [PipelineOption(schedule, devices, m, v, c, axis) for c in cuts]
-    return found
+    return sorted(found, key=schedule_overhead)
+
+
+def schedule_overhead(option: PipelineOption) -> float:
+    """The option's step over the step of its work spread evenly on its devices, where every layer
+    takes the same time per token (its backward twice its forward) and nothing else takes any:
+    what its schedule's bubble and its cuts' imbalance cost, from the schedule alone (at least 1)."""
+    orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
+    layers = sum(option.counts)
+    forward = [count / (3 * layers * option.microbatches) for count in option.counts]
+    return timing(orders, forward, [2 * f for f in forward]).step * option.devices
 
 
 def stage_label(signature: tuple[tuple[int, ...], bool, bool]) -> str:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from autoshard.errors import AutoshardError
+from autoshard.pipeline.options import PipelineOption, options_for, schedule_overhead
 from autoshard.pipeline.schedules import SCHEDULES, device_orders, timing
 
 
@@ -52,3 +53,19 @@ def test_bad_schedules_are_one_line_errors() -> None:
     with pytest.raises(AutoshardError, match="unknown"):
         device_orders("zero-bubble", 4, 8)
     assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b"}
+
+
+@pytest.mark.parametrize("schedule, devices, microbatches, virtual", [
+    ("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 32, 1), ("interleaved-1f1b", 4, 8, 2),
+    ("interleaved-1f1b", 8, 16, 2)])
+def test_schedule_overhead_of_even_stages_is_the_textbook_bubble(schedule, devices, microbatches, virtual):
+    """Equal stages: the step over the work spread evenly is 1 + (p - 1) / (v m) (Narayanan et al. 2021)."""
+    option = PipelineOption(schedule, devices, microbatches, virtual, (2,) * (devices * virtual))
+    assert schedule_overhead(option) == pytest.approx(1 + (devices - 1) / (virtual * microbatches))
+
+
+def test_options_come_in_order_of_their_schedule_overhead():
+    options = options_for(126, 8, [8, 16, 32])
+    overheads = [schedule_overhead(o) for o in options]
+    assert overheads == sorted(overheads) and len(options) == 18
+    assert options[0].schedule == "interleaved-1f1b" and options[0].microbatches == 32
