@@ -9,8 +9,10 @@ best step, the least bound and the gap.
 
 At the time limit (``engine.limit``, which every build and solve of the engine keeps) the search
 ends with the best plan found so far: options not solved keep the bound they were given, and an
-option the bounding left without a bound is counted in ``PipelineResult.unbounded`` and, unless
-solved in time (then its solve's bound stands), bounds nothing: the claim's bound is then 0. The recipe's seed plans are costed within the limit like any build;
+option the bounding phase left without a bound is bounded after the bounded options are done with
+(its bounding may stop at the best step), and where that too fails in time it is counted in
+``PipelineResult.unbounded`` and, unless solved in time (then its solve's bound stands), bounds
+nothing: the claim's bound is then 0. The recipe's seed plans are costed within the limit like any build;
 one not costed by then is left out (a progress line names it), and the search goes on without it. With no plan at all by the limit,
 the search raises one line saying how far it got and to raise --timeout. ``engine`` is a :class:`~autoshard.pipeline.search.PipelineSearch`
 or anything with its interface (``pipeline/axes.py`` drives several axes as one).
@@ -31,8 +33,9 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
            bounding_share: float = 0.4) -> PipelineResult:
     """Take the incumbent plans of the ``seeds`` options (the recipe people run) as the first best;
     bound the options (within ``bounding_share`` of the time limit); then solve the options cheapest
-    bound first until no bound is below the best. Options left without a bound are solved after the
-    bounded ones while time remains, and leave the claim without a bound."""
+    bound first until no bound is below the best. Options left without a bound are taken after the
+    bounded ones while time remains: bounded first (ruled out, unsolved, where the bound reaches the
+    best step), else solved; one still without a bound leaves the claim without one."""
     best = _seeded(engine, seeds)
     bounds: list[Searched] = []
     unbounded: list[Searched] = []
@@ -57,7 +60,11 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
     if best is not None:
         best.bound = next((b.bound for b in bounds if b.option == best.option), 0.0)
     searched: list[Searched] = []
+    left = len(unbounded)  # options that end without a bound
     for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:
+        if not entry.bounded and best is not None and not engine.limit.passed():
+            entry = _late_bound(engine, entry, best)
+            left -= entry.bounded
         if engine.limit.passed() or best is not None and entry.bounded and entry.bound >= best.step:
             if best is not None and entry.bounded and entry.bound >= best.step and entry.option not in told:
                 engine.progress(_ruled_out(entry, best))
@@ -86,7 +93,16 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
         raise AutoshardError("no pipeline option fits the memory budget: raise --memory-budget, use more "
                              "microbatches, or a larger mesh")
     lower = min(((s.step if s.proved else s.bound) if s.bounded else 0.0 for s in searched), default=best.step)
-    return PipelineResult(best, searched, min(lower, best.step), engine.limit.elapsed(), len(unbounded))
+    return PipelineResult(best, searched, min(lower, best.step), engine.limit.elapsed(), left)
+
+
+def _late_bound(engine: PipelineSearch, entry: Searched, best: Searched) -> Searched:
+    """An option the bounding phase left without a bound, bounded now (its bounding may stop at
+    the best step: then it is ruled out unsolved); ``entry`` as it is where that fails in time."""
+    try:
+        return engine.evaluate(entry.option, bounded=False, cutoff=best.step)
+    except AutoshardError:
+        return entry
 
 
 def _ruled_out(entry: Searched, best: Searched) -> str:

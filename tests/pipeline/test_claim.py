@@ -47,3 +47,28 @@ def test_options_whose_bound_reaches_the_best_step_are_ruled_out_unsolved_and_na
     assert ruled == [f"ruled out by its bound 11 s >= the best step 10 s ({seed.label}): {dear.label}",
                      f"ruled out by its bound 6.5 s >= the best step 6 s ({cheap.label}): {close.label}"]
     assert result.lower_bound == 5.0
+
+
+class LateStub(Stub):
+    """A Stub whose first bound takes half the time limit: the bounding phase ends after it."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.now = 0.0
+        self.limit = TimeLimit(100.0, lambda: self.now)
+
+    def evaluate(self, option: PipelineOption, bounded: bool, recipe=None, cutoff: float = float("inf")) -> Searched:
+        if not bounded and not self.cutoffs:
+            self.now += 50.0
+        return super().evaluate(option, bounded, recipe, cutoff)
+
+
+def test_options_the_bounding_phase_left_are_bounded_before_any_is_solved_and_ruled_out_by_it() -> None:
+    first, dear, close = _option(2), _option(4), _option(8)
+    engine = LateStub({first: 5.0, dear: 8.0, close: 5.5}, {first: 6.0, close: 7.0}, 10.0)
+    result = search(engine, [first, dear, close])
+    assert any(line.startswith("no time to bound 2 more options") for line in engine.lines)
+    assert engine.cutoffs == [float("inf"), 6.0, 6.0]  # bounded late, each may stop at the best step
+    assert engine.solved == [first, close]  # dear's late bound 8 rules it out unsolved
+    assert f"ruled out by its bound 8 s >= the best step 6 s ({first.label}): {dear.label}" in engine.lines
+    assert result.unbounded == 0 and result.lower_bound == 5.0 and result.best.option == first
