@@ -22,12 +22,15 @@ branch's own dual, or its parent's) and of those that could not be split.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.solver.bounds.exact_lagrangian import Runner, dual_search
+from autoshard.solver.bounds.exact_lagrangian import DUAL_SECONDS, DUAL_WALL, Runner, dual_search
+from autoshard.solver.bounds.lagrangian import row_penalties
 from autoshard.solver.core.reduced import INF, FrozenCore
+from autoshard.solver.engines.toulbar import prove_below
 
 MAX_STEPS = 25
 """Most exact minima per branch (V's branches converge in 1-9)."""
@@ -81,6 +84,13 @@ class LevelBranching:
         lagrangian = dual_search(sub, self.rng, self.seed + self.branches, self.run)
         lagrangian.lam = branch.lam.copy()
         lagrangian.minimiser.known = [x for x in self.known if all(k[s] for k, s in zip(branch.allowed, x))]
+        closing = self._closing(sub, branch.lam)
+        if closing is None:
+            self.open.append(branch)
+            return False
+        if closing is True:
+            return True
+        lagrangian.minimiser.known.append(closing)
         best = branch.bound
         while not lagrangian.converged and lagrangian.steps < MAX_STEPS and best < self.upper:
             result = lagrangian.step(self.upper, np.inf)
@@ -103,6 +113,25 @@ class LevelBranching:
             if best < self.upper:
                 self.stuck.append(best)
         return True
+
+    def _closing(self, sub: FrozenCore, lam: np.ndarray) -> np.ndarray | bool | None:
+        """The closing test at the parent's multipliers: toulbar2 bounded by
+        u = floor(upper + lam . capacity - margin) + 1 on the penalised branch ``sub``. When no
+        plan's penalised cost (floored penalties) is below u, every plan x of the branch that fits
+        costs cost(x) >= cost(x) + floor-penalty(x) - lam . capacity >= u - lam . capacity > upper - 1,
+        so none is cheaper than ``upper``: True (closed). Else the plan below u it found (a cut for
+        the branch's dual), or None when the search gave no answer in time."""
+        priced = float(lam @ self.comp.capacity)
+        cap = math.floor(self.upper + priced - 1e-9 * (abs(self.upper) + abs(priced)) - 1e-6) + 1
+        floored = np.floor(row_penalties(sub, lam)) if lam.any() else np.zeros(sub.arrays.c_off[-1])
+        found = self.run(lambda: prove_below(sub, floored, float(cap), DUAL_SECONDS, self.seed + self.branches),
+                         DUAL_WALL)
+        if found is None:
+            return None
+        x, proved = found
+        if x is None:
+            return True if proved else None
+        return np.asarray(x, dtype=np.int64)
 
     def _children(self, branch: Branch) -> list[Branch]:
         """``branch`` split by the priced usage levels (under its lam) of the node whose levels
