@@ -190,6 +190,7 @@ class LayerFloors:
     def __init__(self, engine: StageProblems, floor: Callable[[ShardingProblem], int], limit: int | None = None) -> None:
         self.engine, self.floor, self.limit = engine, floor, limit
         self.graphs: dict[tuple[int, int], tuple[OpGraph, RepeatedLayers] | None] = {}
+        self.layer_of: dict[int, dict[str, int]] = {}  # per microbatch count: every layer's node names
         self.devices: dict[tuple, tuple[ModelProblem, list[int]] | None] = {}
         self.parts: dict[tuple, PartFloors] = {}
         self.budgeted: dict[tuple, DeviceParts] = {}
@@ -235,6 +236,9 @@ class LayerFloors:
             enough = repeated is not None and repeated.count >= keep
             self.graphs[(option.microbatches, keep)] = (shortened(graph, repeated, keep), RepeatedLayers(
                 repeated.container, repeated.layers[:keep])) if enough else None
+            if enough:
+                self.layer_of[option.microbatches] = {name: i for i, layer in enumerate(repeated.layers)
+                                                      for name in layer}
         if self.graphs[(option.microbatches, keep)] is None:
             self.devices[key] = None
             return None
@@ -242,8 +246,10 @@ class LayerFloors:
         short = replace(option, counts=(SAMPLE,) * len(option.counts))
         stage = cut(graph, layers, short.counts, short.devices)[device]
         mp = self.engine.stage_problem(short, stage, short.virtual, bounded=False, kept=kept)
-        layer_of = {name: i for i, layer in enumerate(layers.layers) for name in layer}
-        self.devices[key] = (mp, node_groups(mp, layer_of))
+        # the engine hands alike devices one problem (``Stage.signature``): it may be a device of
+        # the whole model with these layer counts, named by its own layers, so groups are read
+        # by every layer's names, the shortened graph's being the first of them
+        self.devices[key] = (mp, node_groups(mp, self.layer_of[option.microbatches]))
         return self.devices[key]
 
     def _split(self, mp: ModelProblem, groups: Sequence[int], extra: Fraction) -> DeviceParts:

@@ -36,6 +36,11 @@ def engine() -> PipelineSearch:
     return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
 
 
+def _even_option():
+    """The 2-stage 1F1B option with its layers cut evenly (3 + 3)."""
+    return next(o for o in options_for(LAYERS, 2, [2], ("1f1b",)) if o.counts == (3, 3))
+
+
 def _at(problem: ShardingProblem, slot: int, choice: list[int]) -> int:
     return sum(int(u[s]) for u, (a, b), s in zip(problem.node_usages, problem.intervals, choice) if a <= slot < b)
 
@@ -43,7 +48,7 @@ def _at(problem: ShardingProblem, slot: int, choice: list[int]) -> int:
 def test_bytes_at_the_horizon_are_the_in_flight_problems(engine) -> None:
     """On random plans: the bytes ``horizon_row`` gives the one-in-flight problem's nodes add up to
     the in-flight problem's usage at the horizon, and both problems price the plan alike."""
-    option = options_for(LAYERS, 2, [2], ("1f1b",))[0]
+    option = _even_option()
     stage = engine.stages(option)[0]
     one = engine.stage_problem(option, stage, 1, bounded=False)
     rng = np.random.default_rng(0)
@@ -62,19 +67,19 @@ def test_bytes_at_the_horizon_are_the_in_flight_problems(engine) -> None:
 def test_the_whole_devices_layers_hold_the_shortened_devices_bytes(engine) -> None:
     """What the bound assumes, with the bytes at the horizon: every layer of a full device is one
     of the shortened device's layers, and the nodes outside the layers are the shortened device's."""
-    option = options_for(LAYERS, 2, [2], ("1f1b",))[0]
-    graph = engine.graph(option.microbatches)
+    graph = engine.graph(2)
     layer_of = {n: i for i, layer in enumerate(find_repeated_layers(graph).layers) for n in layer}
-    for device, stage in enumerate(engine.stages(option)):
-        whole = engine.stage_problem(option, stage, 1, bounded=False)
-        engine.floors.seconds(option, stage, True, 2)
-        short, short_groups = engine.floors.devices[(option.microbatches, 2, 1, device, True)]
-        short_layer_of = {n: i for i, layer in enumerate(engine.floors.graphs[(2, 4)][1].layers) for n in layer}
-        assert short_groups == node_groups(short, short_layer_of)
-        mine = _contents(whole, node_groups(whole, layer_of))
-        theirs = _contents(short, short_groups)
-        assert mine[OUTSIDE] == theirs[OUTSIDE]
-        assert {v for g, v in mine.items() if g != OUTSIDE} <= {v for g, v in theirs.items() if g != OUTSIDE}
+    for option in options_for(LAYERS, 2, [2], ("1f1b",)):  # (4, 2) first: its last device is alike a
+        for device, stage in enumerate(engine.stages(option)):  # shortened one, and shares its problem
+            whole = engine.stage_problem(option, stage, 1, bounded=False)
+            engine.floors.seconds(option, stage, True, 2)
+            short, short_groups = engine.floors.devices[(option.microbatches, 2, 1, device, True)]
+            assert short_groups == node_groups(short, layer_of)
+            assert len(set(short_groups) - {OUTSIDE}) == 2  # the shortened device's two layers
+            mine = _contents(whole, node_groups(whole, layer_of))
+            theirs = _contents(short, short_groups)
+            assert mine[OUTSIDE] == theirs[OUTSIDE]
+            assert {v for g, v in mine.items() if g != OUTSIDE} <= {v for g, v in theirs.items() if g != OUTSIDE}
 
 
 def _contents(mp, groups) -> dict[int, tuple]:
@@ -123,7 +128,7 @@ def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> Non
     """Every device of a 2-stage 1F1B option, each parameter policy: the bound under the budget is
     at most the exact optimum of the whole budgeted device problem, and above the free bound on
     the first device, whose free optimum does not fit."""
-    option = options_for(LAYERS, 2, [2], ("1f1b",))[0]
+    option = _even_option()
     orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
     for device, stage in enumerate(engine.stages(option)):
         held = peak_in_flight(orders[device])
