@@ -39,7 +39,7 @@ from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why  # n
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
 from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
 from autoshard.pipeline.claim import search  # noqa: E402
-from autoshard.pipeline.search import PipelineSearch  # noqa: E402
+from autoshard.pipeline.search import PipelineResult, PipelineSearch  # noqa: E402
 from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}
@@ -100,9 +100,7 @@ def main() -> None:
     tokens = BATCH * SEQ
     best = result.best
     live = max(s.model_problem.problem.peak_usage(list(s.solution.choice)) for s in best.solutions.values())
-    claim = "proved" if best.proved and result.gap <= 1e-9 else f"gap {100 * result.gap:.2f}%"
-    if result.unbounded:
-        claim += f" ({result.unbounded} options not bounded)"
+    claim = claim_text(result)
     print()
     print("| plan | step | tok/s/GPU | peak GiB (reserved) | published tok/s/GPU, GiB | claim |")
     print("|---|---:|---:|---:|---|---|")
@@ -142,6 +140,14 @@ def print_recipes(engine: PipelineSearch, devices: int, device) -> None:
     print(f"\ninterleaved/1F1B tokens/s: predicted {ours:.3f}, published {theirs:.3f} ({100 * (ours / theirs - 1):+.1f}%)")
 
 
+def claim_text(result: PipelineResult) -> str:
+    """The claim over the options: proved, the gap to the least bound, or none where the bounding
+    phase left options without a bound (their bound counts as 0, so a gap would read 100%)."""
+    if result.unbounded:
+        return f"no claim ({result.unbounded} options not bounded)"
+    return "proved" if result.best.proved and result.gap <= 1e-9 else f"gap {100 * result.gap:.2f}%"
+
+
 def auto_70b(timeout: float) -> None:
     """``--pipeline auto`` on LLaMA-3.1-70B, 32 x 8192 tokens, on 8x8 h100 at 80 GiB: every axis and
     no pipeline searched as one; the options table's best, the claim, and why."""
@@ -158,7 +164,7 @@ def auto_70b(timeout: float) -> None:
     options = in_turn([options_for(80, 8, microbatch_counts(8, batch), axis=a) for a in engines], 80)
     result = search(AxesSearch(engines, lambda: graph_for(1), mesh, build, left, say), options)
     best = result.best
-    claim = "proved" if best.proved and result.gap <= 1e-9 else f"gap {100 * result.gap:.2f}%"
+    claim = claim_text(result)
     print(f"\nbest: {best.option.label}, step {best.step:.2f} s, "
           f"{batch * seq / best.step / mesh.size:,.0f} tok/s/GPU, {claim}")
     print("why: " + "; ".join(why(result)))
