@@ -26,7 +26,7 @@ from autoshard.problem.identity import align, name_map, refined, structural_keys
 from autoshard.problem.readback import make_plan
 from autoshard.runtime.checks import check_layouts, check_model
 from tests.differential.harness import findings, run_plans
-from tests.runtime.dist import free_port, run_ranks
+from tests.runtime.dist import run_on_a_free_port
 from tests.runtime.plans import Traced
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,5 +188,4 @@ def test_modernbert_solved_in_one_hash_order_passes_the_run_check_in_the_other(t
                              "training", "--quiet", "--out", str(plan), "--pin",
                              "model.layers.0.mlp.Wi.weight=SR"], env=env, capture_output=True, text=True, cwd=ROOT)
     assert solved.returncode == 0, solved.stderr
-    assert run_ranks(2, _run_check, free_port(), [str(model), "--plan", str(plan)], connect=False,
-                     timeout=240) == [0, 0]
+    assert run_on_a_free_port(2, _run_check, [str(model), "--plan", str(plan)], timeout=240) == [0, 0]

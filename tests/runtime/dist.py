@@ -38,6 +38,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_on_a_free_port(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
+                       attempts: int = 3) -> list[Any]:
+    """``run_ranks(world_size, fn, port, *args, connect=False)`` on a port free a moment ago, for
+    ranks that make their own group on it: choosing the port and binding it cannot be one step, so
+    where another test bound it first (EADDRINUSE) the run is repeated on a fresh one."""
+    for attempt in range(attempts):
+        try:
+            return run_ranks(world_size, fn, free_port(), *args, timeout=timeout, connect=False)
+        except RankError as err:
+            if "EADDRINUSE" not in str(err) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout: float, conn: Connection,
             fn: Callable[..., Any], args: tuple) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"

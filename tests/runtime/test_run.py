@@ -27,7 +27,7 @@ from autoshard.runtime.executor import parallelize
 from autoshard.runtime.placements import gather_full
 from autoshard.runtime.groups import MeshGroups
 
-from .dist import free_port, run_ranks
+from .dist import run_on_a_free_port, run_ranks
 from .plans import EXAMPLES, MLP, plans, problem, sequence_parallel_plan, traced
 
 ROOT = EXAMPLES.parent
@@ -174,5 +174,4 @@ def test_a_model_file_drawing_unseeded_inputs_passes_the_run_check(tmp_path: Pat
     loaded = load_model(str(path)).for_training()
     mp = build_model_problem(trace(loaded.model, loaded.example_inputs), "2", mode="training")
     make_plan(mp, megatron_choice(mp), model="unseeded").save(tmp_path / "plan.json")
-    assert run_ranks(2, _main_on_ranks, free_port(), [str(path), "--plan", str(tmp_path / "plan.json")],
-                     connect=False) == [0, 0]
+    assert run_on_a_free_port(2, _main_on_ranks, [str(path), "--plan", str(tmp_path / "plan.json")]) == [0, 0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from autoshard.runtime.kept import KeptParameters
 
-from .dist import free_port, run_ranks
+from .dist import run_on_a_free_port
 from .test_pipeline_interleaved import _plan_file
 from .test_run import _main_on_ranks
 
@@ -27,5 +27,5 @@ def _losing_a_reduction(rank: int, world: int, port: int, argv: list[str]) -> in
 def test_autoshard_run_checks_a_pipelined_plan_against_the_unsharded_model(tmp_path: Path) -> None:
     path, _ = _plan_file(tmp_path)
     argv = [str(path), "--plan", str(tmp_path / "interleaved.json")]
-    assert run_ranks(4, _main_on_ranks, free_port(), argv, connect=False, timeout=180) == [0, 0, 0, 0]
-    assert run_ranks(4, _losing_a_reduction, free_port(), argv, connect=False, timeout=180) == [1, 1, 1, 1]
+    assert run_on_a_free_port(4, _main_on_ranks, argv, timeout=180) == [0, 0, 0, 0]
+    assert run_on_a_free_port(4, _losing_a_reduction, argv, timeout=180) == [1, 1, 1, 1]
