@@ -116,9 +116,10 @@ def test_beside_toulbar2_on_memory_rows_the_lagrangian_takes_its_share_and_bound
     from autoshard.solver.run import pruning
     from tests.solver.helpers import FakeClock
 
-    for toulbar, share in ((False, pruning.BESIDE_SHARE), (True, pruning.EXACT_SHARE)):
+    # the exact dual's steps each call toulbar2 in a child: half the cores keep the test in seconds
+    for toulbar, share, seeds in ((False, pruning.BESIDE_SHARE, 40), (True, pruning.EXACT_SHARE, 20)):
         bounded = 0
-        for seed in range(40):
+        for seed in range(seeds):
             problem, core, comp = unreduced(seed, memory=True)
             fitting = [x for x in plans(comp) if comp.is_feasible(list(x))]
             if not fitting or not comp.has_memory:
@@ -136,4 +137,4 @@ def test_beside_toulbar2_on_memory_rows_the_lagrangian_takes_its_share_and_bound
             assert all(value is None or value <= best for value in steps)
             assert len(steps) <= share * (clock.now - began) + 1
             bounded += any(value is not None for value in steps)
-        assert bounded >= 10
+        assert bounded >= seeds // 4
