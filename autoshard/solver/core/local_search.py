@@ -58,10 +58,7 @@ class Search:
         kept until a neighbour moves (repair asks for the same ~900 nodes of a row per move)."""
         vec = self._local.get(i)
         if vec is None:
-            vec = self.comp.costs[i]
-            for j, m in self.comp.nbrs[i]:
-                vec = np.minimum(vec + m[:, self.x[j]], INF)
-            self._local[i] = vec
+            vec = self._local[i] = self.comp.costs_given(i, self.x)
         return vec
 
     def set(self, i: int, s: int, delta: int) -> None:

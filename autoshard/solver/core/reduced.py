@@ -248,6 +248,14 @@ class FrozenCore:
         total = self.const + sum(int(c[s]) for c, s in zip(self.costs, x))
         return total + sum(int(m[x[u], x[v]]) for u, v, m in self.edges)
 
+    def costs_given(self, i: int, x: np.ndarray) -> np.ndarray:
+        """Node i's cost for each of its strategies with its neighbours at their strategies in
+        ``x`` (edge prices included, saturated at INF)."""
+        vec = self.costs[i]
+        for j, m in self.nbrs[i]:
+            vec = np.minimum(vec + m[:, x[j]], INF)
+        return vec
+
     def profile(self, x: np.ndarray | list[int]) -> np.ndarray:
         """Usage on every row (int64) for assignment x."""
         if self.capacity is None:

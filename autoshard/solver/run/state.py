@@ -107,10 +107,7 @@ class RunState:
                 missing.append(i)
         for _ in range(LOCALISE_PASSES if missing else 0):
             for i in missing:
-                total = comp.costs[i].copy()
-                for w, m in comp.nbrs[i]:
-                    total = np.minimum(total + m[:, local[w]], FORBIDDEN)
-                local[i] = int(np.argmin(total))
+                local[i] = int(np.argmin(comp.costs_given(i, local)))
         return local if comp.is_feasible(local) else None
 
     def proved_by(self, source: str) -> None:

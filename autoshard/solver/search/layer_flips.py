@@ -139,9 +139,7 @@ def _follow(comp: FrozenCore, y: np.ndarray, moved: set[int]) -> np.ndarray | No
         visits[v] = visits.get(v, 0) + 1
         if visits[v] > FOLLOW_VISITS:
             return None
-        total = comp.costs[v].copy()
-        for w, m in comp.nbrs[v]:
-            total = np.minimum(total + m[:, y[w]], INF)
+        total = comp.costs_given(v, y)
         s = int(np.argmin(total))
         if total[s] >= INF:
             return None
