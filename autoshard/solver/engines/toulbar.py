@@ -99,11 +99,8 @@ def prove_penalised(comp: FrozenCore, penalty: np.ndarray, seconds: int, seed: i
     """toulbar2's branch and bound (HBFS) on the core's costs plus ``penalty`` (integers, flat as
     in ``FrozenCore.arrays``), memory rows left out, for up to ``seconds`` (CPU): its best plan
     and whether it proved it minimal, or None when it found none."""
-    a = comp.arrays
-    flat = np.where(a.costs < INF, a.costs.astype(np.float64) + penalty, INF)
-    if np.where(flat < INF, flat, 0).max(initial=0) >= MAX_EXACT_COST:
-        return None  # doubles no longer hold the costs exactly
-    return _proved_minimum(comp, views(flat, a.c_off), None, False, seconds, seed)
+    unary = _penalised(comp, penalty)
+    return None if unary is None else _proved_minimum(comp, unary, None, False, seconds, seed)
 
 
 def prove_below(comp: FrozenCore, penalty: np.ndarray, upper: float, seconds: int,
@@ -112,21 +109,18 @@ def prove_below(comp: FrozenCore, penalty: np.ndarray, upper: float, seconds: in
     ``upper`` (a known plan's: the search prunes by it from the start): (the cheapest such plan,
     True) when proved, (None, True) when proved that none is, (plan or None, False) when the time
     ran out; None when the costs are not exact in doubles."""
+    unary = _penalised(comp, penalty)
+    return None if unary is None else _search(comp, unary, float(upper - comp.const), False, seconds, seed)
+
+
+def _penalised(comp: FrozenCore, penalty: np.ndarray) -> list[np.ndarray] | None:
+    """The core's node costs plus ``penalty`` (flat as in ``FrozenCore.arrays``) in doubles, per
+    node; None where doubles no longer hold them exactly."""
     a = comp.arrays
     flat = np.where(a.costs < INF, a.costs.astype(np.float64) + penalty, INF)
     if np.where(flat < INF, flat, 0).max(initial=0) >= MAX_EXACT_COST:
         return None
-    import pytoulbar2
-
-    with silenced():
-        cfn = _solver(float(upper - comp.const), seed, vns=False)
-        _network(cfn, comp, views(flat, a.c_off))
-        try:
-            found = _timed_solve(cfn, seconds)
-        except pytoulbar2.Contradiction:  # closed in preprocessing: nothing below upper
-            return None, True
-    proved = not cfn.Option.limited  # type: ignore[attr-defined]
-    return (None if found is None else np.asarray(found[0], dtype=np.int64)), proved
+    return views(flat, a.c_off)
 
 
 def prove_among(comp: FrozenCore, allowed: list[np.ndarray], upper: int, seconds: int,
@@ -144,7 +138,15 @@ def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None,
     """toulbar2's branch and bound (HBFS) on ``comp`` with node costs ``unary``, plans below
     ``ub`` (the network's own units, constant left out; None: any), ``rows`` its memory rows as
     knapsack constraints, for up to ``seconds`` (CPU): its best plan and whether its search ended
-    unlimited (proved minimal), or None when it found none.
+    unlimited (proved minimal), or None when it found none."""
+    found, proved = _search(comp, unary, ub, rows, seconds, seed)
+    return None if found is None else (found, proved)
+
+
+def _search(comp: FrozenCore, unary: list[np.ndarray], ub: float | None, rows: bool, seconds: int,
+            seed: int) -> tuple[np.ndarray | None, bool]:
+    """``_proved_minimum``'s search: its best plan (None when it found none) and whether the search
+    ended unlimited; a network closed in preprocessing has no plan below ``ub``, proved.
 
     The proof is toulbar2's own verdict (``option.limited`` false after the solve: no time,
     discrepancy or restart limit cut the search), not ``GetDDualBound``, which is its gap
@@ -156,11 +158,10 @@ def _proved_minimum(comp: FrozenCore, unary: list[np.ndarray], ub: float | None,
         _network(cfn, comp, unary, rows=rows)
         try:
             found = _timed_solve(cfn, seconds)
-        except pytoulbar2.Contradiction:  # every plan forbidden
-            return None
-    if found is None:
-        return None
-    return np.asarray(found[0], dtype=np.int64), not cfn.Option.limited  # type: ignore[attr-defined]
+        except pytoulbar2.Contradiction:  # every plan forbidden, or none below ub
+            return None, True
+    proved = not cfn.Option.limited  # type: ignore[attr-defined]
+    return (None if found is None else np.asarray(found[0], dtype=np.int64)), proved
 
 
 def improve(comp: FrozenCore, x: np.ndarray, seconds: int, seed: int) -> np.ndarray | None:
