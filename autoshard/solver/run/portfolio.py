@@ -68,15 +68,15 @@ LP_FIRST_COLUMNS = 100_000
 several times slower beside toulbar2's two processes (measured: see benchmarks/README.md,
 "Measurements behind the design")."""
 MILP_MAX_COLUMNS = 1_000_000
+"""Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
+Lagrangian search, which proves cores of this size that the Lagrangian search alone ends just
+short of (measured: see benchmarks/README.md, "Measurements behind the design")."""
 HIGHS_FIRST_COLUMNS = 100_000
 """Cores whose ILP has at most this many variables give HiGHS's MILP the second processor before
 the hull engine: there it proves within seconds (a 4-layer LLaMA's pipeline stage cores, 67k
 columns: four exact solves 22 s with HiGHS first, 95 s behind the hull's dive), where on larger
 memory-bound cores of counted layers its root LP takes minutes (LLaMA-3.1-8B at 131,072 tokens,
 360k columns: no bound in 115 s) and the hull's bound comes within seconds."""
-"""Cores whose ILP has at most this many variables get HiGHS's MILP in a child process beside the
-Lagrangian search, which proves cores of this size that the Lagrangian search alone ends just
-short of (measured: see benchmarks/README.md, "Measurements behind the design")."""
 RELAXED_PROOF = 3.0
 """Seconds after its start within which toulbar2 must prove the core without memory rows for the
 exact Lagrangian steps to run (they start at the next Lagrangian step after its verdict): each
