@@ -31,7 +31,7 @@ TRW-S's bound").
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -43,9 +43,11 @@ from autoshard.solver.engines.toulbar import can_take, prove_among
 from autoshard.solver.bounds.exact_lagrangian import dual_search
 from autoshard.solver.bounds.lagrangian import Lagrangian
 from autoshard.solver.bounds.level_branching import LevelBranching
-from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser, relaxed_lagrangian
+from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.bounds.trws import MessagePassing
 from autoshard.solver.core.certify import safe_bound
+
+T = TypeVar("T")
 
 ALONE = 5.0
 """Seconds toulbar2's engines run alone before TRW-S starts beside them (most cores they prove
@@ -140,8 +142,7 @@ class PrunedProof:
             if lag is None:
                 state.emit(Phase("lagrange", f"the Lagrangian relaxation of memory ({'exact' if exact else 'TRW-S'}) "
                                  "beside toulbar2, for its bound", state.elapsed()))
-                lag = dual_search(state.comp, state.rng, state.options.seed,
-                                  lambda call, seconds: call_forked(call, state.soon(seconds), self.heard)) \
+                lag = dual_search(state.comp, state.rng, state.options.seed, self._forked) \
                     if exact else relaxed_lagrangian(state.comp, state.rng, back_to_best=True)
             result = lag.step(state.best_cost, state.soon(STEP_SECONDS))
             spent += state.clock() - now
@@ -161,9 +162,14 @@ class PrunedProof:
         state.emit(Phase("branching", "branch and bound on memory usage levels, each branch bounded by the exact "
                          "Lagrangian dual", state.elapsed()))
         return LevelBranching(state.comp, state.rng, state.options.seed,
-                              lambda call, seconds: call_forked(call, state.soon(seconds), self.heard),
+                              self._forked,
                               state.best_cost, lag.model.centre, lag.minimiser.known or [],
                               state.lower if state.lower is not None else -(2**62))
+
+    def _forked(self, call: Callable[[], T], seconds: float) -> T | None:
+        """``call()`` in a child killed after ``seconds`` (or at the deadline), the engines heard
+        meanwhile: how the exact dual and the branching run toulbar2."""
+        return call_forked(call, self.state.soon(seconds), self.heard)
 
     def _attempt(self) -> None:
         """Report TRW-S's bound; prune by it and let toulbar2 search the rest in a child."""
