@@ -7,15 +7,22 @@ socket the parent bound before forking, and sends back its result or its traceba
 get a few seconds to report and are then killed (they would only wait in a collective); the error
 leads with the ranks that failed on their own, ahead of peers that only saw a rank leave. A run
 over ``timeout`` kills everything, so a hang fails fast with the names of the ranks that were stuck.
+Each rank writes its stderr to a file of its own: a rank killed by a signal (a native abort in gloo
+or the allocator, which no Python code can catch) is reported with the last lines it printed, and
+the whole group is run once more, with a warning carrying that report; a second such death fails.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import socket
+import sys
+import tempfile
 import time
 import traceback
+import warnings
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
@@ -28,7 +35,13 @@ from autoshard.runtime.groups import destroy_gloo, init_gloo
 
 
 class RankError(RuntimeError):
-    """A worker rank raised, died or hung; the message carries its traceback."""
+    """A worker rank raised, died or hung; the message carries its traceback.
+
+    ``killed`` is true where a rank was killed by a signal rather than failing in Python."""
+
+    def __init__(self, message: str, killed: bool = False) -> None:
+        super().__init__(message)
+        self.killed = killed
 
 
 def free_port() -> int:
@@ -53,7 +66,12 @@ def run_on_a_free_port(world_size: int, fn: Callable[..., Any], *args: Any, time
 
 
 def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout: float, conn: Connection,
-            fn: Callable[..., Any], args: tuple) -> None:
+            stderr_fd: int, fn: Callable[..., Any], args: tuple) -> None:
+    # pytest holds sys.stderr in memory and points faulthandler at the terminal: both go to this
+    # rank's own file, so a native abort's last words (all threads' stacks) reach the report.
+    os.dup2(stderr_fd, 2)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the rank
+    faulthandler.enable(sys.stderr, all_threads=True)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     try:
@@ -74,6 +92,8 @@ def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout:
 
 _HOST = "127.0.0.1"
 _GRACE_S = 3.0
+_KILLED_RUNS = 2  # a group whose rank a signal killed runs once more
+_STDERR_HEAD = 6000  # characters of a killed rank's stderr in the report (faulthandler prints innermost frames first)
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
@@ -85,13 +105,17 @@ def _listener() -> socket.socket:
     return sock
 
 
-def _receive(conn: Connection, proc: mp.process.BaseProcess, rank: int) -> tuple[str, Any]:
-    """One worker's ``(status, value)``; a worker that closed its pipe without a word died."""
+def _receive(conn: Connection, proc: mp.process.BaseProcess, rank: int, stderr: Any) -> tuple[str, Any]:
+    """One worker's ``(status, value)``; a worker that closed its pipe without a word died, and its
+    report ends with the start of what it wrote to stderr (last words, then faulthandler's stacks)."""
     try:
         return conn.recv()
     except EOFError:
         proc.join(1)
-        return "error", f"rank {rank} died with exit code {proc.exitcode}"
+        stderr.seek(0)
+        head = stderr.read(_STDERR_HEAD).decode(errors="replace")
+        status = "killed" if proc.exitcode is not None and proc.exitcode < 0 else "error"
+        return status, f"rank {rank} died with exit code {proc.exitcode}; its stderr:\n{head}"
 
 
 def _failure_report(failures: dict[int, str]) -> str:
@@ -108,22 +132,38 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
 
     ``fn`` and ``args`` reach the workers by fork (no pickling); results must be picklable.
     ``connect=False`` skips the gloo group (for work that makes its own, keeping this process clean).
-    Raises :class:`RankError` with the worker traceback if any rank fails, dies or times out.
+    Raises :class:`RankError` with the worker traceback if any rank fails, dies or times out; a
+    group with a rank killed by a signal is run once more first (see the module's docstring).
     """
+    for run in range(_KILLED_RUNS):
+        try:
+            return _run_once(world_size, fn, args, timeout, connect)
+        except RankError as err:
+            if not err.killed or run == _KILLED_RUNS - 1:
+                raise
+            warnings.warn(f"a rank was killed by a signal; running the group again:\n{err}", stacklevel=2)
+    raise AssertionError("unreachable: the last run returns or raises")
+
+
+def _run_once(world_size: int, fn: Callable[..., Any], args: tuple, timeout: float, connect: bool) -> list[Any]:
+    """One forked group of ranks running ``fn``; see :func:`run_ranks`."""
     ctx = mp.get_context("fork")
     # Rank 0 serves the TCP store on a socket the parent bound and listens on before forking, so no
     # other test running at the same time can take the port between choosing and binding it.
     listener = _listener() if connect else None
-    procs, conns = [], {}
+    procs, conns, stderrs = [], {}, []
     for rank in range(world_size):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(rank, world_size, listener, timeout, send, fn, args), daemon=True)
+        stderrs.append(tempfile.TemporaryFile())
+        p = ctx.Process(target=_worker, args=(rank, world_size, listener, timeout, send, stderrs[rank].fileno(),
+                                              fn, args), daemon=True)
         p.start()
         send.close()
         procs.append(p)
         conns[recv] = rank
     results: dict[int, Any] = {}
     failures: dict[int, str] = {}
+    killed = False
     deadline = time.monotonic() + timeout
     try:
         while conns:
@@ -134,11 +174,12 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
                 break
             for conn in wait(list(conns), timeout=left):
                 rank = conns.pop(conn)
-                status, value = _receive(conn, procs[rank], rank)
+                status, value = _receive(conn, procs[rank], rank, stderrs[rank])
                 if status == "ok":
                     results[rank] = value
                 else:
                     failures[rank] = value
+                    killed = killed or status == "killed"
             if failures:
                 # The first rank to fail often only saw a peer leave; give the others a moment to
                 # report, so the message leads with the rank that failed for a reason of its own.
@@ -151,6 +192,8 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
                 p.join()
         if listener is not None:
             listener.close()
+        for stderr in stderrs:
+            stderr.close()
     if failures:
-        raise RankError(_failure_report(failures))
+        raise RankError(_failure_report(failures), killed)
     return [results[r] for r in range(world_size)]

@@ -1,6 +1,12 @@
-"""The fork harness reports the rank that failed on its own before peers that only saw it leave."""
+"""The fork harness reports the rank that failed on its own before peers that only saw it leave, and
+runs a group whose rank a signal killed once more, reporting what the killed rank last printed."""
 
 from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,3 +43,33 @@ def test_the_own_failure_leads_the_report() -> None:
 
 def test_ranks_share_one_group_through_the_parents_store() -> None:
     assert run_ranks(3, _all_reduce) == [3.0, 3.0, 3.0]
+
+
+def _abort_on_the_first_run(rank: int, world: int, marker: str) -> int:
+    if rank == 1 and not os.path.exists(marker):
+        Path(marker).touch()
+        print("last words before the abort", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGABRT)
+    dist.barrier()
+    return rank
+
+
+def _abort_always(rank: int, world: int) -> int:
+    if rank == 0:
+        print("last words before the abort", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGABRT)
+    return rank
+
+
+def test_a_group_whose_rank_a_signal_killed_runs_once_more(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="(?s)rank 1 died with exit code -6.*last words before the abort"):
+        assert run_ranks(2, _abort_on_the_first_run, str(tmp_path / "aborted once"), timeout=30) == [0, 1]
+
+
+def test_a_rank_killed_on_every_run_fails_with_its_last_words() -> None:
+    with pytest.warns(UserWarning), pytest.raises(RankError) as caught:
+        run_ranks(2, _abort_always, timeout=30, connect=False)
+    assert caught.value.killed
+    report = str(caught.value)
+    assert "rank 0 died with exit code -6; its stderr:\nlast words before the abort" in report
+    assert "Fatal Python error: Aborted" in report  # faulthandler's stacks of the killed rank
