@@ -107,3 +107,30 @@ def test_branching_on_the_count_of_recomputing_layers_proves_the_whole_number_op
     assert not ended.closed and optimum - 1 <= ended.bound <= optimum
     ended = dive(generation, lambda: optimum, time.monotonic() + 30)
     assert ended.closed  # nothing cheaper than the optimum on either side
+
+
+class _FakeClock:
+    """Stands for ``time`` in column_generation: each reading a millisecond after the last."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1e-3
+        return self.now
+
+
+def test_the_root_search_ends_on_its_own_once_neither_the_master_nor_the_messages_move(monkeypatch) -> None:
+    """With a deadline that never comes, the search ends (the dual solved over the pool, or STALL
+    steps that moved neither the master nor TRW-S's bound), its bound below the exact dual."""
+    import autoshard.solver.bounds.column_generation as column_generation
+    clock = _FakeClock()
+    monkeypatch.setattr(column_generation, "time", clock)
+    rng = np.random.default_rng(7)
+    for comp, best in cores(8):
+        generation = ColumnGeneration(comp, rng, lambda x: None)
+        generation.add(np.array(fitting_plans(comp)[0]))
+        root = generation.search([], 1e9)
+        exact = hull_value(comp, [])
+        assert root.bound is not None and root.bound <= exact + 1e-6 * abs(exact) and root.master >= exact - 1e-6
+    assert clock.now < 1e3  # every search ended long before its deadline

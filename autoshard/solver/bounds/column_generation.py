@@ -57,7 +57,10 @@ POLISH_SECONDS = 0.3
 SOLVED = 1e-5
 """Relative distance between the master's value and the bound at which the dual counts as solved."""
 STALL = 15
-"""Pricing steps in a row without a better bound after which a branch's search stops."""
+"""Pricing steps in a row that moved nothing (the master's value did not fall, and TRW-S's bound
+rose by at most SOLVED over the step before) after which a branch's search stops. A step that
+leaves the master as it was but raises the bound is progress: the messages are still converging
+at these multipliers, and their primal is what finds the column that moves the master."""
 
 
 @dataclass
@@ -105,7 +108,7 @@ class ColumnGeneration:
         """Price plans for ``branches`` until the dual is solved, stalls, or ``deadline``."""
         best = HullResult(None, None)
         lam_best, mu_best = self.centre, np.zeros(len(branches))
-        stale = 0
+        stale, last_bound, last_master = 0, -math.inf, math.inf
         while time.monotonic() < deadline and stale < STALL:
             master = self._master(branches)
             if master is None:
@@ -118,14 +121,15 @@ class ColumnGeneration:
                 break
             bound, x = priced
             self.add(x)
+            moved = value < last_master or bound > last_bound + SOLVED * abs(last_bound)
+            stale = 0 if moved else stale + 1
+            last_bound, last_master = bound, value
             if best.bound is None or bound > best.bound:
-                best.bound, stale = bound, 0
+                best.bound = bound
                 lam_best, mu_best = lam, mu
                 if not branches:
                     self.centre = lam
                     self.bounded(bound)
-            else:
-                stale += 1
             best.master, best.counts = value, counts
             if value - best.bound <= SOLVED * abs(value):
                 break
