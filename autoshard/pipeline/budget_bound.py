@@ -18,11 +18,14 @@ each of which can only lower the minimum:
    every edge between two groups (the nodes outside the layers; each layer) drops nonnegative
    terms and splits it into one problem per group:
 
-       >= min P_out(lam) + sum_{l sampled} min P_l(lam) + (n - sampled) min_l P_l(lam) - lam M,
+       >= min P_out(lam) + sum_{l sampled} min P_l(lam) + (n - sampled) min_{l in F} P_l(lam) - lam M,
 
    where, as in ``layer_bound.py``, the groups are read off the device of the option shortened to
-   two layers per stage, and every further layer of the full device is one of its sampled layers
-   problem for problem, its bytes at T included (``tests/pipeline/test_budget_bound.py``).
+   two layers per stage, and every further layer of the full device (a middle layer of a stage)
+   is, problem for problem and bytes at T included, the first sampled layer of a stage (F: those
+   layers, ``layer_bound.first_layers``; a stage's last layer hands its output off the stage and
+   holds less at T, so pricing the further layers as it would undercount their bytes;
+   ``tests/pipeline/test_budget_bound.py``).
 
 Each part is minimised exactly by variable elimination (``solver/engines/elimination.py``) in
 float64, less a relative margin of 1e-9 for rounding; a part too wide for elimination is bounded
@@ -140,7 +143,7 @@ def digest(problem: ShardingProblem, row: Sequence[np.ndarray]) -> str:
 @dataclass(frozen=True)
 class DeviceParts:
     """A device's parts: those counted once (outside the layers, each sampled layer) and the
-    layers one of which every further layer is; ``check`` runs before each evaluation."""
+    layers one of which every further layer is (F); ``check`` runs before each evaluation."""
 
     once: tuple[Part, ...]
     layers: tuple[Part, ...]

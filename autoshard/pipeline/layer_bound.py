@@ -254,11 +254,13 @@ class LayerFloors:
 
     def _split(self, mp: ModelProblem, groups: Sequence[int], extra: Fraction) -> DeviceParts:
         """The device's parts with their bytes at the horizon under ``extra`` more microbatches in
-        flight (``budget_bound.py``), each distinct part made once."""
+        flight (``budget_bound.py``), each distinct part made once; the further layers are priced
+        as the first sampled layer of a stage (:func:`first_layers`)."""
         row = horizon_row(mp, extra)
         members: dict[int, list[int]] = {}
         for node, group in enumerate(groups):
             members.setdefault(group, []).append(node)
+        firsts = first_layers(groups)
         once, layers = [], []
         for group, nodes in members.items():
             part, rows = subproblem(mp.problem, nodes), [row[n] for n in nodes]
@@ -266,10 +268,21 @@ class LayerFloors:
             if key not in self.shared:
                 self.shared[key] = Part(part, rows, self.floor)
             once.append(self.shared[key])
-            if group != OUTSIDE:
+            if group in firsts:
                 layers.append(self.shared[key])
         return DeviceParts(tuple(once), tuple(dict.fromkeys(layers)),
                            lambda: self.engine.limit.check("bounding a device under its memory budget"))
+
+
+def first_layers(groups: Sequence[int]) -> set[int]:
+    """Of a shortened device's layer groups (:data:`SAMPLE` consecutive layers per stage, stages in
+    layer order), the first layer of each stage: the one every middle layer of a full stage is,
+    bytes at the horizon included (a stage's last layer hands its output off the stage and holds
+    less across the horizon)."""
+    layers = sorted(set(groups) - {OUTSIDE})
+    if len(layers) % SAMPLE:
+        raise ValueError(f"{len(layers)} layers on a device of {SAMPLE} layers per stage")
+    return set(layers[::SAMPLE])
 
 
 def whole_floor(graph: OpGraph, build: Callable[[OpGraph], ModelProblem], floor: Callable[[ShardingProblem], int]

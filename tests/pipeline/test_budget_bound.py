@@ -12,7 +12,7 @@ import pytest
 
 from autoshard.cost.devices import get_device
 from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, horizon_row
-from autoshard.pipeline.layer_bound import OUTSIDE, node_groups, subproblem
+from autoshard.pipeline.layer_bound import OUTSIDE, first_layers, node_groups, subproblem
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.schedules import device_orders, peak_in_flight
 from autoshard.pipeline.search import PipelineSearch
@@ -64,22 +64,36 @@ def test_bytes_at_the_horizon_are_the_in_flight_problems(engine) -> None:
         horizon_row(engine.stage_problem(option, stage, 2, bounded=True), Fraction(0))
 
 
-def test_the_whole_devices_layers_hold_the_shortened_devices_bytes(engine) -> None:
-    """What the bound assumes, with the bytes at the horizon: every layer of a full device is one
-    of the shortened device's layers, and the nodes outside the layers are the shortened device's."""
+@pytest.mark.parametrize("layers, schedule", [(LAYERS, "1f1b"), (12, "interleaved-1f1b")])
+def test_the_whole_devices_layers_hold_the_shortened_devices_bytes(engine, layers, schedule) -> None:
+    """What the bound assumes, with the bytes at the horizon: the nodes outside the layers of a full
+    device are the shortened device's, every layer one of its layers, and every middle layer of a
+    stage one of the shortened device's first layers of a stage (``first_layers``)."""
+    if layers != LAYERS:
+        mesh = parse_mesh("2x2", None, None, 8, DEVICE.intra, DEVICE.inter)
+        model = tiny_llama(layers)
+        engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, dict(engine.build), None)
     graph = engine.graph(2)
     layer_of = {n: i for i, layer in enumerate(find_repeated_layers(graph).layers) for n in layer}
-    for option in options_for(LAYERS, 2, [2], ("1f1b",)):  # (4, 2) first: its last device is alike a
+    checked = 0
+    for option in options_for(layers, 2, [2], (schedule,)):  # 1F1B (4, 2) first: its last device is alike a
         for device, stage in enumerate(engine.stages(option)):  # shortened one, and shares its problem
-            whole = engine.stage_problem(option, stage, 1, bounded=False)
+            whole = engine.stage_problem(option, stage, option.virtual, bounded=False)
             engine.floors.seconds(option, stage, True, 2)
-            short, short_groups = engine.floors.devices[(option.microbatches, 2, 1, device, True)]
+            short, short_groups = engine.floors.devices[(option.microbatches, 2, option.virtual, device, True)]
             assert short_groups == node_groups(short, layer_of)
-            assert len(set(short_groups) - {OUTSIDE}) == 2  # the shortened device's two layers
+            assert len(set(short_groups) - {OUTSIDE}) == 2 * option.virtual  # two layers per stage
             mine = _contents(whole, node_groups(whole, layer_of))
             theirs = _contents(short, short_groups)
             assert mine[OUTSIDE] == theirs[OUTSIDE]
             assert {v for g, v in mine.items() if g != OUTSIDE} <= {v for g, v in theirs.items() if g != OUTSIDE}
+            own = sorted(set(node_groups(whole, layer_of)) - {OUTSIDE})
+            starts = [sum(stage.counts[:k]) for k in range(len(stage.counts) + 1)]
+            middle = [own[i] for a, b in zip(starts, starts[1:]) for i in range(a + 1, b - 1)]
+            firsts = {theirs[g] for g in first_layers(short_groups)}
+            assert all(mine[g] in firsts for g in middle)
+            checked += len(middle)
+    assert checked
 
 
 def _contents(mp, groups) -> dict[int, tuple]:
@@ -126,8 +140,9 @@ def test_the_relaxation_is_at_most_its_brute_force_optimum() -> None:
 
 def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> None:
     """Every device of a 2-stage 1F1B option, each parameter policy: the bound under the budget is
-    at most the exact optimum of the whole budgeted device problem, and above the free bound on
-    the first device, whose free optimum does not fit."""
+    at most the exact optimum of the whole budgeted device problem, at least the bound that prices
+    the further layers as any sampled layer (above it on the first device), and above the free
+    bound on the first device, whose free optimum does not fit."""
     option = _even_option()
     orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
     for device, stage in enumerate(engine.stages(option)):
@@ -140,8 +155,26 @@ def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> Non
             assert found.status == "optimal"
             exact = found.cost / mp.cost_model.ticks_per_unit
             assert 0 < bound <= exact * (1 + 1e-9)
+            weaker = _any_layer_bound(engine, option, stage, device, kept, held)
+            assert bound >= weaker * (1 - 1e-9)
+            if device == 0:  # its middle layers hold more at the horizon than its stage's last
+                assert bound > weaker * (1 + 1e-3)
             if device == 0 and kept:
                 assert bound > free * (1 + 1e-4)
+
+
+def _any_layer_bound(engine, option, stage, device, kept, held) -> float:
+    """The device's bound with every further layer priced as any sampled layer (a stage's last
+    included): the weaker relaxation that ``first_layers`` tightens."""
+    mp, groups = engine.floors.devices[(option.microbatches, option.devices, option.virtual, device, kept)]
+    row = horizon_row(mp, Fraction(held, option.virtual) - 1)
+    members: dict[int, list[int]] = {}
+    for node, group in enumerate(groups):
+        members.setdefault(group, []).append(node)
+    parts = {g: Part(subproblem(mp.problem, nodes), [row[n] for n in nodes], lambda p: 0) for g, nodes in members.items()}
+    relaxed = DeviceParts(tuple(parts.values()), tuple(p for g, p in parts.items() if g != OUTSIDE))
+    further = sum(stage.counts) - (len(parts) - 1)
+    return best_multiplier(relaxed, further, engine.floors.limit) / mp.cost_model.ticks_per_unit
 
 
 def test_bounding_under_the_budget_keeps_the_search_time_limit(monkeypatch) -> None:
