@@ -100,6 +100,7 @@ class RunningEngines:
 
     def __init__(self, looks: int) -> None:
         self.looks = looks
+        self.engines: list = []
 
     def exact_running(self) -> bool:
         return self.looks > 0
@@ -138,3 +139,24 @@ def test_beside_toulbar2_on_memory_rows_the_lagrangian_takes_its_share_and_bound
             assert len(steps) <= share * (clock.now - began) + 1
             bounded += any(value is not None for value in steps)
         assert bounded >= seeds // 4
+
+
+def test_lower_priority_raises_a_child_s_nice_value_and_leaves_an_ended_one_alone() -> None:
+    """The engines' priority goes down by the amount asked (capped at 19); a pid that has ended
+    raises nothing."""
+    import os
+    import subprocess
+
+    from autoshard.solver.run.pruning import lower_priority
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, child.pid)
+        lower_priority(child.pid, 3)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(19, before + 3)
+        lower_priority(child.pid, 40)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 19
+    finally:
+        child.kill()
+        child.wait()
+    lower_priority(child.pid, 3)

@@ -77,6 +77,12 @@ class CuttingPlane:
             gap = (upper - at) if upper is not None else abs(at) * 0.05
             self.delta = max(gap, 1.0) / max(over, 1.0)
 
+    def seed(self, cost: float, slope: np.ndarray) -> None:
+        """A plan's cut (cost f, overflow g) known before the first minimum, e.g. from a parent
+        problem whose plans this one allows: it shapes the model and is no dual value."""
+        self.values.append(float(cost))
+        self.slopes.append(np.asarray(slope, dtype=np.float64))
+
     def next(self) -> np.ndarray:
         """The multipliers that maximise the model in the box around the centre (the centre itself
         when the LP gives no answer); sets the box maximum ``model``."""

@@ -72,6 +72,13 @@ class ToulbarMinimiser:
         self.wall = 2 * seconds + 1 if wall is None else wall  # the child's wall-clock limit
         self.known: list[np.ndarray] | None = [] if known else None
         self.calls = 0
+        self.given: tuple[np.ndarray, tuple[np.ndarray, bool]] | None = None
+
+    def give(self, lam: np.ndarray, answer: tuple[np.ndarray, bool]) -> None:
+        """toulbar2's answer (plan, proved) at multipliers ``lam`` found elsewhere on this core with
+        the same floored penalties: the next ``minimise`` at exactly ``lam`` takes it instead of
+        another proof."""
+        self.given = (lam.copy(), answer)
 
     def minimise(self, lam: np.ndarray, penalty: np.ndarray | None, deadline: float) -> Minimum | None:
         """toulbar2's minimum under the floored penalties (None when it gave none in time, every
@@ -80,7 +87,10 @@ class ToulbarMinimiser:
         self.calls += 1
         floored = np.floor(penalty) if penalty is not None else np.zeros(comp.arrays.c_off[-1])
         seed = self.seed + self.calls
-        if self.known:
+        given, self.given = self.given, None
+        if given is not None and np.array_equal(given[0], lam):
+            answer: tuple[np.ndarray, bool] | None = given[1]
+        elif self.known:
             values = [self._penalised(x, floored) for x in self.known]
             best = int(np.argmin(values))
             found = self.run(lambda: prove_below(comp, floored, values[best], self.seconds, seed), self.wall)

@@ -10,7 +10,9 @@ children of a branch B are
 
 which partition B. Every plan of B_l costs at least max_lam L_l(lam), the dual of the core with
 only those strategies of node i allowed (the cut plans of the parent that B_l allows and its
-multipliers warm-start it), so a branch whose certified dual is at least ``upper`` (the best plan's
+multipliers warm-start it: every plan x of B_l gives the cut L_l(lam) <= cost(x) + lam . (usage(x) -
+capacity), which seeds the cutting-plane model, and the closing test's minimum, when proved, is the
+dual's first step), so a branch whose certified dual is at least ``upper`` (the best plan's
 cost) holds no cheaper plan and is closed. The branched node is the one whose levels spread most
 under lam; where no level spreads under lam (rows at lam 0), the node with most distinct usage
 vectors is split by them. A branch whose every node's usage is fixed cannot be split: its plans
@@ -54,7 +56,8 @@ class LevelBranching:
                  lam: np.ndarray, known: list[np.ndarray], root_bound: int) -> None:
         self.comp, self.rng, self.seed, self.run, self.upper = comp, rng, seed, run, upper
         self.usage = [_row_usage(comp, i) for i in range(comp.n)]
-        self.known = known
+        self.cuts: list[tuple[np.ndarray, float, np.ndarray]] = []  # every minimiser so far: (x, cost, overflow)
+        self._keep(known)
         self.stuck: list[int] = []  # bounds of branches that cannot be split further
         root = Branch([c < INF for c in comp.costs], root_bound, lam)
         self.open = [root] if root_bound < upper else []
@@ -71,6 +74,12 @@ class LevelBranching:
         branch is closed: no plan is cheaper)."""
         return min([self.upper, *self.stuck, *(b.bound for b in self.open)])
 
+    def lower(self, upper: int) -> None:
+        """A cheaper plan's cost as ``upper``: a branch closed holds no plan below the old one, so
+        none below this; the open branches whose bound reaches it are closed."""
+        self.upper = min(self.upper, upper)
+        self.open = [b for b in self.open if b.bound < self.upper]
+
     def step(self) -> bool:
         """Settle the open branch of least bound (the last opened among equals), so the bound rises
         as branches close (with ``upper`` fixed, the branches settled before the end are the same
@@ -81,16 +90,20 @@ class LevelBranching:
         costs = [np.where(keep, c, INF) for c, keep in zip(self.comp.costs, branch.allowed)]
         sub = FrozenCore(self.comp.nodes, costs, self.comp.edges, self.comp.capacity, self.comp.segments,
                          self.comp.const)
-        lagrangian = dual_search(sub, self.rng, self.seed + self.branches, self.run)
-        lagrangian.lam = branch.lam.copy()
-        lagrangian.minimiser.known = [x for x in self.known if all(k[s] for k, s in zip(branch.allowed, x))]
         closing = self._closing(sub, branch.lam)
         if closing is None:
             self.open.append(branch)
             return False
         if closing is True:
             return True
-        lagrangian.minimiser.known.append(closing)
+        lagrangian = dual_search(sub, self.rng, self.seed + self.branches, self.run)
+        lagrangian.lam = branch.lam.copy()
+        cuts = self._allowed_cuts(branch.allowed)
+        assert lagrangian.model is not None
+        for _, cost, overflow in cuts:
+            lagrangian.model.seed(cost, overflow)
+        known = lagrangian.minimiser.known = [x for x, _, _ in cuts]
+        lagrangian.minimiser.give(branch.lam, closing)
         best = branch.bound
         while not lagrangian.converged and lagrangian.steps < MAX_STEPS and best < self.upper:
             result = lagrangian.step(self.upper, np.inf)
@@ -98,7 +111,7 @@ class LevelBranching:
                 self.open.append(branch)
                 return False
             best = max(best, result.bound if result.bound is not None else best)
-        self.known.extend(x for x in lagrangian.minimiser.known or [] if not any(x is k for k in self.known))
+        self._keep(known[len(cuts):])
         if best < self.upper:
             children = self._children(Branch(branch.allowed, best, lagrangian.model.centre))
             if children:
@@ -114,13 +127,14 @@ class LevelBranching:
                 self.stuck.append(best)
         return True
 
-    def _closing(self, sub: FrozenCore, lam: np.ndarray) -> np.ndarray | bool | None:
+    def _closing(self, sub: FrozenCore, lam: np.ndarray) -> tuple[np.ndarray, bool] | bool | None:
         """The closing test at the parent's multipliers: toulbar2 bounded by
         u = floor(upper + lam . capacity - margin) + 1 on the penalised branch ``sub``. When no
         plan's penalised cost (floored penalties) is below u, every plan x of the branch that fits
         costs cost(x) >= cost(x) + floor-penalty(x) - lam . capacity >= u - lam . capacity > upper - 1,
-        so none is cheaper than ``upper``: True (closed). Else the plan below u it found (a cut for
-        the branch's dual), or None when the search gave no answer in time."""
+        so none is cheaper than ``upper``: True (closed). Else the plan below u it found and whether
+        it proved it the cheapest (then the branch's minimum at lam: its dual's first step), or None
+        when the search gave no answer in time."""
         priced = float(lam @ self.comp.capacity)
         cap = math.floor(self.upper + priced - 1e-9 * (abs(self.upper) + abs(priced)) - 1e-6) + 1
         floored = np.floor(row_penalties(sub, lam)) if lam.any() else np.zeros(sub.arrays.c_off[-1])
@@ -131,7 +145,7 @@ class LevelBranching:
         x, proved = found
         if x is None:
             return True if proved else None
-        return np.asarray(x, dtype=np.int64)
+        return np.asarray(x, dtype=np.int64), proved
 
     def _children(self, branch: Branch) -> list[Branch]:
         """``branch`` split by the priced usage levels (under its lam) of the node whose levels
@@ -158,6 +172,15 @@ class LevelBranching:
             allowed[node] = branch.allowed[node] & level
             children.append(Branch(allowed, branch.bound, lam))
         return children
+
+    def _keep(self, plans: list[np.ndarray]) -> None:
+        """New minimisers as cuts: (x, cost(x), usage(x) - capacity)."""
+        capacity = self.comp.capacity.astype(np.float64)
+        self.cuts.extend((x, float(self.comp.cost(x)), self.comp.profile(x) - capacity) for x in plans)
+
+    def _allowed_cuts(self, allowed: list[np.ndarray]) -> list[tuple[np.ndarray, float, np.ndarray]]:
+        """The cuts whose plans the branch ``allowed`` holds."""
+        return [cut for cut in self.cuts if all(keep[s] for keep, s in zip(allowed, cut[0]))]
 
     def _fits(self, branch: Branch) -> bool:
         """Whether the plans of a branch whose usage is fixed fit (all of them, or none)."""

@@ -31,6 +31,7 @@ TRW-S's bound").
 
 from __future__ import annotations
 
+import os
 from typing import Callable, TypeVar
 
 import numpy as np
@@ -67,8 +68,20 @@ EXACT_SHARE = 0.9
 branching may take: toulbar2's own bound on such cores treats the rows apart and proves little
 (V: 0.54 of the optimum), while the branching is what can prove (V at 300 s, load 3-5: 0.91 of
 the optimum with 0.9, 0.84 with 0.5; the plan still came from toulbar2's engines at 13 s)."""
+ENGINE_NICE = 10
+"""How much lower the engines' CPU priority goes while the branching runs: it is what can prove on
+such cores, while their searches with the rows as knapsacks prove little there, so its toulbar2
+children take the processor they share (measured: see the module docstring)."""
 STEP_SECONDS = 2.0
 """Longest Lagrangian step beside the engines (TRW-S's messages carry over a step cut short)."""
+
+
+def lower_priority(pid: int, by: int) -> None:
+    """Raise process ``pid``'s nice value by ``by`` (a process that has ended is left alone)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + by))
+    except ProcessLookupError:
+        pass
 
 
 def allowed_strategies(value: float, scale: float, floors: list[np.ndarray], upper: int) -> list[np.ndarray]:
@@ -134,7 +147,10 @@ class PrunedProof:
             if lag is not None and lag.converged:  # the exact dual's maximum: branch on usage levels
                 if branching is None:
                     branching = self._branching(lag)
-                branching.step()
+                assert state.best_cost is not None
+                branching.lower(state.best_cost)
+                if not branching.done:
+                    branching.step()
                 spent += state.clock() - now
                 state.bound(branching.bound, "branching")
                 pool.poll()
@@ -159,6 +175,9 @@ class PrunedProof:
         dual's multipliers and cut plans (bounds/level_branching.py)."""
         state = self.state
         assert state.best_cost is not None
+        for engine in self.pool.engines:
+            if engine.pid is not None:
+                lower_priority(engine.pid, ENGINE_NICE)
         state.emit(Phase("branching", "branch and bound on memory usage levels, each branch bounded by the exact "
                          "Lagrangian dual", state.elapsed()))
         return LevelBranching(state.comp, state.rng, state.options.seed,
