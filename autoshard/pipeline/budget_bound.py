@@ -27,8 +27,9 @@ each of which can only lower the minimum:
    holds less at T, so pricing the further layers as it would undercount their bytes;
    ``tests/pipeline/test_budget_bound.py``).
 
-Each part is minimised exactly by variable elimination (``solver/engines/elimination.py``) in
-float64, less a relative margin of 1e-9 for rounding; a part too wide for elimination is bounded
+Each part is minimised exactly by variable elimination (``penalised.py``: the steps no penalty
+reaches are run once, at the first multiplier) in float64, less a relative margin of 1e-9 for
+rounding; a part too wide for elimination is bounded
 by its own floor without penalty plus lam times its fewest bytes at T (still a lower bound of a
 concave function). The right side is concave in lam and is maximised by cutting planes on its
 subgradient, the minimisers' bytes at T less M (:func:`best_multiplier`); every lam gives a
@@ -50,6 +51,7 @@ import numpy as np
 from autoshard.cost.devices import Device, get_device
 from autoshard.cost.memory import microbatched_items
 from autoshard.frontend.graph import NodeKind
+from autoshard.pipeline.penalised import PenalisedElimination
 from autoshard.problem.build import ModelProblem
 from autoshard.solver.core.reduced import Core
 from autoshard.solver.engines.elimination import EliminationPlan
@@ -110,22 +112,21 @@ class Part:
 
     def __init__(self, problem: ShardingProblem, row: Sequence[np.ndarray],
                  floor: Callable[[ShardingProblem], int]) -> None:
-        self.costs = [c.astype(np.float64) for c in problem.node_costs]  # forbidden: infinite in elimination
         self.row = [np.asarray(r, dtype=np.float64) for r in row]
         self.fewest = float(sum(r.min() for r in self.row))
-        self.comp = Core(problem).freeze()
-        self.plan = EliminationPlan(self.comp)
-        self.free = None if self.plan.feasible else floor(problem)
+        comp = Core(problem).freeze()
+        plan = EliminationPlan(comp)
+        self.free = None if plan.feasible else floor(problem)
+        self.penalised = PenalisedElimination(comp, plan, self.row) if plan.feasible else None
         self.seen: dict[float, Point] = {}
 
     def at(self, lam: float) -> Point:
         """The part's minimum of cost + ``lam`` x bytes at T (a lower bound of it, when too wide)."""
         if lam not in self.seen:
-            if self.free is not None:
+            if self.penalised is None:
                 self.seen[lam] = Point(self.free + lam * self.fewest, self.fewest)
             else:
-                unary = [c + lam * r for c, r in zip(self.costs, self.row)]
-                x, value = self.plan.solve(unary)
+                x, value = self.penalised.solve(lam)
                 self.seen[lam] = Point(value - MARGIN * abs(value), float(sum(r[s] for r, s in zip(self.row, x))))
         return self.seen[lam]
 
