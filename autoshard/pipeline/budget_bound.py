@@ -67,7 +67,10 @@ def horizon_row(mp: ModelProblem, extra: Fraction) -> list[np.ndarray]:
     """Per node of ``mp`` (built with one microbatch in flight), the bytes it holds at the horizon
     slot when the stage holds ``1 + extra`` microbatches: its owner's memory items as
     ``cost/memory.microbatched_items`` holds them, on the owner's node (its repeating nodes,
-    which take its strategy, get 0), and an edge's copies on its copies' first node."""
+    which take its strategy, get 0), and an edge's copies on its copies' first node. The copies
+    for the other microbatches are counted as ``microbatched_items`` makes them (an unstored item
+    live across the horizon, with some usage, held ``ceil(usage * extra)`` more bytes all step), in
+    integers over whole arrays (``tests/pipeline/test_budget_bound.py`` pins the two alike)."""
     if mp.options.in_flight != 1:
         raise ValueError(f"{mp.problem.name} holds {mp.options.in_flight} microbatches in flight: give its "
                          f"problem built with one")
@@ -75,9 +78,13 @@ def horizon_row(mp: ModelProblem, extra: Fraction) -> list[np.ndarray]:
     row = [np.zeros(len(c), dtype=np.int64) for c in mp.problem.node_costs]
 
     def add(node: int, items, stored: bool) -> None:
-        for item in microbatched_items(items, mp.life, extra, stored):
+        for item in microbatched_items(items, mp.life, Fraction(0), stored):
             if item.interval[0] <= at < item.interval[1]:
                 row[node] += np.asarray(item.usage, dtype=np.int64)
+        for item in items if extra and not stored else ():
+            usage = np.asarray(item.usage, dtype=np.int64)
+            if item.interval[0] < at < item.interval[1] and usage.any():
+                row[node] -= (-usage * extra.numerator) // extra.denominator  # ceil(usage * extra)
 
     for i, name in enumerate(mp.names):
         cand = mp.candidates[name]
@@ -131,13 +138,18 @@ class Part:
         return self.seen[lam]
 
 
-def digest(problem: ShardingProblem, row: Sequence[np.ndarray]) -> str:
-    """Equal for parts with equal costs, edges and bytes at T (names aside)."""
+def digest(problem: ShardingProblem, row: Sequence[np.ndarray], matrices: dict[int, bytes] | None = None) -> str:
+    """Equal for parts with equal costs, edges and bytes at T (names aside). ``matrices`` memoises
+    each edge matrix's own digest by object (problems share pooled matrices): give one dict only
+    to parts of one problem, and only while that problem is alive (an object's id is then its own)."""
+    matrices = {} if matrices is None else matrices
     h = hashlib.sha1()
     for costs, usage in zip(problem.node_costs, row):
         h.update(np.ascontiguousarray(costs).tobytes() + b"/" + np.ascontiguousarray(usage).tobytes() + b"|")
     for (u, v), matrix in zip(problem.edges, problem.edge_costs):
-        h.update(f"{u},{v},{matrix.shape}".encode() + np.ascontiguousarray(matrix).tobytes())
+        if id(matrix) not in matrices:
+            matrices[id(matrix)] = hashlib.sha1(np.ascontiguousarray(matrix).tobytes()).digest()
+        h.update(f"{u},{v},{matrix.shape},{matrix.dtype}".encode() + matrices[id(matrix)])
     return h.hexdigest()
 
 

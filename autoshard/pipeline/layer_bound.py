@@ -261,10 +261,10 @@ class LayerFloors:
         for node, group in enumerate(groups):
             members.setdefault(group, []).append(node)
         firsts = first_layers(groups)
-        once, layers = [], []
+        once, layers, matrices = [], [], {}
         for group, nodes in members.items():
             part, rows = subproblem(mp.problem, nodes), [row[n] for n in nodes]
-            key = digest(part, rows)
+            key = digest(part, rows, matrices)  # ``mp`` holds every matrix of its parts
             if key not in self.shared:
                 self.shared[key] = Part(part, rows, self.floor)
             once.append(self.shared[key])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from autoshard.cost.devices import get_device
-from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, horizon_row
+from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, digest, horizon_row
 from autoshard.pipeline.layer_bound import OUTSIDE, first_layers, node_groups, subproblem
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.schedules import device_orders, peak_in_flight
@@ -48,20 +48,21 @@ def _at(problem: ShardingProblem, slot: int, choice: list[int]) -> int:
 def test_bytes_at_the_horizon_are_the_in_flight_problems(engine) -> None:
     """On random plans: the bytes ``horizon_row`` gives the one-in-flight problem's nodes add up to
     the in-flight problem's usage at the horizon, and both problems price the plan alike."""
-    option = _even_option()
-    stage = engine.stages(option)[0]
-    one = engine.stage_problem(option, stage, 1, bounded=False)
+    interleaved = options_for(LAYERS, 2, [2], ("interleaved-1f1b",), virtual=(3,))[0]
     rng = np.random.default_rng(0)
-    for held in (1, 2):
+    for option, held in ((_even_option(), 1), (_even_option(), 2), (interleaved, 4)):  # 4/3: a third more
+        stage = engine.stages(option)[0]
+        one = engine.stage_problem(option, stage, option.virtual, bounded=False)
         many = engine.stage_problem(option, stage, held, bounded=True)
-        row = horizon_row(one, Fraction(held) - 1)
+        row = horizon_row(one, Fraction(held, option.virtual) - 1)
         for _ in range(20):
             head = [int(rng.integers(len(one.candidates[n].strategies))) for n in one.names]
             x, y = one.complete(head), many.complete(head)
             assert sum(int(r[s]) for r, s in zip(row, x)) == _at(many.problem, many.life.horizon, y)
             assert one.problem.cost(x) == many.problem.cost(y)
     with pytest.raises(ValueError, match="one"):
-        horizon_row(engine.stage_problem(option, stage, 2, bounded=True), Fraction(0))
+        even = _even_option()
+        horizon_row(engine.stage_problem(even, engine.stages(even)[0], 2, bounded=True), Fraction(0))
 
 
 @pytest.mark.parametrize("layers, schedule", [(LAYERS, "1f1b"), (12, "interleaved-1f1b")])
@@ -201,3 +202,22 @@ def test_bounding_under_the_budget_keeps_the_search_time_limit(monkeypatch) -> N
     with pytest.raises(AutoshardError, match="no bound in time"):
         engine.evaluate(options_for(4, 2, [2], ("1f1b",))[0], bounded=False)
     assert calls and set(calls) == {0.0}
+
+
+def test_parts_digest_alike_by_content_with_or_without_the_matrix_memo() -> None:
+    """Two edges sharing one matrix object: the digest is the same with a memo shared over the
+    parts of one problem as without, and differs once a matrix entry or a byte differs."""
+    shared = np.array([[0, 3], [2, 0]], dtype=np.int64)
+
+    def part(matrix):
+        costs = [np.array([1, 2], dtype=np.int64) for _ in range(3)]
+        return ShardingProblem(costs, [np.zeros(2, dtype=np.int64)] * 3, [(0, 0)] * 3, [(0, 1), (1, 2)],
+                               [shared, matrix])
+
+    row = [np.array([4, 2])] * 3
+    memo: dict[int, bytes] = {}
+    assert digest(part(shared), row, memo) == digest(part(shared), row) == digest(part(shared.copy()), row, memo)
+    changed = shared.copy()
+    changed[0, 1] = 4
+    assert digest(part(changed), row, memo) != digest(part(shared), row)
+    assert digest(part(shared), [np.array([4, 3])] * 3) != digest(part(shared), row)
