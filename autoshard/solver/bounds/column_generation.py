@@ -50,10 +50,14 @@ from autoshard.solver.core.highs import LpModel, solve_lp
 
 SMOOTHING = 0.5
 """Wentges' weight a of the best multipliers so far in each pricing step's multipliers."""
-SWEEPS = 3
-"""TRW-S sweeps per pricing step (the messages carry over between steps)."""
-POLISH_SECONDS = 0.3
-"""Longest local search on a priced plan under the penalties."""
+SWEEPS = 20
+"""TRW-S sweeps per pricing step (the messages carry over between steps). The bound at new
+multipliers is only as good as the messages' convergence there, and a step's master solve and
+polish cost as much as a few sweeps, so a step sweeps many times before it prices (measured on
+LLaMA-3-8B's memory-bound cores: see benchmarks/README.md, "Column generation for the memory rows")."""
+POLISH_SECONDS = 0.1
+"""Longest local search on a priced plan under the penalties: the column needs to be a good plan
+at these multipliers, not the best one, and the time is better spent on sweeps."""
 SOLVED = 1e-5
 """Relative distance between the master's value and the bound at which the dual counts as solved."""
 STALL = 15
