@@ -8,11 +8,12 @@ best step is named in a progress line with that bound and the best step. The cla
 best step, the least bound and the gap.
 
 At the time limit (``engine.limit``, which every build and solve of the engine keeps) the search
-ends with the best plan found so far: options not solved keep the bound they were given, and an
-option the bounding phase left without a bound is bounded after the bounded options are done with
-(its bounding may stop at the best step), and where that too fails in time it is counted in
-``PipelineResult.unbounded`` and, unless solved in time (then its solve's bound stands), bounds
-nothing: the claim's bound is then 0. The recipe's seed plans are costed within the limit like any build;
+ends with the best plan found so far: options not solved keep the bound they were given, and the
+options the bounding phase left without a bound are bounded as soon as there is a best plan, before
+any further option is solved (their bounding may stop at the best step; a claim needs every
+option's bound, while another solve can only lower the best step); one whose bound fails in time
+is counted in ``PipelineResult.unbounded`` and, unless solved in time (then its solve's bound
+stands), bounds nothing: the claim's bound is then 0. The recipe's seed plans are costed within the limit like any build;
 one not costed by then is left out (a progress line names it), and the search goes on without it. With no plan at all by the limit,
 the search raises one line saying how far it got and to raise --timeout. ``engine`` is a :class:`~autoshard.pipeline.search.PipelineSearch`
 or anything with its interface (``pipeline/axes.py`` drives several axes as one).
@@ -33,9 +34,10 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
            bounding_share: float = 0.4) -> PipelineResult:
     """Take the incumbent plans of the ``seeds`` options (the recipe people run) as the first best;
     bound the options (within ``bounding_share`` of the time limit); then solve the options cheapest
-    bound first until no bound is below the best. Options left without a bound are taken after the
-    bounded ones while time remains: bounded first (ruled out, unsolved, where the bound reaches the
-    best step), else solved; one still without a bound leaves the claim without one."""
+    bound first until no bound is below the best. Options left without a bound are bounded once a
+    best plan exists, before any further option is solved (ruled out, unsolved, where the bound
+    reaches the best step); one still without a bound is solved after the bounded ones while time
+    remains, and otherwise leaves the claim without one."""
     best = _seeded(engine, seeds)
     bounds: list[Searched] = []
     unbounded: list[Searched] = []
@@ -60,11 +62,18 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
     if best is not None:
         best.bound = next((b.bound for b in bounds if b.option == best.option), 0.0)
     searched: list[Searched] = []
-    left = len(unbounded)  # options that end without a bound
-    for entry in sorted(bounds, key=lambda b: b.bound) + unbounded:
-        if not entry.bounded and best is not None and not engine.limit.passed():
-            entry = _late_bound(engine, entry, best)
-            left -= entry.bounded
+    pending = sorted(bounds, key=lambda b: b.bound) + unbounded
+    left = len(unbounded)  # options that end without a bound (a solve's plan without one bounds nothing)
+    late = False  # whether the options without a bound have been bounded late
+    while pending:
+        if best is not None and not late:
+            # with a plan, the options without a bound are bounded (once) before any other is solved:
+            # a claim needs every option's bound, and another solve can only lower the best step
+            late = True
+            pending = [e if e.bounded or engine.limit.passed() else _late_bound(engine, e, best) for e in pending]
+            pending.sort(key=lambda e: (not e.bounded, e.bound))
+            left = sum(not e.bounded for e in pending)
+        entry = pending.pop(0)
         if engine.limit.passed() or best is not None and entry.bounded and entry.bound >= best.step:
             if best is not None and entry.bounded and entry.bound >= best.step and entry.option not in told:
                 engine.progress(_ruled_out(entry, best))

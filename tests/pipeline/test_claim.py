@@ -72,3 +72,14 @@ def test_options_the_bounding_phase_left_are_bounded_before_any_is_solved_and_ru
     assert engine.solved == [first, close]  # dear's late bound 8 rules it out unsolved
     assert f"ruled out by its bound 8 s >= the best step 6 s ({first.label}): {dear.label}" in engine.lines
     assert result.unbounded == 0 and result.lower_bound == 5.0 and result.best.option == first
+
+
+def test_once_a_plan_exists_the_options_left_without_a_bound_are_bounded_before_another_is_solved() -> None:
+    first, second, dear, close = _option(2), _option(4), _option(8), _option(16)
+    engine = LateStub({first: 5.0, second: 5.2, dear: 8.0, close: 5.5},
+                      {first: 6.0, second: 5.8, close: 7.0}, 10.0)
+    result = search(engine, [first, dear, close, second])
+    assert any(line.startswith("no time to bound 3 more options") for line in engine.lines)
+    assert engine.cutoffs == [float("inf"), 6.0, 6.0, 6.0]  # all three bounded late, right after first's solve
+    assert engine.solved == [first, second, close]  # then in order of bound: second 5.2, close 5.5
+    assert result.unbounded == 0 and result.lower_bound == 5.0 and result.best.option == second
