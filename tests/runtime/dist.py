@@ -10,6 +10,7 @@ over ``timeout`` kills everything, so a hang fails fast with the names of the ra
 Each rank writes its stderr to a file of its own: a rank killed by a signal (a native abort in gloo
 or the allocator, which no Python code can catch) is reported with the last lines it printed, and
 the whole group is run once more, with a warning carrying that report; a second such death fails.
+So ``fn`` must be safe to run again: where it resumes from files it wrote, it starts by clearing them.
 """
 
 from __future__ import annotations

@@ -84,6 +84,10 @@ class _Crash(Exception):
 
 def _crash_then_resume(rank: int, world: int, first: Training, other: Training, folder: str, spare: str) -> dict:
     quiet_dtensor_hints()
+    if rank == 0:  # a group run again after a rank was killed (dist.py) starts from empty folders
+        for stale in (folder, spare):
+            shutil.rmtree(stale, ignore_errors=True)
+    dist.barrier()
     seen: list[float] = []
 
     def die_after_13(step: int, loss: float) -> None:
