@@ -5,7 +5,9 @@
 For every instance: our cost, the wall time of our solver's whole process (start-up and reading
 the file included, as the contest counts it) and its peak RSS (the process and its engine
 children), whether it was proved optimal (and by what) or the gap to our lower bound, the ratio
-to best_known_cost, and the contest winner's cost (benchmarks/data/iopddl_winner.csv); then the same for HiGHS
+to best_known_cost, the contest winner's cost (benchmarks/data/iopddl_winner.csv), and our
+certified lower bound beside the published one (ti2-group/iopddl_experiments' results.db, as
+benchmarks/data/iopddl_published_bounds.csv has it; read by iopddl_bounds.py); then the same for HiGHS
 (highspy on the standard linearised ILP of the unreduced problem) under the same time
 limit. The time limit defaults to the contest's limit for the instance (best_known.csv).
 """
@@ -123,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-highs", action="store_true", help="skip the HiGHS column")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    from iopddl_bounds import read_published  # it imports this module: read here, not at the top
+
     best_known = read_best_known(args.best_known)
     winner = read_winner()
-    header = "| instance | limit s | best known | winner | ours | ratio | time s | peak RSS MB | proved/gap | core |"
-    rule = "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    published = read_published()
+    header = ("| instance | limit s | best known | winner | ours | ratio | time s | peak RSS MB | proved/gap | core "
+              "| our bound | published bound |")
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"
     if not args.no_highs:
         header += " HiGHS | time s | proved/gap | ratio |"
         rule += "---:|---:|---|---:|"
@@ -142,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {timeout:g} | {best or '-'} | error: {err} |", flush=True)
             continue
         row = (f"| {name} | {timeout:g} | {best if best is not None else '-'} | {winner.get(name, 'not available')} | {mine['cost']} | "
-               f"{_ratio(mine['cost'], best)} | {mine['time']:.1f} | {mine['rss']:.0f} | {mine['proof']} | {mine['core']} |")
+               f"{_ratio(mine['cost'], best)} | {mine['time']:.1f} | {mine['rss']:.0f} | {mine['proof']} | {mine['core']} | "
+               f"{mine['bound'] if mine['bound'] is not None else 'none'} | {published.get(name, 'not published')} |")
         if not args.no_highs:
             ref = highs(path, timeout)
             row += f" {ref['cost'] if ref['cost'] is not None else 'none'} | {ref['time']:.1f} | {ref['proof']} | {_ratio(ref['cost'], best)} |"
