@@ -17,7 +17,8 @@ own bound treats the rows as separate knapsacks and on V stays at 0.54 of the op
 Lagrangian's reaches 0.77 in two seconds of steps. Where toulbar2 can minimise the core without
 its rows, it minimises each penalised core exactly (exact_lagrangian.dual_search, in a forked
 child) for at most EXACT_SHARE of the time until the dual's maximum is reached (V: 0.844 of the
-optimum in 8 minima), then, within the same share, branches on usage levels below the best plan's
+optimum in 8 minima), then, with the engines' priority lowered and no share (nothing else of
+this run needs the processor more), branches on usage levels below the best plan's
 cost with that dual bounding each branch (bounds/level_branching.py), which can prove the plan
 optimal; else (or when toulbar2 does not prove the first, unpenalised, core) TRW-S does, for at
 most BESIDE_SHARE.
@@ -64,14 +65,16 @@ BESIDE_SHARE = 0.1
 take, on cores with memory rows: a third process on two cores, it slows their search by about
 half this share."""
 EXACT_SHARE = 0.9
-"""Most of the time since toulbar2's engines started that the exact dual's steps and then the
-branching may take: toulbar2's own bound on such cores treats the rows apart and proves little
-(V: 0.54 of the optimum), while the branching is what can prove (V at 300 s, load 3-5: 0.91 of
-the optimum with 0.9, 0.84 with 0.5; the plan still came from toulbar2's engines at 13 s)."""
+"""Most of the time since toulbar2's engines started that the exact dual's steps may take (the
+branching after them takes what it needs): toulbar2's own bound on such cores treats the rows
+apart and proves little (V: 0.54 of the optimum), while the dual and the branching after it are
+what can prove (V at 300 s, load 3-5: 0.91 of the optimum with 0.9, 0.84 with 0.5; the plan
+still came from toulbar2's engines at 13 s)."""
 ENGINE_NICE = 10
 """How much lower the engines' CPU priority goes while the branching runs: it is what can prove on
 such cores, while their searches with the rows as knapsacks prove little there, so its toulbar2
-children take the processor they share (measured: see the module docstring)."""
+children take the processor they share (V at 300 s, load 5-6: 0.941 of the optimum, where the
+same branching at the engines' priority reached 0.844 at load 5)."""
 STEP_SECONDS = 2.0
 """Longest Lagrangian step beside the engines (TRW-S's messages carry over a step cut short)."""
 
@@ -128,8 +131,8 @@ class PrunedProof:
     def _lagrangian_beside(self) -> None:
         """Until the engines end (as ``wait``): after ALONE seconds, Lagrangian steps on the memory
         rows whenever they have taken less than their share of the time since the engines
-        started (module docstring), the exact ones until converged and then the branching on usage
-        levels; their bounds (and any plan they make) go to the run."""
+        started (module docstring), the exact ones until converged; then the branching on usage
+        levels without a share; their bounds (and any plan they make) go to the run."""
         state, pool = self.state, self.pool
         began, spent = state.clock(), 0.0
         exact = state.options.toulbar and can_take(state.comp, rows=False)
@@ -140,7 +143,7 @@ class PrunedProof:
             now = state.clock()
             settled = lag is not None and lag.converged and (
                 branching.done if branching is not None else state.best_cost is None)
-            if now - began < ALONE or spent > share * (now - began) or settled:
+            if now - began < ALONE or (branching is None and spent > share * (now - began)) or settled:
                 left = state.left()
                 pool.poll(0.05 if left is None else max(0.0, min(0.05, left)))
                 continue
