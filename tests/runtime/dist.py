@@ -75,6 +75,7 @@ def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout:
     faulthandler.enable(sys.stderr, all_threads=True)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    _fresh_compile_pool()
     try:
         if listener is not None:
             init_gloo(rank, world_size, listener.getsockname()[1], _HOST, timeout, listener.fileno())
@@ -89,6 +90,16 @@ def _worker(rank: int, world_size: int, listener: socket.socket | None, timeout:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _fresh_compile_pool() -> None:
+    """Inductor's thread pool for compiling kernels, where this process inherited one, is dropped
+    so that a compile makes its own: torch resets its process pool after a fork but not its thread
+    pool, whose threads did not survive the fork (a rank compiling after a test that compiled in the
+    parent waited forever on a kernel no thread would build)."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.AsyncCompile.pool.cache_clear()
 
 
 _HOST = "127.0.0.1"
