@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from autoshard.cost.fusion import materialised
 from autoshard.cost.lifetimes import Lifetimes
@@ -43,6 +43,9 @@ from autoshard.cost.recompute import Blocks, recomputed_forward, saved_window, v
 from autoshard.frontend.graph import RECEIVED, NodeKind, OpNode, TensorMeta
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PRECISIONS = ("as-is", "bf16-mixed", "fp32")
 
@@ -236,8 +239,20 @@ def microbatched_items(items: Sequence[MemoryItem], life: Lifetimes, extra: Frac
             out.append(MemoryItem(m.owner, m.what, (0, life.end), m.usage) if m.what == "gradient" else m)
             continue
         out.append(m)
-        start, end = m.interval
-        if extra and start < life.horizon < end and any(m.usage):
+        if extra and held_across(m, life.horizon):
             out.append(MemoryItem(m.owner, "other microbatches in flight", (0, life.end),
-                                  tuple(math.ceil(u * extra) for u in m.usage)))
+                                  tuple(other_microbatches_bytes(u, extra) for u in m.usage)))
     return out
+
+
+def held_across(item: MemoryItem, horizon: int) -> bool:
+    """Whether an unstored item is live across the forward-backward boundary with some usage: the
+    other microbatches in flight hold copies of it (``microbatched_items``)."""
+    start, end = item.interval
+    return start < horizon < end and any(item.usage)
+
+
+def other_microbatches_bytes(usage: int | np.ndarray, extra: Fraction | int) -> int | np.ndarray:
+    """``ceil(usage * extra)``, exactly in integers: the bytes the other microbatches' copies of an
+    item hold. ``usage``: an int, or an integer numpy array (element-wise)."""
+    return -((-usage * extra.numerator) // extra.denominator)

@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from autoshard.cost.devices import Device, get_device
-from autoshard.cost.memory import microbatched_items
+from autoshard.cost.memory import held_across, microbatched_items, other_microbatches_bytes
 from autoshard.frontend.graph import NodeKind
 from autoshard.pipeline.penalised import PenalisedElimination
 from autoshard.problem.build import ModelProblem
@@ -68,9 +68,9 @@ def horizon_row(mp: ModelProblem, extra: Fraction) -> list[np.ndarray]:
     slot when the stage holds ``1 + extra`` microbatches: its owner's memory items as
     ``cost/memory.microbatched_items`` holds them, on the owner's node (its repeating nodes,
     which take its strategy, get 0), and an edge's copies on its copies' first node. The copies
-    for the other microbatches are counted as ``microbatched_items`` makes them (an unstored item
-    live across the horizon, with some usage, held ``ceil(usage * extra)`` more bytes all step), in
-    integers over whole arrays (``tests/pipeline/test_budget_bound.py`` pins the two alike)."""
+    for the other microbatches are counted by ``microbatched_items``'s own rule (``held_across``,
+    ``other_microbatches_bytes``), over whole arrays (``tests/pipeline/test_budget_bound.py`` pins
+    the two alike)."""
     if mp.options.in_flight != 1:
         raise ValueError(f"{mp.problem.name} holds {mp.options.in_flight} microbatches in flight: give its "
                          f"problem built with one")
@@ -82,9 +82,8 @@ def horizon_row(mp: ModelProblem, extra: Fraction) -> list[np.ndarray]:
             if item.interval[0] <= at < item.interval[1]:
                 row[node] += np.asarray(item.usage, dtype=np.int64)
         for item in items if extra and not stored else ():
-            usage = np.asarray(item.usage, dtype=np.int64)
-            if item.interval[0] < at < item.interval[1] and usage.any():
-                row[node] -= (-usage * extra.numerator) // extra.denominator  # ceil(usage * extra)
+            if held_across(item, at):
+                row[node] += other_microbatches_bytes(np.asarray(item.usage, dtype=np.int64), extra)
 
     for i, name in enumerate(mp.names):
         cand = mp.candidates[name]
