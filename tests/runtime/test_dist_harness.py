@@ -81,17 +81,17 @@ def _compile_pool_answers(rank: int, world: int) -> int:
     return AsyncCompile.pool().submit(lambda: rank + 1).result(timeout=20)
 
 
-def test_ranks_compile_on_a_pool_of_their_own_where_the_parent_had_one(monkeypatch) -> None:
+def test_ranks_compile_on_a_pool_of_their_own_where_the_parent_had_one() -> None:
     """torch resets inductor's process pool after a fork but not its thread pool: a rank given the
     parent's pool (threads that did not survive the fork) would wait forever on its first kernel."""
     import torch._inductor.config as inductor_config
     from torch._inductor.async_compile import AsyncCompile
 
-    monkeypatch.setattr(inductor_config, "compile_threads", 2)
     AsyncCompile.pool.cache_clear()
-    try:
-        assert AsyncCompile.pool().submit(lambda: 0).result(timeout=20) == 0  # the parent's threads run
-        assert run_ranks(2, _compile_pool_answers, timeout=60, connect=False) == [1, 2]
-    finally:
-        AsyncCompile.pool().shutdown(wait=False)
-        AsyncCompile.pool.cache_clear()
+    with inductor_config.patch(compile_threads=2):  # the config's own patching: restored on exit
+        try:
+            assert AsyncCompile.pool().submit(lambda: 0).result(timeout=20) == 0  # the parent's threads run
+            assert run_ranks(2, _compile_pool_answers, timeout=60, connect=False) == [1, 2]
+        finally:
+            AsyncCompile.pool().shutdown(wait=False)
+            AsyncCompile.pool.cache_clear()
