@@ -23,6 +23,7 @@ import os
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,20 +36,17 @@ from autoshard.cli.pipeline import microbatch_inputs  # noqa: E402
 from autoshard.cost.devices import get_device  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
 from autoshard.frontend.replicate import trace_replicated  # noqa: E402
-from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why  # noqa: E402
+from autoshard.pipeline.axes import AxesSearch, auto_seeds, in_turn, pipeline_axes, why  # noqa: E402
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline  # noqa: E402
 from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
 from autoshard.pipeline.claim import search  # noqa: E402
+from autoshard.pipeline.deadline import exit_reserve  # noqa: E402
 from autoshard.pipeline.search import PipelineResult, PipelineSearch  # noqa: E402
 from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}
 """torchtitan's Table 5: schedule -> (tokens/s/GPU, GiB), with compile, Float8 and async TP."""
 BATCH, SEQ, MESH = 256, 8192, "8x8x8"
-EXIT_RESERVE = 5.0
-"""Seconds of the limit kept from the search for what runs past it or after it: the steps of the
-last build that do not check the limit (405B: up to 2 s), the tables, and the process's exit
-(freeing its objects and memory: 2 s at 405B)."""
 
 
 def process_seconds() -> float:
@@ -82,7 +80,7 @@ def main() -> None:
     build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=budget,
                  recompute="full")
     engine = PipelineSearch(lambda m: trace_replicated(model, microbatch_inputs(inputs, m)), mesh, 0, build,
-                            args.timeout - EXIT_RESERVE - (time.monotonic() - start),
+                            args.timeout - exit_reserve(args.timeout) - (time.monotonic() - start),
                             lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True))
     if args.recipes:
         print_recipes(engine, mesh.size, device)
@@ -159,10 +157,11 @@ def auto_70b(timeout: float) -> None:
     build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full")
     say = lambda line: print(f"[{time.monotonic() - start:5.0f}s] {line}", flush=True)  # noqa: E731
     graph_for = lambda m: trace_replicated(model, microbatch_inputs(inputs, m))  # noqa: E731
-    left = timeout - EXIT_RESERVE - (time.monotonic() - start)
+    left = timeout - exit_reserve(timeout) - (time.monotonic() - start)
     engines = {a: PipelineSearch(graph_for, mesh, a, build, left, say) for a in pipeline_axes(mesh)}
     options = in_turn([options_for(80, 8, microbatch_counts(8, batch), axis=a) for a in engines], 80)
-    result = search(AxesSearch(engines, lambda: graph_for(1), mesh, build, left, say), options)
+    seeds = auto_seeds(80, [replace(o, axis=a) for a in engines for o in torchtitan_options(80, 8, batch)])
+    result = search(AxesSearch(engines, lambda: graph_for(1), mesh, build, left, say), options, seeds)
     best = result.best
     claim = claim_text(result)
     print(f"\nbest: {best.option.label}, step {best.step:.2f} s, "

@@ -19,7 +19,7 @@ from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.plans import PipelinePlan
 from autoshard.pipeline.schedules import SCHEDULES
 from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline
-from autoshard.pipeline.axes import AxesSearch, in_turn, pipeline_axes, why
+from autoshard.pipeline.axes import AxesSearch, auto_seeds, in_turn, pipeline_axes, why
 from autoshard.pipeline.options import NO_PIPELINE, microbatch_counts, options_for, stage_label
 from autoshard.pipeline.claim import search
 from autoshard.pipeline.deadline import SearchTimeout
@@ -101,6 +101,7 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
                   if o.microbatches in found[a] and o.schedule in schedules]
     options = in_turn(per_axis, layers.count) if auto else per_axis[0]
     if auto:
+        seeds = auto_seeds(layers.count, seeds)
         engine = AxesSearch(engines, lambda: graph_for(1), mesh, build, timeout, say, solver)
     else:
         engine = engines[args.pipeline]

@@ -140,6 +140,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from autoshard.frontend.loss import check_loss_output
     from autoshard.frontend.table import graph_table
     from autoshard.frontend.replicate import trace_replicated
+    from autoshard.pipeline.deadline import exit_reserve
     from autoshard.lower.dtensor import export_dtensor
     from autoshard.lower.slapo import schedule_lines
     from autoshard.cli.report import (device_line, expert_parallel_line, fit_line, iteration_table, layout_summary,
@@ -156,8 +157,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
             loaded = loaded.for_training()
         if args.pipeline is not None:
             traced = lambda x: trace_replicated(loaded.model, x, args.frontend)  # noqa: E731
+            budget = clock.solver_budget()
             return run_pipeline(args, console, loaded, mesh, build, traced,
-                                clock.solver_budget())
+                                None if budget is None else max(0.1, budget - exit_reserve(args.timeout)))
         graph = trace_replicated(loaded.model, loaded.example_inputs, args.frontend)
     if with_loss:
         check_loss_output(graph, loaded.name)

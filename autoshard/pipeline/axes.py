@@ -16,7 +16,7 @@ one by the bounds printed beside it (:func:`why`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from autoshard.api import ModelSolution, build_model_problem, default_solve_options, solve_model_problem
 from autoshard.cost.units import format_seconds
@@ -46,6 +46,14 @@ def in_turn(per_axis: list[list[PipelineOption]], layers: int) -> list[PipelineO
     return found
 
 
+def auto_seeds(layers: int, recipes: Sequence[PipelineOption]) -> list[PipelineOption]:
+    """The seeds of ``--pipeline auto``, costed before any bound: the unpipelined candidate first (its
+    solve starts from the hand-written recipes that fit, ``problem/baselines/start.py``), so that by
+    its time limit ``--pipeline auto`` has at least the plan ``solve`` gives without ``--pipeline``;
+    then the pipelined ``recipes``."""
+    return [whole_option(layers), *recipes]
+
+
 def whole_option(layers: int) -> PipelineOption:
     """The candidate without a pipeline."""
     return PipelineOption(NO_PIPELINE, 1, 1, 1, (layers,))
@@ -71,12 +79,11 @@ class AxesSearch:
     def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None,
                  cutoff: float = float("inf")) -> Searched:
         """The option's step (``bounded``) or bound, on its axis's engine (bounding stops once it
-        reaches ``cutoff``) or, without a pipeline, on the whole problem (which has no recipe of
-        its own: it is solved)."""
+        reaches ``cutoff``) or, without a pipeline, on the whole problem. The unpipelined candidate
+        is costed from a ``recipe`` by its solve, which starts from the recipes that fit."""
         if option.schedule != NO_PIPELINE:
             return self.engines[option.axis].evaluate(option, bounded, recipe, cutoff)
-        if recipe is not None:
-            raise AutoshardError("the unpipelined candidate has no recipe to cost: solve it")
+        bounded = bounded or recipe is not None
         if not bounded:
             floor = self._floor()
             if floor is not None:

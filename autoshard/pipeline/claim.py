@@ -1,6 +1,7 @@
 """The search over pipeline options and the claim it makes (the order is ``search.py``'s "Search").
 
-The recipe's plans are costed first (no solving) and seed the best, so that a plan exists early;
+The recipe's plans are costed first (no solving; the unpipelined candidate of ``--pipeline auto``
+is solved, from the recipes its solve starts with) and seed the best, so that a plan exists early;
 every option is then bounded (within a share of the time limit; an option's bounding stops once its
 devices bounded so far reach the best step); options are then solved cheapest bound first until no
 remaining bound is below the best step. Every option left unsolved because its bound reaches the
@@ -121,8 +122,10 @@ def _ruled_out(entry: Searched, best: Searched) -> str:
 
 
 def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption]) -> Searched | None:
-    """The best of the seed options under the incumbent plans alone (no solving), or None; a
-    seed whose costing fails (the time limit passed in its builds) is left out."""
+    """The best of the seed options costed from the recipe, or None: a pipeline option's recipe
+    plans are taken as they are (no solving); the unpipelined candidate (``axes.py``) is solved, from
+    the recipes its solve starts with. A seed whose costing fails (the time limit passed in its
+    builds) is left out."""
     best = None
     for option in seeds if engine.incumbent is not None else ():
         try:
@@ -133,8 +136,8 @@ def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption]) -> Searched
         if not seeded.fits:
             engine.progress(f"the baseline plan does not fit the budget: {option.label}")
             continue
-        seeded.origin = "baseline"
-        engine.progress(f"baseline step {format_seconds(seeded.step)}: {option.label}")
+        kind = "baseline step" if seeded.origin == "baseline" else "step"
+        engine.progress(f"{kind} {format_seconds(seeded.step)}: {option.label}")
         if best is None or seeded.step < best.step:
             best = seeded
     return best

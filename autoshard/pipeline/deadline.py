@@ -18,6 +18,14 @@ from autoshard.problem.build import build_deadline
 from autoshard.solver.procs.clock import MONOTONIC, Clock
 
 
+def exit_reserve(timeout: float) -> float:
+    """Seconds of a process's ``timeout`` kept from the pipeline search for what runs past it or
+    after it: the steps of the last build that do not check the limit (405B: up to 2 s), the
+    tables, and the process's exit (freeing a 405B model's problems: ~2 s); a tenth of a short
+    limit, where the models are small."""
+    return min(5.0, 0.1 * timeout)
+
+
 class SearchTimeout(AutoshardError):
     """The search's time limit passed before a build or solve could start."""
 

@@ -317,7 +317,7 @@ class PipelineSearch:
         boundary tensors in the layouts it sends in (alike devices chain the same tensor), so the
         stages agree by construction; their bound is that of their free problems without a budget,
         the first device's that of its own solve. ``recipe``: that plan on every device, not solved
-        (its bound then 0)."""
+        (its bound then 0, its origin ``baseline``)."""
         stages = self.stages(option)
         orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
         in_flight = tuple(peak_in_flight(order) for order in orders)
@@ -364,6 +364,8 @@ class PipelineSearch:
         searched.step = critical_path(len(option.counts), stages, orders, self._times(stages, searched))
         if recipe is None:  # a recipe's plans, not solved, bound nothing
             searched.bound = critical_path(len(option.counts), stages, orders, [lower[st.signature] for st in stages])
+        else:
+            searched.origin = "baseline"
         return searched
 
     @staticmethod
