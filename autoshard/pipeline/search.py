@@ -321,7 +321,7 @@ class PipelineSearch:
         stages = self.stages(option)
         orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
         in_flight = tuple(peak_in_flight(order) for order in orders)
-        searched = Searched(option, 0.0)
+        searched = Searched(option, 0.0, origin="search" if recipe is None else "baseline")
         for d, stage in enumerate(stages):
             searched.groups.setdefault(stage.signature, []).append(d)
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
@@ -364,8 +364,6 @@ class PipelineSearch:
         searched.step = critical_path(len(option.counts), stages, orders, self._times(stages, searched))
         if recipe is None:  # a recipe's plans, not solved, bound nothing
             searched.bound = critical_path(len(option.counts), stages, orders, [lower[st.signature] for st in stages])
-        else:
-            searched.origin = "baseline"
         return searched
 
     @staticmethod
