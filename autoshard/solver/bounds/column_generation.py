@@ -27,7 +27,10 @@ multipliers of every row at once, in a few dozen pricing steps.
 ``dive`` then branches on the most fractional count of the master's mix (``branching.branch``,
 the one dive, here without setting children aside): each child's bound comes from its own column
 generation (the pool is shared: a plan is a column in every branch); a child whose bound reaches
-the cheapest known plan is closed, and the dive goes on while exactly one child stays open.
+the cheapest known plan is closed, and the dive goes on while exactly one child stays open. A
+child's search first prices at the root's best multipliers (no weight on the branch rows), from
+TRW-S's messages as they stood at that bound: L there bounds the child too, and the child's own
+master duals, from a pool built for the root, would start it far below.
 """
 
 from __future__ import annotations
@@ -91,8 +94,10 @@ class ColumnGeneration:
         self.mp = MessagePassing(comp)
         self.capacity = comp.capacity.astype(np.float64)
         self.centre = np.zeros(len(self.capacity))  # the root's best multipliers once known: the branches' centre
+        self.messages: tuple[np.ndarray, np.ndarray] | None = None  # TRW-S's messages at the centre's bound
         self.marked = [np.asarray([comp.arrays.c_off[node] + s for node, m in tally for s in m], dtype=np.int64)
                        for tally in comp.tallies]
+        self.plans: list[np.ndarray] = []
         self.costs: list[float] = []
         self.usages: list[np.ndarray] = []
         self.counts: list[np.ndarray] = []
@@ -103,6 +108,7 @@ class ColumnGeneration:
         cost = self.comp.cost(x)
         if cost >= INF:
             return
+        self.plans.append(x)
         self.costs.append(float(cost))
         self.usages.append(self.comp.profile(x).astype(np.float64))
         flat = self.comp.arrays.c_off[:-1] + x
@@ -113,12 +119,14 @@ class ColumnGeneration:
         best = HullResult(None, None)
         lam_best, mu_best = self.centre, np.zeros(len(branches))
         stale, last_bound, last_master = 0, -math.inf, math.inf
+        if branches and self.messages is not None:  # the messages as they stood at the centre's bound
+            self.mp.flat.to_u[:], self.mp.flat.to_v[:] = self.messages
         while time.monotonic() < deadline and stale < STALL:
             master = self._master(branches)
             if master is None:
                 break
             value, lam_m, mu_m, counts = master
-            a = SMOOTHING if best.bound is not None else 0.5 * SMOOTHING  # an untried centre counts less
+            a = SMOOTHING if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING
             lam, mu = a * lam_best + (1 - a) * lam_m, a * mu_best + (1 - a) * mu_m
             priced = self._price(branches, lam, mu, deadline)
             if priced is None:
@@ -133,6 +141,7 @@ class ColumnGeneration:
                 lam_best, mu_best = lam, mu
                 if not branches:
                     self.centre = lam
+                    self.messages = self.mp.flat.to_u.copy(), self.mp.flat.to_v.copy()
                     self.bounded(bound)
             best.master, best.counts = value, counts
             if value - best.bound <= SOLVED * abs(value):
@@ -170,8 +179,11 @@ class ColumnGeneration:
 
     def _price(self, branches: list[Branch], lam: np.ndarray, mu: np.ndarray,
                deadline: float) -> tuple[int, np.ndarray] | None:
-        """TRW-S on the penalised core: the certified L(lam, mu) and its polished primal; None
-        when cut short at ``deadline``."""
+        """TRW-S on the penalised core: the certified L(lam, mu) and its primal polished under
+        the penalties; None when cut short at ``deadline``. A primal that takes a forbidden
+        strategy or pair (TRW-S's decoding fixes nodes one by one, and the single-node descent
+        cannot leave a forbidden pair) is first blended with the pooled plan of least penalised
+        cost (``allowed_blend``), so that the column can join the master."""
         penalty = row_penalties(self.comp, lam)
         offset, scale = -float(lam @ self.capacity), float(np.abs(lam * self.capacity).sum())
         for b, m in zip(branches, mu):
@@ -183,11 +195,30 @@ class ColumnGeneration:
                 return None
         value, magnitude = self.mp.bound(penalty)
         bound = safe_bound(value + offset, magnitude + scale)
-        polish = Search(self.comp, self.mp.primal(penalty), self.rng, penalty=penalty)
+        x = self.mp.primal(penalty)
+        if self.comp.cost(x) >= INF and self.plans:
+            flat = self.comp.arrays.c_off[:-1] + np.stack(self.plans)
+            penalised = np.asarray(self.costs) + penalty[flat].sum(axis=1)
+            x = allowed_blend(self.comp, x, self.plans[int(np.argmin(penalised))])
+        polish = Search(self.comp, x, self.rng, penalty=penalty)
         polish.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
         if self.comp.is_feasible(polish.x):
             self.offer(polish.x)
         return bound, polish.x
+
+
+def allowed_blend(comp: FrozenCore, x: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``x`` with every node of a forbidden term (a strategy, or a pair's two ends) set to its
+    strategy in the plan ``allowed`` (which has none), repeated until no term is forbidden: each
+    round moves at least one node onto ``allowed`` for good, so it ends, at worst at ``allowed``."""
+    x = np.array(x, dtype=np.int64)
+    while True:
+        bad = [i for i, c in enumerate(comp.costs) if c[x[i]] >= INF]
+        bad += [w for u, v, m in comp.edges if m[x[u], x[v]] >= INF for w in (u, v)]
+        moved = [i for i in set(bad) if x[i] != allowed[i]]
+        if not moved:
+            return x
+        x[moved] = allowed[moved]
 
 
 class PooledCounts:
