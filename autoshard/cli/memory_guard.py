@@ -3,7 +3,8 @@
 A problem too large for the machine (a 405B model on a 3-D mesh) used to grow until the kernel
 killed the process: no plan, no message. :func:`start` runs a daemon thread that sums the
 proportional set size (PSS: shared pages split among their sharers, so forked engines are not
-counted twice) of this process and its descendants every half second. Past the limit — 90% of
+counted twice) of this process and its descendants every half second, once their resident
+sizes' sum (an upper bound of it, cheap to read) passes the limit. Past the limit — 90% of
 the memory this process may use, the smaller of the machine's and its cgroup's, or
 ``AUTOSHARD_MEMORY_LIMIT`` bytes — it kills the descendants, prints one line naming what it
 held and what to change, and exits with status 2. :func:`return_freed_blocks` makes the C
@@ -26,6 +27,7 @@ LIMIT_ENV = "AUTOSHARD_MEMORY_LIMIT"
 SHARE = 0.9
 """Fraction of the available memory the solver may hold."""
 POLL_S = 0.5
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def memory_limit() -> int | None:
@@ -91,9 +93,26 @@ def held_bytes() -> int:
     return sum(_pss(pid) for pid in [me, *descendants(me)])
 
 
+def _rss(pid: int) -> int:
+    """Resident set size of one process in bytes (0 once it is gone), from /proc/PID/statm."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def resident_bytes() -> int:
+    """RSS of this process and all its descendants: at least :func:`held_bytes` (no process's PSS
+    exceeds its RSS), read in constant time per process where PSS walks every mapping."""
+    me = os.getpid()
+    return sum(_rss(pid) for pid in [me, *descendants(me)])
+
+
 def _watch(limit: int, started: float, advice: str) -> None:
     while True:
         time.sleep(POLL_S)
+        if resident_bytes() <= limit:  # the PSS sum is no more
+            continue
         held = held_bytes()
         if held <= limit:
             continue
