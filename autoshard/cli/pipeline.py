@@ -5,6 +5,7 @@ and without a pipeline too, ``pipeline/axes.py``, and why the chosen one beats t
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -78,7 +79,9 @@ def run_pipeline(args: argparse.Namespace, console: Console, loaded: Any, mesh: 
 
     say = (lambda line: None) if args.quiet else lambda line: console.print(line, highlight=False, markup=False)
 
+    @functools.cache
     def graph_for(m: int) -> OpGraph:
+        """The model traced at ``m`` microbatches, once for every axis's engine."""
         say(f"tracing a microbatch of {batch // m} ({m} microbatches)")
         return trace_inputs(microbatch_inputs(loaded.example_inputs, m))
 
