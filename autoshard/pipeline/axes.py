@@ -38,12 +38,14 @@ def pipeline_axes(mesh: Mesh) -> list[int]:
 
 
 def in_turn(per_axis: list[list[PipelineOption]], layers: int) -> list[PipelineOption]:
-    """Every candidate's options in the order the search bounds them: the whole model first, then
-    one option of each axis in turn, so that a time limit leaves no candidate without any bound."""
-    found = [whole_option(layers)]
+    """Every candidate's options in the order the search bounds them: one option of each axis in
+    turn, so that a time limit leaves no axis without any bound, then the whole model, which
+    :func:`auto_seeds` has solved first: its plan is what the pipelined options' bounds rule out,
+    and its own bound counts only where a pipelined plan beats it."""
+    found = []
     for k in range(max(map(len, per_axis), default=0)):
         found += [options[k] for options in per_axis if k < len(options)]
-    return found
+    return found + [whole_option(layers)]
 
 
 def auto_seeds(layers: int, recipes: Sequence[PipelineOption]) -> list[PipelineOption]:
