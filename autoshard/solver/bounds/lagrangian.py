@@ -139,15 +139,16 @@ class Lagrangian(Generic[M]):
             return None
         return row_penalties(self.comp, self.lam)
 
-    def step(self, upper: int | None, deadline: float) -> StepResult:
-        """One step: the penalised minimum and its bound, a plan made from it, lam moved towards
+    def step(self, upper: int | None, deadline: float, plan: bool = True) -> StepResult:
+        """One step: the penalised minimum and its bound, a plan made from it (unless ``plan`` is
+        False: a bound-only step, whose bound and move of lam are the same), lam moved towards
         ``upper`` (else the plan's cost), or with ``cutting`` to the model's maximum in its box
         (a minimiser at a forbidden cost adds no cut)."""
         self.steps += 1
         minimum = self.minimiser.minimise(self.lam, self.penalties(), deadline)
         if minimum is None:
             return StepResult(None, None, None, answered=False)
-        found = self.minimiser.plan(minimum.x, deadline)
+        found = self.minimiser.plan(minimum.x, deadline) if plan else None
         plan, cost = found if found is not None else (None, None)
         if self.model is not None:
             if self.comp.cost(minimum.x) >= INF:
