@@ -35,20 +35,21 @@ def test_the_blend_leaves_no_forbidden_term_and_keeps_the_nodes_outside_them() -
         assert (allowed_blend(comp, x, np.ones(4, dtype=np.int64)) == x).all()
 
 
-def test_a_forbidden_primal_is_blended_into_a_column_the_master_takes(monkeypatch) -> None:
+def test_a_forbidden_primal_is_blended_into_a_column_the_master_takes_when_it_is_cheaper(monkeypatch) -> None:
     problem = chain_with_forbidden_pairs()
     core = Core(problem)
     attach_memory(core, problem)
     comp = core.freeze()
     generation = ColumnGeneration(comp, np.random.default_rng(0), lambda x: None)
-    generation.add(np.array([1, 1, 1, 1]))
-    monkeypatch.setattr(generation.mp, "primal", lambda penalty=None: np.array([0, 0, 0, 1]))
+    generation.add(np.array([1, 1, 1, 1]))  # cost 8
     monkeypatch.setattr(column_generation, "POLISH_SECONDS", 0.0)
-    priced = generation._price([], np.zeros(len(generation.capacity)), np.zeros(0), 1e18)
-    assert priced is not None and comp.cost(priced[1]) < INF
-    before = len(generation.costs)
-    generation.add(priced[1])
-    assert len(generation.costs) == before + 1
+    lam = np.zeros(len(generation.capacity))
+    monkeypatch.setattr(generation.mp, "primal", lambda penalty=None: np.array([0, 0, 1, 0]))
+    priced = generation._price([], lam, np.zeros(0), 1e18)
+    assert priced is not None and priced[1] is not None and priced[1].tolist() == [1, 1, 1, 0]  # cost 7
+    monkeypatch.setattr(generation.mp, "primal", lambda penalty=None: np.array([0, 0, 0, 1]))
+    priced = generation._price([], lam, np.zeros(0), 1e18)
+    assert priced is not None and priced[1] is None  # blended back to the pooled plan: nothing new
 
 
 def test_a_branch_first_prices_at_the_roots_best_multipliers_and_messages(monkeypatch) -> None:
