@@ -20,6 +20,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from dataclasses import dataclass
+from typing import Collection, Mapping
 
 import numpy as np
 
@@ -29,8 +31,22 @@ MAX_TABLE = 2_000_000
 """Largest table (entries, the eliminated node's axis included) a plan may need."""
 
 
+@dataclass(frozen=True)
+class Step:
+    """Eliminating ``node``: the factors ``inputs`` (ids) over ``joint`` (sorted node ids) are
+    summed and minimised over ``node``, leaving the factor ``output`` over ``scope``."""
+
+    node: int
+    scope: tuple[int, ...]
+    joint: tuple[int, ...]
+    inputs: tuple[int, ...]
+    output: int
+
+
 class EliminationPlan:
-    """An elimination order for a FrozenCore and the scope each eliminated node leaves behind."""
+    """An elimination order for a FrozenCore and the scope each eliminated node leaves behind;
+    where feasible, its ``steps`` over the factors: node i's costs are factor i, edge k's matrix
+    factor n + k (axes in node order), each step's output the next id (``scopes_of``)."""
 
     def __init__(self, comp: FrozenCore, max_table: int = MAX_TABLE, deadline: float | None = None) -> None:
         self.comp = comp
@@ -43,6 +59,10 @@ class EliminationPlan:
         self.scopes: list[tuple[int, ...]] = []
         self.feasible = True
         self.largest = 0
+        self.sizes = size
+        self.steps: list[Step] = []
+        self.scopes_of: list[tuple[int, ...]] = []
+        self.sums: list[int] = []  # the outputs of empty scope: one per connected component
 
         def weight(v: int) -> int:
             return math.prod(size[w] for w in adj[v]) * size[v]
@@ -68,53 +88,87 @@ class EliminationPlan:
             for a in nbrs:
                 heapq.heappush(heap, (weight(a), a))
             adj[v] = set()
+        self.steps, self.scopes_of = _steps(comp, self.order, self.scopes)
+        self.sums = [step.output for step in self.steps if not step.scope]
+
+    def factors(self, unary: list[np.ndarray] | None = None) -> dict[int, np.ndarray]:
+        """The problem's factors by id: int64 as they are, or (``unary`` replacing the node costs: a
+        penalised problem) float64 with forbidden entries at +inf."""
+        comp = self.comp
+        if unary is None:
+            tables = {i: np.asarray(c, dtype=np.int64) for i, c in enumerate(comp.costs)}
+        else:
+            tables = {i: np.where(comp.costs[i] < INF, c, np.inf) for i, c in enumerate(unary)}
+        for k, (u, v, m) in enumerate(comp.edges):
+            table = m if unary is None else np.where(m < INF, m.astype(np.float64), np.inf)
+            tables[comp.n + k] = table if u < v else table.T
+        return tables
+
+    def run(self, tables: dict[int, np.ndarray], exact: bool, known: Mapping[int, np.ndarray] | None = None,
+            keep: Collection[int] = ()) -> dict[int, np.ndarray]:
+        """Every step's argmin table by output id. Each step sums its input factors (removed from
+        ``tables`` once read, unless in ``keep``) and adds its output; saturated at INF in int64
+        where ``exact``. A step whose output is in ``known`` (its argmin) is not run: its output
+        must then already be in ``tables`` where a later step reads it."""
+        choices: dict[int, np.ndarray] = {}
+        dtype = np.int64 if exact else np.float64
+        for step in self.steps:
+            if known is not None and step.output in known:
+                choices[step.output] = known[step.output]
+                continue
+            joint = np.zeros(tuple(self.sizes[w] for w in step.joint), dtype=dtype)
+            for k in step.inputs:
+                table = tables[k] if k in keep else tables.pop(k)
+                np.add(joint, _expand(table, self.scopes_of[k], step.joint), out=joint)
+                if exact:
+                    np.minimum(joint, INF, out=joint)
+            axis = step.joint.index(step.node)
+            best = np.argmin(joint, axis=axis)
+            tables[step.output] = np.take_along_axis(joint, np.expand_dims(best, axis), axis=axis).squeeze(axis)
+            choices[step.output] = best
+        return choices
+
+    def assignment(self, choices: Mapping[int, np.ndarray]) -> list[int]:
+        """The minimiser: each node's argmin read at its scope's decided strategies, last step first."""
+        x = [0] * self.comp.n
+        for step in reversed(self.steps):
+            x[step.node] = int(choices[step.output][tuple(x[w] for w in step.scope)])
+        return x
 
     def solve(self, unary: list[np.ndarray] | None = None) -> tuple[list[int], float | int]:
         """The minimising assignment and the minimum; ``unary`` (float64) replaces the node costs
         (a penalised problem), otherwise the exact int64 problem is solved."""
-        comp = self.comp
         exact = unary is None
-        costs = comp.costs if exact else unary
-        dtype = np.int64 if exact else np.float64
-        factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
-        touching: list[set[int]] = [set() for _ in range(comp.n)]
-        keys = iter(range(2**62))
+        tables = self.factors(unary)
+        x = self.assignment(self.run(tables, exact))
+        if exact:
+            value = self.comp.const
+            for k in self.sums:
+                value = min(value + int(tables[k]), INF)
+            return x, value
+        return x, float(sum(float(tables[k]) for k in self.sums))
 
-        def add(scope: tuple[int, ...], table: np.ndarray) -> None:
-            key = next(keys)
-            factors[key] = (scope, table)
-            for v in scope:
-                touching[v].add(key)
 
-        for i, c in enumerate(costs):
-            add((i,), np.asarray(c, dtype=dtype) if exact else np.where(comp.costs[i] < INF, c, np.inf))
-        for u, v, m in comp.edges:
-            table = m if exact else np.where(m < INF, m.astype(np.float64), np.inf)
-            add((u, v) if u < v else (v, u), table if u < v else table.T)
-        constant: float | int = 0
-        choices = []
-        for v, scope in zip(self.order, self.scopes):
-            joint_scope = tuple(sorted(scope + (v,)))
-            shape = tuple(len(comp.costs[w]) for w in joint_scope)
-            joint = np.zeros(shape, dtype=dtype)
-            for key in list(touching[v]):
-                fscope, table = factors.pop(key)
-                for w in fscope:
-                    touching[w].discard(key)
-                _add_into(joint, _expand(table, fscope, joint_scope), exact)
-            axis = joint_scope.index(v)
-            best = np.argmin(joint, axis=axis)
-            reduced = np.take_along_axis(joint, np.expand_dims(best, axis), axis=axis).squeeze(axis)
-            choices.append(best)
-            if scope:
-                add(scope, reduced)
-            else:
-                constant = _add(constant, reduced.item(), exact)
-        x = [0] * comp.n
-        for v, scope, best in zip(reversed(self.order), reversed(self.scopes), reversed(choices)):
-            x[v] = int(best[tuple(x[w] for w in scope)])
-        value = constant + comp.const if exact else constant
-        return x, (min(int(value), INF) if exact else float(value))
+def _steps(comp: FrozenCore, order: list[int], scopes: list[tuple[int, ...]]
+           ) -> tuple[list[Step], list[tuple[int, ...]]]:
+    """The steps of eliminating ``order`` (each node leaving its scope) and every factor's scope by id."""
+    factor_scopes: list[tuple[int, ...]] = [(i,) for i in range(comp.n)]
+    factor_scopes += [(u, v) if u < v else (v, u) for u, v, _ in comp.edges]
+    touching: list[set[int]] = [set() for _ in range(comp.n)]
+    for k, scope in enumerate(factor_scopes):
+        for w in scope:
+            touching[w].add(k)
+    steps = []
+    for v, scope in zip(order, scopes):
+        inputs = tuple(sorted(touching[v]))
+        for k in inputs:
+            for w in factor_scopes[k]:
+                touching[w].discard(k)
+        steps.append(Step(v, scope, tuple(sorted(scope + (v,))), inputs, len(factor_scopes)))
+        factor_scopes.append(scope)
+        for w in scope:
+            touching[w].add(steps[-1].output)
+    return steps, factor_scopes
 
 
 def _expand(table: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...]) -> np.ndarray:
@@ -123,16 +177,3 @@ def _expand(table: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...]) 
     for w, n in zip(scope, table.shape):
         shape[target.index(w)] = n
     return table.reshape(shape)
-
-
-def _add(a, b, exact: bool):
-    """a + b, saturated at INF in the exact (int64) case."""
-    return np.minimum(a + b, INF) if exact else a + b
-
-
-def _add_into(joint: np.ndarray, table: np.ndarray, exact: bool) -> None:
-    """``joint`` += ``table`` (broadcast) in place, saturated at INF in the exact (int64) case:
-    ``_add``'s values without a new array of the joint's size per factor."""
-    np.add(joint, table, out=joint)
-    if exact:
-        np.minimum(joint, INF, out=joint)
