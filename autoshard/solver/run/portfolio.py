@@ -19,7 +19,8 @@ bounds come together (the ``search`` step of run/solve.py).
     MILP (proves) for an ILP of at most MILP_MAX_COLUMNS; with neither, a second Lagrangian
     search with its own seed, taking turns with toulbar2 on per-node usage weights in place of the rows
     (turns.py, usage_weights.py); this process runs the LP bound, z3 and the
-    Lagrangian relaxation of memory by elimination or TRW-S (lagrangian.py, trws.py), exactly step
+    Lagrangian relaxation of memory by elimination or TRW-S (lagrangian.py, trws.py; which steps
+    make plans and which only bound, and the bound's least share of the time: bound_steps.py), exactly step
     by step for a while once toulbar2 has proved the core without rows within RELAXED_PROOF
     seconds (exact_lagrangian.py),
     with toulbar2 on its penalised subproblem while that pays (penalised_probe.py) and, when its
@@ -52,6 +53,7 @@ from autoshard.solver.bounds.trws import float_matrices
 from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser, relaxed_lagrangian
 from autoshard.solver.engines.milp import solve_core_milp
 from autoshard.solver.search.penalised_start import weighted_start
+from autoshard.solver.run.bound_steps import BoundShare, PlanSchedule
 from autoshard.solver.run.pruning import PrunedProof
 from autoshard.solver.bounds.lp import MAX_COLUMNS as LP_MAX_COLUMNS
 from autoshard.solver.bounds.lp import Relaxation, lp_bound, lp_columns
@@ -269,6 +271,7 @@ class Portfolio:
             return z3_thread  # its set-up (which cannot be cut short) would overrun the time limit
         state.emit(Phase("lagrange", "TRW-S on the Lagrangian relaxation of memory" if memory else "TRW-S", state.elapsed()))
         lag = relaxed_lagrangian(comp, state.rng, plan=plan)
+        schedule, share = PlanSchedule(), BoundShare(self.state.clock)  # which steps plan (bound_steps.py)
         stale, last, steps, last_step = 0, (state.best_cost, state.lower), 0, self.greedy_time
         stalled, since = StalledSearch(state, self.pool), (self.state.clock(), 0)
         # toulbar2 on the subproblem where TRW-S only approximates it (elimination solves it exactly)
@@ -292,11 +295,19 @@ class Portfolio:
             # from it and the search ends worse (measured: see benchmarks/README.md, "Measurements
             # behind the design")
             target = None if state.best_cost == self.weighted_start_cost else state.best_cost
-            result = lag.step(target, state.soon(30.0))
+            # the bound's turn: a bound-only step and no plan engine after it, never cutting into
+            # a neighbourhood search that still pays (IOPDDL S's plan lost 1.4% to such turns)
+            turn = share.due() and not stalled.paid
+            planning = not turn and schedule.due(steps)
+            result = lag.step(target, state.soon(30.0), plan=planning)
             last_step = self.state.clock() - began
+            share.heard(result.bound, last_step)
             own = result.plan is not None and state.offer(result.plan, "lagrange", None)
+            if planning:
+                schedule.heard(steps, result.plan is not None, own)
             state.bound(result.bound, "lagrange")
-            if probe is not None and probe.due(steps):
+            probed = probe is not None and not turn and probe.due(steps)
+            if probed:
                 own = self._probe(probe, lag, steps) or own
             self.pool.poll()
             if (unfit := self.pool.take_unfit()) is not None:
@@ -313,8 +324,9 @@ class Portfolio:
                     break
             stale = stale + 1 if (state.best_cost, state.lower) == last else 0
             last = (state.best_cost, state.lower)
-            since = (self.state.clock(), 0) if own else (since[0], since[1] + 1)
-            if stalled.due(since, last_step):
+            # only the steps that sought a plan count as steps whose plans did not pay
+            since = (self.state.clock(), 0) if own else (since[0], since[1] + int(planning or probed))
+            if not turn and stalled.due(since, last_step):
                 stalled.run()
                 since = (self.state.clock(), 0)
             if state.deadline is None and stale >= 200 and not wants_z3 and (z3_thread is None or z3_thread.done):
