@@ -12,9 +12,14 @@ search space, so a proved optimum can never cost more.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
+
 from autoshard.problem.build import ModelProblem
 from autoshard.frontend.graph import NodeKind
 from autoshard.sharding.spec import TensorSpec
+from autoshard.solver.model.problem import FORBIDDEN
 
 
 class Producers:
@@ -32,14 +37,15 @@ class Producers:
             self.into.setdefault(e.dst, []).append((self.index[e.src], e.index))
             self.first_reader.setdefault(e.src, (e.dst, e.operand))
 
-    def cost(self, name: str, strategy: int, choice: list[int | None]) -> int:
-        """``name``'s own cost under ``strategy`` plus its edges from producers already decided."""
-        p = self.mp.problem
-        total = self.mp.candidates[name].costs[strategy]
+    def cheapest(self, name: str, options: Sequence[int], choice: list[int | None]) -> int:
+        """The first of ``options`` (strategies of ``name``) of least own cost plus edges from the
+        producers already decided; sums saturate at FORBIDDEN, where strategies are alike forbidden."""
+        picks = np.asarray(options, dtype=np.intp)
+        total = np.minimum(np.asarray(self.mp.candidates[name].costs, dtype=np.int64)[picks], FORBIDDEN)
         for src, edge in self.into.get(name, ()):
             if choice[src] is not None:
-                total += int(p.edge_costs[edge][choice[src], strategy])
-        return total
+                total = np.minimum(total + self.mp.problem.edge_costs[edge][choice[src], picks], FORBIDDEN)
+        return int(picks[int(np.argmin(total))])
 
     def wanted_spec(self, name: str, choice: list[int | None]) -> TensorSpec | None:
         """The layout ``name``'s first consumer reads it in under ``choice`` (None: no priced consumer)."""
@@ -48,12 +54,6 @@ class Producers:
             return None
         dst, operand = first
         return self.mp.candidates[dst].strategies[choice[self.index[dst]]].in_specs[operand]
-
-
-def _incoming_cost(mp: ModelProblem, name: str, strategy: int, choice: list[int | None]) -> int:
-    """Own cost plus the edges from producers already decided (one node; a plan costs every node
-    through one :class:`Producers`)."""
-    return Producers(mp).cost(name, strategy, choice)
 
 
 def _megatron_assignment(mp: ModelProblem, name: str, choice: list[int | None],
@@ -107,7 +107,7 @@ def megatron_choice(mp: ModelProblem) -> list[int]:
                 tp_only = {k: v for k, v in wanted.items() if v == (mp.mesh.ndim - 1,)}
                 matching = [j for j in options if dict(cand.strategies[j].assignment) == tp_only]
             options = matching or options
-        choice[i] = min(options, key=lambda j: producers.cost(name, j, choice))
+        choice[i] = producers.cheapest(name, options, choice)
     for i, name in enumerate(mp.names):
         if choice[i] is not None:
             continue

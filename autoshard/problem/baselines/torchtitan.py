@@ -110,7 +110,7 @@ def torchtitan_choice(mp: ModelProblem, fsdp_axes: tuple[int, ...] = (0,)) -> li
             matching = [j for j in options if dict(cand.strategies[j].assignment) == assignment
                         and cand.strategies[j].exchange_axis == exchange]
             options = matching or options
-        choice[i] = min(options, key=lambda j: producers.cost(name, j, choice))
+        choice[i] = producers.cheapest(name, options, choice)
     for i, name in enumerate(mp.names):
         if choice[i] is None:  # inputs, parameters, buffers: as their first reader reads them
             wanted_spec = producers.wanted_spec(name, choice)

@@ -183,11 +183,16 @@ class ShardingProblem:
         for tally in self.tallies:
             for group in tally.groups:
                 for node, marked, twins in group:
-                    if not 0 <= node < n or any(not 0 <= s < self.num_strategies(node) for s in marked) or (
-                            twins and (len(twins) != self.num_strategies(node)
-                                       or any(not -1 <= t < len(twins) for t in twins))):
+                    k = self.num_strategies(node) if 0 <= node < n else 0
+                    if not 0 <= node < n or not _within(marked, 0, k) or (
+                            twins and (len(twins) != k or not _within(twins, -1, k))):
                         raise AutoshardError(f"tally {tally.name!r} marks node {node} strategies {list(marked)} "
                                              f"(twins {list(twins)}), which the problem does not have: mark existing "
                                              f"nodes and strategies, with one twin per strategy or none")
         if self.usage_limit is not None and self.usage_limit < 0:
             raise AutoshardError(f"usage limit {self.usage_limit} is negative: give a limit >= 0 or none")
+
+
+def _within(values: Sequence[int], low: int, high: int) -> bool:
+    """Every value in ``[low, high)`` (True for none)."""
+    return not len(values) or (min(values) >= low and max(values) < high)
