@@ -82,3 +82,32 @@ def test_synthetic_union_is_feasible_and_keeps_the_tightness(tmp_path):
     _synthetic().main([str(EXAMPLE), str(path), "--copies", "2", "--shift", "1"])
     shifted = problem_from_json(json.loads(gzip.decompress(path.read_bytes())))
     assert shifted.usage_limit == one.usage_limit  # one after the other: the same peak
+
+
+def test_a_start_that_fits_is_the_answer_once_the_reductions_end_past_the_limit(monkeypatch):
+    """Past the limit after the reductions, with a start that fits, the run answers with the start
+    and neither freezes the core nor places the start on it (seconds at 405B's 31k nodes)."""
+    from autoshard.solver.core import reduced
+    from autoshard.solver.run import solve as run_solve
+
+    problem = large_problem(np.random.default_rng(3), 200)
+    start = tuple(int(np.argmin(u)) for u in problem.node_usages)  # the smallest-memory plan fits
+    assert problem.evaluate(list(start)).feasible
+    clock = FakeClock(now=0.0)
+    state = RunState(problem, SolveOptions(timeout=10.0, start=start), lambda event: None, clock=clock)
+    assert state.start_from(start, "baseline") and not run_solve.start_suffices(state)
+    run_solve.build(state)
+
+    def slow_reductions(core, deadline):
+        clock.now = state.deadline + 1.0
+        return {}
+
+    def frozen(self):
+        raise AssertionError("the core was frozen past the limit")
+
+    monkeypatch.setattr(run_solve, "reduce_core", slow_reductions)
+    monkeypatch.setattr(reduced.Core, "freeze", frozen)
+    run_solve.reduce(state)
+    assert run_solve.start_suffices(state)
+    solution = run_solve.answer(state)
+    assert tuple(solution.choice) == start and solution.cost == problem.cost(list(start))

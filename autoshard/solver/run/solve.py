@@ -54,16 +54,23 @@ def solve(problem: ShardingProblem, options: SolveOptions, emit: EventCallback) 
     check(state)
     if options.start is not None:
         state.start_from(options.start, "baseline")
-    if state.best is not None and state.out_of_time():  # a start that fits: no work past the limit
+    if start_suffices(state):
         return answer(state)
     build(state)
     try:
         reduce(state)
     except NoAssignment as err:
         return state.infeasible(no_assignment_message(state, err))
-    if state.best is None or not state.out_of_time():  # a start that fits needs no search past the limit
+    if not start_suffices(state):
         search(state)
     return answer(state)
+
+
+def start_suffices(state: RunState) -> bool:
+    """A plan that fits is in hand and the limit has passed: it is the answer, with no further
+    work past the limit (freezing a reduced core of 31k nodes and placing the plan on it take
+    seconds of their own)."""
+    return state.best is not None and state.out_of_time()
 
 
 def check(state: RunState) -> None:
@@ -92,13 +99,15 @@ def build(state: RunState) -> None:
 
 
 def reduce(state: RunState) -> None:
-    """Exact reductions (when asked for) within REDUCE_SHARE of the limit, then the frozen core;
-    raises NoAssignment when a node has no strategy left."""
+    """Exact reductions (when asked for) within REDUCE_SHARE of the limit, then the frozen core
+    (not where :func:`start_suffices`); raises NoAssignment when a node has no strategy left."""
     before = Size.of(state.core)
     counts: dict[str, int] = {}
     if state.options.reduce:
         with state.timed("reductions"):
             counts = dict(reduce_core(state.core, state.share(REDUCE_SHARE)))
+    if start_suffices(state):
+        return
     state.reduced(counts)
     rows = 0 if state.comp.capacity is None else len(state.comp.capacity)
     state.emit(Reduced(before.nodes, before.edges, before.strategies, state.size.nodes, state.size.edges,
