@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autoshard.api import build_model_problem, default_solve_options, solve_model_problem  # noqa: E402
 from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.cli.report import _fold  # noqa: E402
+from autoshard.lower.fold import fold  # noqa: E402
 from benchmarks.models import mixtral_8x7b  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def run_case(graph, trace_s: float, mesh: str, timeout: float, capacity: float) 
         "mesh": mesh, "graph": len(graph), "nodes": mp.problem.num_nodes, "trace_s": trace_s, "build_s": build_s,
         "solve_s": solve_s, "status": sol.status, "proof": sol.proof, "gap": sol.gap, "ours": sol.cost,
         "baseline": mp.problem.cost(torchtitan_choice(mp)), "format": mp.cost_model.format,
-        "ep": f"{_fold(list(layers)) if layers else 'none'}" + (f" (axis {', '.join(map(str, axes))})" if axes else ""),
+        "ep": f"{fold(list(layers)) if layers else 'none'}" + (f" (axis {', '.join(map(str, axes))})" if axes else ""),
         "experts": "-" if stored is None else stored.format(mp.mesh.ndim),
         "moe_layers": sum(1 for n in plan.nodes.values() if n.op == "moe_experts"), "ep_layers": len(layers),
     }

@@ -48,7 +48,7 @@ from autoshard.cost.memory import local_bytes  # noqa: E402
 from autoshard.errors import AutoshardError  # noqa: E402
 from autoshard.frontend.graph import NodeKind  # noqa: E402
 from autoshard.frontend.trace import trace  # noqa: E402
-from autoshard.problem.baselines.megatron import _incoming_cost  # noqa: E402
+from autoshard.problem.baselines.megatron import Producers  # noqa: E402
 from autoshard.problem.baselines.torchtitan import torchtitan_choice  # noqa: E402
 from autoshard.problem.build import ModelProblem  # noqa: E402
 from autoshard.sharding.layers import find_repeated_layers  # noqa: E402
@@ -162,6 +162,7 @@ def context_parallel_choice(mp: ModelProblem, run: Run) -> list[int]:
     dp_axes = (0,) if run.dp > 1 else ()
     index = {n: i for i, n in enumerate(mp.names)}
     choice: list[int | None] = [None] * len(mp.names)
+    producers = Producers(mp)
     for i, name in enumerate(mp.names):
         cand = mp.candidates[name]
         if cand.node.kind not in (NodeKind.OP, NodeKind.OUTPUT):
@@ -169,7 +170,7 @@ def context_parallel_choice(mp: ModelProblem, run: Run) -> list[int]:
         options = [j for j in range(len(cand.strategies)) if cand.recompute is None or cand.recompute[j]]
         wanted = _sequence_split(cand.node.tensor.shape if cand.node.tensor else (), run, dp_axes, cp_axis)
         matching = [j for j in options if wanted is not None and cand.strategies[j].out_spec == wanted]
-        choice[i] = min(matching or options, key=lambda j: _incoming_cost(mp, name, j, choice))
+        choice[i] = producers.cheapest(name, matching or options, choice)
     layers = find_repeated_layers(mp.graph)
     in_layers = layers.nodes if layers else frozenset()
     for i, name in enumerate(mp.names):
