@@ -97,7 +97,6 @@ class ColumnGeneration:
         self.messages: tuple[np.ndarray, np.ndarray] | None = None  # TRW-S's messages at the centre's bound
         self.marked = [np.asarray([comp.arrays.c_off[node] + s for node, m in tally for s in m], dtype=np.int64)
                        for tally in comp.tallies]
-        self.plans: list[np.ndarray] = []
         self.costs: list[float] = []
         self.usages: list[np.ndarray] = []
         self.counts: list[np.ndarray] = []
@@ -108,7 +107,6 @@ class ColumnGeneration:
         cost = self.comp.cost(x)
         if cost >= INF:
             return
-        self.plans.append(x)
         self.costs.append(float(cost))
         self.usages.append(self.comp.profile(x).astype(np.float64))
         flat = self.comp.arrays.c_off[:-1] + x
@@ -126,14 +124,13 @@ class ColumnGeneration:
             if master is None:
                 break
             value, lam_m, mu_m, counts = master
-            a = SMOOTHING if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING
+            a = SMOOTHING if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING  # a branch: the centre itself
             lam, mu = a * lam_best + (1 - a) * lam_m, a * mu_best + (1 - a) * mu_m
             priced = self._price(branches, lam, mu, deadline)
             if priced is None:
                 break
             bound, x = priced
-            if x is not None:
-                self.add(x)
+            self.add(x)
             moved = value < last_master or bound > last_bound + SOLVED * abs(last_bound)
             stale = 0 if moved else stale + 1
             last_bound, last_master = bound, value
@@ -179,13 +176,9 @@ class ColumnGeneration:
         return float(answer.value) * scale_cost, lam, mu, counts
 
     def _price(self, branches: list[Branch], lam: np.ndarray, mu: np.ndarray,
-               deadline: float) -> tuple[int, np.ndarray | None] | None:
-        """TRW-S on the penalised core: the certified L(lam, mu) and its primal polished under
-        the penalties (the column to pool); None when cut short at ``deadline``. A primal that
-        takes a forbidden strategy or pair (TRW-S's decoding fixes nodes one by one, and the
-        single-node descent cannot leave a forbidden pair) is first blended with the pooled plan
-        of least penalised cost (``allowed_blend``), and pooled only when its polished penalised
-        cost is below that plan's: else the master, which has that plan, gains nothing from it."""
+               deadline: float) -> tuple[int, np.ndarray] | None:
+        """TRW-S on the penalised core: the certified L(lam, mu) and its polished primal; None
+        when cut short at ``deadline``."""
         penalty = row_penalties(self.comp, lam)
         offset, scale = -float(lam @ self.capacity), float(np.abs(lam * self.capacity).sum())
         for b, m in zip(branches, mu):
@@ -197,37 +190,11 @@ class ColumnGeneration:
                 return None
         value, magnitude = self.mp.bound(penalty)
         bound = safe_bound(value + offset, magnitude + scale)
-        x, least = self.mp.primal(penalty), math.inf
-        if self.comp.cost(x) >= INF and self.plans:
-            flat = self.comp.arrays.c_off[:-1] + np.stack(self.plans)
-            penalised = np.asarray(self.costs) + penalty[flat].sum(axis=1)
-            least = float(penalised.min())
-            x = allowed_blend(self.comp, x, self.plans[int(np.argmin(penalised))])
-        polish = Search(self.comp, x, self.rng, penalty=penalty)
+        polish = Search(self.comp, self.mp.primal(penalty), self.rng, penalty=penalty)
         polish.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
         if self.comp.is_feasible(polish.x):
             self.offer(polish.x)
-        if self.comp.cost(polish.x) + float(penalty[self.comp.arrays.c_off[:-1] + polish.x].sum()) >= least:
-            return bound, None
         return bound, polish.x
-
-
-def allowed_blend(comp: FrozenCore, x: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """``x`` with every node of a forbidden term (a strategy, or a pair's two ends) set to its
-    strategy in the plan ``allowed`` (which has none), repeated until no term is forbidden: each
-    round moves at least one node onto ``allowed`` for good, so it ends, at worst at ``allowed``."""
-    a = comp.arrays
-    x = np.array(x, dtype=np.int64)
-    owner = np.repeat(np.arange(comp.n), np.diff(a.nb_ptr))  # each edge end's node (every edge twice)
-    width = np.diff(a.c_off)[a.nb_other]
-    while True:
-        pair = a.nb_mats[a.nb_moff[:len(owner)] + x[owner] * width + x[a.nb_other]]
-        bad = (a.costs[a.c_off[:-1] + x] >= INF)
-        bad[owner[pair >= INF]] = True
-        moved = bad & (x != allowed)
-        if not moved.any():
-            return x
-        x[moved] = allowed[moved]
 
 
 class PooledCounts:
