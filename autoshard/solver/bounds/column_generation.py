@@ -124,7 +124,8 @@ class ColumnGeneration:
             if master is None:
                 break
             value, lam_m, mu_m, counts = master
-            a = SMOOTHING if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING  # a branch: the centre itself
+            # a branch's first step: the centre itself; the root's untried (zero) centre counts less
+            a = SMOOTHING if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING
             lam, mu = a * lam_best + (1 - a) * lam_m, a * mu_best + (1 - a) * mu_m
             priced = self._price(branches, lam, mu, deadline)
             if priced is None:
