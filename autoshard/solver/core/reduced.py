@@ -63,6 +63,17 @@ class Segment:
     usage: np.ndarray
 
 
+def local_twins(strategies: np.ndarray, twins: tuple[int, ...]) -> np.ndarray:
+    """Per strategy left (``strategies``: original ids, ascending as the reductions keep them), the
+    local index of its twin (``twins``: per original strategy, -1 for none), -1 where the twin is
+    gone or there is none."""
+    if not twins:
+        return np.full(len(strategies), -1, dtype=np.int64)
+    wanted = np.asarray(twins, dtype=np.int64)[strategies]
+    at = np.minimum(np.searchsorted(strategies, wanted), max(len(strategies) - 1, 0))
+    return np.where((wanted >= 0) & (strategies[at] == wanted), at, -1).astype(np.int64)
+
+
 class Core:
     """Mutable reduction state over the original node ids (removed nodes have ``costs[v] is None``)."""
 
@@ -162,12 +173,8 @@ class Core:
         the twin is gone or there is none)."""
         members = []
         for node, _, twins in group:
-            if node not in index:
-                continue
-            local = {int(o): i for i, o in enumerate(self.strategies[node])}
-            twin = np.array([local.get(twins[int(o)], -1) if twins else -1 for o in self.strategies[node]],
-                            dtype=np.int64)
-            members.append((index[node], twin))
+            if node in index:
+                members.append((index[node], local_twins(self.strategies[node], twins)))
         return members
 
     def _core_tallies(self, index: dict[int, int]) -> list[list[tuple[int, np.ndarray]]]:
