@@ -9,9 +9,10 @@ training step, so they compare directly; its lower bound is, for a pipeline opti
 critical path over its stages' unbudgeted bounds (``search.py``) and, without a pipeline, the
 whole model's ends and layers bounded apart on the model shortened to two layers
 (``layer_bound.whole_floor``), else the solver's bound on the whole problem without a memory budget. :func:`~autoshard.pipeline.search.search`
-then runs over all of them at once: each is bounded, then they are solved cheapest bound first
-until the best step is below every remaining bound, so the chosen axis (or none) beats each other
-one by the bounds printed beside it (:func:`why`).
+then runs over all of them at once: the unpipelined candidate is solved first (:func:`auto_seeds`),
+each is bounded (the axes' options before the unpipelined one, :func:`in_turn`), then they are
+solved cheapest bound first until the best step is below every remaining bound, so the chosen
+axis (or none) beats each other one by the bounds printed beside it (:func:`why`).
 """
 
 from __future__ import annotations
