@@ -36,7 +36,8 @@ class PenalisedElimination:
         self.plan = plan
         self.row = [np.asarray(r, dtype=np.float64) for r in row]
         self.varying = [i for i, r in enumerate(self.row) if r.size and r.max() != r.min()]
-        fixed = [i not in set(self.varying) for i in range(comp.n)] + [True] * len(comp.edges)
+        varying = set(self.varying)
+        fixed = [i not in varying for i in range(comp.n)] + [True] * len(comp.edges)
         self.offset = sum(float(r[0]) for r, flat in zip(self.row, fixed) if flat and r.size)
         self.kept = plan.factors([np.asarray(c, dtype=np.float64) for c in comp.costs])
         self.base = {i: self.kept.pop(i) for i in self.varying}
