@@ -29,9 +29,10 @@ from tests.solver.test_engines import HANG, ended
 from tests.solver.test_milp import cores, fitting_plans
 
 
-def run_hull(comp, upper: int | None, plan: list[int] | None) -> list:
-    """The hull engine's events from ``plan`` (costing ``upper``; None: no plan known) until it ends."""
-    worker = EngineWorker(comp, "hull", upper, plan=plan)
+def run_hull(comp, upper: int | None, plan: list[int] | None, seconds: float | None = None) -> list:
+    """The hull engine's events from ``plan`` (costing ``upper``; None: no plan known) until it
+    ends; ``seconds``: the time the run leaves it (None: no limit)."""
+    worker = EngineWorker(comp, "hull", upper, plan=plan, seconds=seconds)
     worker.start()
     events: list = []
     try:

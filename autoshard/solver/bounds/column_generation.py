@@ -135,11 +135,9 @@ class ColumnGeneration:
             # a branch's first step: the centre itself; the root's untried (zero) centre counts less
             a = centre_weight(misses) if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING
             lam, mu = a * lam_best + (1 - a) * lam_m, a * mu_best + (1 - a) * mu_m
-            priced = self._price(branches, lam, mu, deadline)
-            if priced is None:
-                break
-            bound, x = priced
-            self.add(x)
+            bound, x = self._price(branches, lam, mu, deadline)
+            if x is not None:
+                self.add(x)
             moved = value < last_master or bound > last_bound + SOLVED * abs(last_bound)
             stale = 0 if moved else stale + 1
             last_bound, last_master = bound, value
@@ -186,20 +184,21 @@ class ColumnGeneration:
         return float(answer.value) * scale_cost, lam, mu, counts
 
     def _price(self, branches: list[Branch], lam: np.ndarray, mu: np.ndarray,
-               deadline: float) -> tuple[int, np.ndarray] | None:
-        """TRW-S on the penalised core: the certified L(lam, mu) and its polished primal; None
-        when cut short at ``deadline``."""
+               deadline: float) -> tuple[int, np.ndarray | None]:
+        """TRW-S on the penalised core: the certified L(lam, mu) and its polished primal. Cut
+        short at ``deadline``, the bound at the messages as they stand and no primal: TRW-S's
+        bound holds for any messages, and the sweeps since the last step are what moved it."""
         penalty = row_penalties(self.comp, lam)
         offset, scale = -float(lam @ self.capacity), float(np.abs(lam * self.capacity).sum())
         for b, m in zip(branches, mu):
             penalty[self.marked[b.tally]] += b.sense * m
             offset -= b.sense * m * b.k
             scale += abs(m * b.k)
-        for _ in range(SWEEPS):
-            if not self.mp.sweep(penalty, deadline):
-                return None
+        swept = all(self.mp.sweep(penalty, deadline) for _ in range(SWEEPS))
         value, magnitude = self.mp.bound(penalty)
         bound = safe_bound(value + offset, magnitude + scale)
+        if not swept:
+            return bound, None
         polish = Search(self.comp, self.mp.primal(penalty), self.rng, penalty=penalty)
         polish.descend(min(deadline, time.monotonic() + POLISH_SECONDS))
         if self.comp.is_feasible(polish.x):
@@ -249,10 +248,13 @@ class PooledCounts:
 
 
 def dive(generation: ColumnGeneration, known: Callable[[], int | None], deadline: float) -> Dive:
-    """Column generation at the root, then ``branching.branch`` on the most fractional count of
-    the master's mix while exactly one child stays open; ``known``: the cheapest plan's cost as it
-    stands. Each child gets an equal share of the time left, the root twice that."""
-    root = generation.search([], _share(deadline, 3))
+    """Column generation at the root until its dual is solved, it stalls or ``deadline``, then
+    ``branching.branch`` on the most fractional count of the master's mix while exactly one child
+    stays open, each child in an equal share of the time left; ``known``: the cheapest plan's cost
+    as it stands. The root goes first and for as long as it moves: a child's search starts at the
+    root's best bound and, on LLaMA-3-8B's 2x8 cores, did not pass it in 45 s (benchmarks/README.md,
+    "Column generation for the memory rows"), where the root's own kept rising."""
+    root = generation.search([], deadline)
     if root.bound is None:
         return Dive()
     return branch(PooledCounts(generation, known, deadline, root.counts), root.bound)

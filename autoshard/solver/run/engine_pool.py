@@ -44,7 +44,7 @@ class EnginePool:
         # only the second search calls toulbar2 on its subproblems (penalised costs, no rows)
         toulbar = "second-search" in methods and state.options.toulbar and can_take(state.comp, rows=False)
         started = [EngineWorker(state.comp, m, state.best_cost, state.options.gap, state.options.seed + 1 + k, plan,
-                                toulbar, clock=state.clock) for k, m in enumerate(methods)]
+                                toulbar, clock=state.clock, seconds=state.left()) for k, m in enumerate(methods)]
         for engine in started:
             engine.start()
         self.engines.extend(started)
