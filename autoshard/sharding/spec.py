@@ -55,6 +55,12 @@ class TensorSpec:
         used = [a for axes in self.dims for a in axes] + sorted(self.partial)
         if len(used) != len(set(used)):
             raise ValueError(f"mesh axis used twice in spec {self.dims} partial={sorted(self.partial)}")
+        object.__setattr__(self, "_hash", hash((self.dims, self.partial)))
+
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: specs key the edge pricing's tables, millions of
+        lookups on a 3-D mesh, and the generated hash rebuilds and hashes the tuple each time."""
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     @staticmethod
     def replicated(ndim: int) -> "TensorSpec":

@@ -134,7 +134,7 @@ def test_beside_toulbar2_on_memory_rows_the_lagrangian_takes_its_share_and_bound
             sources = []
             state.bound = lambda value, source: sources.append((value, source))  # type: ignore[method-assign]
             began = clock.now
-            PrunedProof(state, RunningEngines(400), lambda: False)._lagrangian_beside()
+            PrunedProof(state, RunningEngines(100), lambda: False)._lagrangian_beside()
             steps = [value for value, source in sources if source != "branching"]
             assert all(value is None or value <= best for value, _ in sources)
             assert len(steps) <= share * (clock.now - began) + 1
