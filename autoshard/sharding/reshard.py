@@ -182,15 +182,30 @@ def reshard_steps(
 ) -> tuple[Step, ...]:
     """Steps that turn a tensor laid out as ``src`` into ``dst`` (dst may keep, not add, partial axes):
     :func:`reshard_moves`, each with the bytes of the largest local piece entering it."""
-    if src.ndim != dst.ndim or src.ndim != len(shape):
+    if len(src.dims) != len(dst.dims) or len(src.dims) != len(shape):
         raise ValueError(f"reshard between specs of different rank: {src} -> {dst} for shape {shape}")
-    mesh_shape = tuple(mesh_shape)
+    shape, mesh_shape = tuple(shape), tuple(mesh_shape)
     route = _route(src, dst, mesh_shape)
-    uneven = tuple(shape) if any(n % f for ends in route.ends for n, f in zip(shape, ends)) else ()
-    steps = []
-    for (kind, axis, dim, to_dim, before, after), factors, cut in zip(route.moves, route.factors, route.cuts):
-        local = [piece_size(n, f) for n, f in zip(shape, factors)]
-        if cut is not None:  # the dim this step cuts travels padded to equal pieces (module doc)
-            local[cut] = mesh_shape[axis] * piece_size(local[cut], mesh_shape[axis])
-        steps.append(Step(kind, axis, dim, to_dim, math.prod(local) * itemsize, before, after, uneven))
-    return tuple(steps)
+    uneven = shape if _uneven(shape, route.ends) else ()
+    return tuple(Step(kind, axis, dim, to_dim,
+                      _elements(shape, factors, cut, mesh_shape[axis] if cut is not None else 0) * itemsize,
+                      before, after, uneven)
+                 for (kind, axis, dim, to_dim, before, after), factors, cut in zip(route.moves, route.factors, route.cuts))
+
+
+@lru_cache(maxsize=1 << 14)
+def _uneven(shape: tuple[int, ...], ends: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+    """Whether either end cuts some dim of ``shape`` unevenly (remembered: a problem's edges
+    reshard tensors of few shapes between layouts of few cuts)."""
+    return any(n % f for pieces in ends for n, f in zip(shape, pieces))
+
+
+@lru_cache(maxsize=1 << 16)
+def _elements(shape: tuple[int, ...], factors: tuple[int, ...], cut: int | None, cut_axis_size: int) -> int:
+    """Elements of the largest local piece entering a step that finds each dim of ``shape`` in
+    ``factors`` pieces; the dim the step ``cut``s travels padded to ``cut_axis_size`` equal pieces
+    (module doc). Remembered: few shapes meet few cuts, while a problem prices ~10^5 reshards."""
+    local = [piece_size(n, f) for n, f in zip(shape, factors)]
+    if cut is not None:
+        local[cut] = cut_axis_size * piece_size(local[cut], cut_axis_size)
+    return math.prod(local)
