@@ -17,14 +17,8 @@ lam . usage (and by +-mu on a branch's marked strategies, problem.Tally), whose 
 a lower bound on every fitting plan of the branch for any lam, mu >= 0 (weak duality; s_b = +1
 for K <= k, -1 for K >= k). TRW-S's primal, polished by local search under the same penalties,
 joins the pool. The duals are smoothed towards the multipliers of the best bound so far
-(Wentges): lam <- a lam_best + (1 - a) lam_master, with
-
-    a = 1 - (1 - SMOOTHING)^(m + 1)       m: the steps in a row that neither lowered the master
-                                           nor raised the best bound (``centre_weight``)
-
-so a step that changed nothing halves the next one's distance from the centre. The search ends
-when the bound meets the master's value (the dual is solved over the pool), when it stalls, or
-at its deadline.
+(Wentges): lam <- a lam_best + (1 - a) lam_master. The search ends when the bound meets the
+master's value (the dual is solved over the pool), when it stalls, or at its deadline.
 
 Why: lagrangian.py's subgradient steps crawl once hundreds of rows carry weight (measured: see
 benchmarks/README.md, "Column generation for the memory rows"); the master LP finds the
@@ -123,7 +117,6 @@ class ColumnGeneration:
         best = HullResult(None, None)
         lam_best, mu_best = self.centre, np.zeros(len(branches))
         stale, last_bound, last_master = 0, -math.inf, math.inf
-        misses, improved = 0, False  # steps in a row that changed nothing; whether the last raised the best bound
         if branches and self.messages is not None:  # the messages as they stood at the centre's bound
             self.mp.flat.to_u[:], self.mp.flat.to_v[:] = self.messages
         while time.monotonic() < deadline and stale < STALL:
@@ -131,9 +124,8 @@ class ColumnGeneration:
             if master is None:
                 break
             value, lam_m, mu_m, counts = master
-            misses = 0 if value < last_master or improved else misses + 1
             # a branch's first step: the centre itself; the root's untried (zero) centre counts less
-            a = centre_weight(misses) if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING
+            a = SMOOTHING if best.bound is not None else 1.0 if branches else 0.5 * SMOOTHING
             lam, mu = a * lam_best + (1 - a) * lam_m, a * mu_best + (1 - a) * mu_m
             bound, x = self._price(branches, lam, mu, deadline)
             if x is not None:
@@ -141,8 +133,7 @@ class ColumnGeneration:
             moved = value < last_master or bound > last_bound + SOLVED * abs(last_bound)
             stale = 0 if moved else stale + 1
             last_bound, last_master = bound, value
-            improved = best.bound is None or bound > best.bound
-            if improved:
+            if best.bound is None or bound > best.bound:
                 best.bound = bound
                 lam_best, mu_best = lam, mu
                 if not branches:
@@ -258,15 +249,6 @@ def dive(generation: ColumnGeneration, known: Callable[[], int | None], deadline
     if root.bound is None:
         return Dive()
     return branch(PooledCounts(generation, known, deadline, root.counts), root.bound)
-
-
-def centre_weight(misses: int) -> float:
-    """Wentges' weight of the centre after ``misses`` pricing steps in a row that neither lowered
-    the master nor raised the best bound: 1 - (1 - SMOOTHING)^(misses + 1). Such a step leaves
-    both the master's duals and the centre as they were, so without it the next step would price
-    at the same multipliers again, where TRW-S's messages are far from converged; near the centre
-    they were converged (measured: benchmarks/README.md, "Column generation for the memory rows")."""
-    return 1.0 - (1.0 - SMOOTHING) ** (misses + 1)
 
 
 def _share(deadline: float, parts: int) -> float:
