@@ -4,7 +4,7 @@ All models return plain numbers in their ``unit``; :meth:`ticks` turns them into
 solver works with (the solver core is exact integer arithmetic, like the IOPDDL format).
 
 - ``alpha-beta`` (default), seconds: a collective on mesh axis a moving ``s`` bytes per device
-  costs ``latency[a] + s / bandwidth[a]`` with ring traffic (see :meth:`Step.sent_bytes`):
+  costs ``latency[a] + s / bandwidth[a]`` with ring traffic (see ``reshard.ring_bytes``):
   all-gather / reduce-scatter (n-1)/n·B, all-reduce 2(n-1)/n·B, all-to-all (n-1)/n²·B, where B
   is the size of the tensor not sharded on that axis. Local compute is the roofline of
   ``cost/compute.py`` on the model's ``device``. Ticks are picoseconds.
@@ -22,7 +22,7 @@ from fractions import Fraction
 from autoshard.cost.devices import GENERIC, Device
 from autoshard.cost.units import format_seconds
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step
+from autoshard.sharding.reshard import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, Step, Traffic, ring_bytes
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,16 @@ class AlphaBetaCost:
 
     def step_cost(self, step: Step, shape: tuple[int, ...]) -> float:
         """Seconds for one resharding step of a tensor of global ``shape``."""
-        if step.kind == SLICE:
-            return 0.0
-        a = step.axis
-        return self.mesh.latency[a] + step.sent_bytes(self.mesh.shape[a]) / self.mesh.bandwidth[a]
+        return 0.0 if step.kind == SLICE else self.collective_cost(step.kind, step.axis, step.in_bytes, shape)
+
+    def collective_cost(self, kind: str, axis: int, in_bytes: int, shape: tuple[int, ...]) -> float:
+        """Seconds for one collective of ``kind`` on mesh axis ``axis`` entered with ``in_bytes``."""
+        return self.mesh.latency[axis] + ring_bytes(kind, self.mesh.shape[axis], in_bytes) / self.mesh.bandwidth[axis]
+
+    def traffic_cost(self, traffic: Traffic, shape: tuple[int, ...]) -> float:
+        """Seconds for a reshard's collectives (``reshard_traffic``), summed in order as
+        :meth:`step_cost` over its steps sums them."""
+        return sum(self.collective_cost(kind, axis, in_bytes, shape) for kind, axis, in_bytes in traffic)
 
     def ticks(self, value: float | Fraction) -> int:
         """Integer solver cost (picoseconds)."""
@@ -65,15 +71,23 @@ class SlapoCost:
 
     def step_cost(self, step: Step, shape: tuple[int, ...]) -> Fraction:
         """Elements charged for one resharding step of a tensor of global ``shape``."""
+        return self.collective_cost(step.kind, step.axis, step.in_bytes, shape)
+
+    def collective_cost(self, kind: str, axis: int, in_bytes: int, shape: tuple[int, ...]) -> Fraction:
+        """Elements charged for one step of ``kind`` on mesh axis ``axis`` (its bytes aside)."""
         volume = Fraction(math.prod(shape[-2:]))
-        p = self.mesh.shape[step.axis]
-        if step.kind == ALL_REDUCE:
+        p = self.mesh.shape[axis]
+        if kind == ALL_REDUCE:
             return volume
-        if step.kind in (ALL_GATHER, REDUCE_SCATTER):
+        if kind in (ALL_GATHER, REDUCE_SCATTER):
             return volume / p
-        if step.kind == ALL_TO_ALL:
+        if kind == ALL_TO_ALL:
             return volume * (Fraction(1, p) - Fraction(1, p * p))
         return Fraction(0)
+
+    def traffic_cost(self, traffic: Traffic, shape: tuple[int, ...]) -> Fraction:
+        """Elements charged for a reshard's collectives (``reshard_traffic``)."""
+        return sum((self.collective_cost(kind, axis, in_bytes, shape) for kind, axis, in_bytes in traffic), Fraction(0))
 
     def ticks(self, value: float | Fraction) -> int:
         """Integer solver cost (elements)."""

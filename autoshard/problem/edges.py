@@ -63,7 +63,7 @@ from autoshard.cost.memory import local_bytes, param_precision
 from autoshard.frontend.graph import OpGraph, TensorMeta
 from autoshard.problem.candidates import Candidate
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps
+from autoshard.sharding.reshard import ALL_GATHER, REDUCE_SCATTER, Step, reshard_steps, reshard_traffic
 from autoshard.sharding.spec import TensorSpec
 from autoshard.solver.model.problem import FORBIDDEN
 
@@ -71,8 +71,8 @@ from autoshard.solver.model.problem import FORBIDDEN
 @lru_cache(maxsize=1 << 15)
 def recent_steps(src: TensorSpec, dst: TensorSpec, shape: tuple[int, ...], itemsize: int,
                  mesh_shape: tuple[int, ...]) -> tuple[Step, ...]:
-    """``reshard_steps``, remembered for the last 32,768 distinct calls: an edge's copies
-    (``reshard_copies.py``) reshard pairs its matrix has just priced, and one matrix prices fewer."""
+    """``reshard_steps``, remembered for the last 32,768 distinct calls: identical edges' copies
+    (``reshard_copies.py``) and fused collectives (``async_matrices``) read the steps of the same pairs."""
     return reshard_steps(src, dst, shape, itemsize, mesh_shape)
 
 
@@ -100,8 +100,8 @@ class EdgePrices:
         """Price of turning ``src`` into ``dst`` for a tensor of ``meta``."""
         key = (src, dst, meta.shape, meta.itemsize)
         if key not in self.reshards:
-            steps = recent_steps(src, dst, meta.shape, meta.itemsize, self.mesh.shape)
-            self.reshards[key] = self.cost_model.ticks(sum(self.cost_model.step_cost(s, meta.shape) for s in steps))
+            traffic = reshard_traffic(src, dst, meta.shape, meta.itemsize, self.mesh.shape)
+            self.reshards[key] = self.cost_model.ticks(self.cost_model.traffic_cost(traffic, meta.shape))
         return self.reshards[key]
 
     def matrix(self, src: Candidate, dst: Candidate, operand: int, meta: TensorMeta, backward: bool,

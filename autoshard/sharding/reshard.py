@@ -51,15 +51,8 @@ class Step:
     """The tensor's global shape where some dim is cut unevenly (module doc), else empty."""
 
     def sent_bytes(self, axis_size: int) -> int:
-        """Bytes each device sends in this step (ring algorithms; 0 for slices)."""
-        n, b = axis_size, self.in_bytes
-        if self.kind == ALL_GATHER:
-            return (n - 1) * b
-        if self.kind in (REDUCE_SCATTER, ALL_TO_ALL):
-            return (n - 1) * b // n
-        if self.kind == ALL_REDUCE:
-            return 2 * (n - 1) * b // n
-        return 0
+        """Bytes each device sends in this step (:func:`ring_bytes`)."""
+        return ring_bytes(self.kind, axis_size, self.in_bytes)
 
     def describe(self) -> str:
         """Short text such as ``all_gather(axis0,dim1)``."""
@@ -67,6 +60,19 @@ class Step:
         if self.kind == ALL_REDUCE:
             return f"all_reduce(axis{self.axis})"
         return f"{self.kind}(axis{self.axis},{where})"
+
+
+def ring_bytes(kind: str, axis_size: int, in_bytes: int) -> int:
+    """Bytes each device sends in a step of ``kind`` over an axis of ``axis_size`` devices that
+    enters with ``in_bytes`` local bytes (ring algorithms; 0 for slices)."""
+    n, b = axis_size, in_bytes
+    if kind == ALL_GATHER:
+        return (n - 1) * b
+    if kind in (REDUCE_SCATTER, ALL_TO_ALL):
+        return (n - 1) * b // n
+    if kind == ALL_REDUCE:
+        return 2 * (n - 1) * b // n
+    return 0
 
 
 @lru_cache(maxsize=1 << 16)
@@ -191,6 +197,21 @@ def reshard_steps(
                       _elements(shape, factors, cut, mesh_shape[axis] if cut is not None else 0) * itemsize,
                       before, after, uneven)
                  for (kind, axis, dim, to_dim, before, after), factors, cut in zip(route.moves, route.factors, route.cuts))
+
+
+Traffic = tuple[tuple[str, int, int], ...]
+"""The collectives of a reshard as (kind, axis, in_bytes), in order: all that pricing reads."""
+
+
+def reshard_traffic(src: TensorSpec, dst: TensorSpec, shape: tuple[int, ...], itemsize: int,
+                    mesh_shape: tuple[int, ...]) -> Traffic:
+    """The collectives of :func:`reshard_steps` (its slices are free) with their bytes, computed
+    the same way without building the steps: a problem prices ~10^5 reshards and executes none."""
+    mesh_shape = tuple(mesh_shape)
+    route = _route(src, dst, mesh_shape)
+    return tuple((kind, axis, _elements(tuple(shape), factors, cut, mesh_shape[axis] if cut is not None else 0) * itemsize)
+                 for (kind, axis, _, _, _, _), factors, cut in zip(route.moves, route.factors, route.cuts)
+                 if kind != SLICE)
 
 
 @lru_cache(maxsize=1 << 14)

@@ -6,7 +6,7 @@ import pytest
 
 from autoshard.cost.communication import AlphaBetaCost, SlapoCost
 from autoshard.sharding.mesh import Mesh
-from autoshard.sharding.reshard import reshard_steps
+from autoshard.sharding.reshard import reshard_steps, reshard_traffic
 from autoshard.sharding.spec import TensorSpec
 
 MESH8 = Mesh((8,), (100e9,), (2e-6,))
@@ -14,9 +14,12 @@ MB = 2**20
 
 
 def _cost(model, src, dst, shape, itemsize=4, mesh_ndim=1):
+    """The reshard's cost summed over its steps, checked equal to what pricing reads (its traffic)."""
     s, d = TensorSpec.parse(src, len(shape), mesh_ndim), TensorSpec.parse(dst, len(shape), mesh_ndim)
     steps = reshard_steps(s, d, shape, itemsize, model.mesh.shape)
-    return sum(model.step_cost(step, shape) for step in steps)
+    cost = sum(model.step_cost(step, shape) for step in steps)
+    assert model.traffic_cost(reshard_traffic(s, d, shape, itemsize, model.mesh.shape), shape) == cost
+    return cost
 
 
 def test_alpha_beta_collectives_by_hand():

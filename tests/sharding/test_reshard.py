@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autoshard.sharding.reshard import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SLICE, reshard_moves,
-                                     reshard_steps)
+                                     reshard_steps, reshard_traffic)
 from autoshard.sharding.spec import TensorSpec
 from tests.layout_sim import all_coords, apply_step, piece, place, reduce_partial
 
@@ -105,7 +105,8 @@ def _entering_bytes(step, shape, itemsize, mesh_shape) -> int:
 @pytest.mark.parametrize("mesh_shape", [(2, 4), (3, 2)])
 def test_steps_of_one_pair_differ_across_shapes_only_in_their_bytes(mesh_shape):
     """The route of a pair of layouts (``reshard_moves``, remembered per pair) is shared by every
-    shape; each shape's steps carry that shape's bytes and, where a dim is cut unevenly, the shape."""
+    shape; each shape's steps carry that shape's bytes and, where a dim is cut unevenly, the shape;
+    ``reshard_traffic`` gives their collectives' kinds, axes and bytes."""
     shapes = [(8, 8, 4), (24, 16, 8), (7, 9, 5), (13, 8, 24)]
     checked = uneven = 0
     for src in layouts(3, mesh_shape, with_partial=True):
@@ -121,6 +122,9 @@ def test_steps_of_one_pair_differ_across_shapes_only_in_their_bytes(mesh_shape):
                     assert [(s.kind, s.axis, s.dim, s.to_dim, s.before, s.after) for s in steps] == list(moves)
                     assert [s.in_bytes for s in steps] == [_entering_bytes(s, shape, itemsize, mesh_shape)
                                                            for s in steps]
+                    # what pricing reads: the same collectives with the same bytes, no step built
+                    assert reshard_traffic(src, dst, shape, itemsize, mesh_shape) == \
+                        tuple((s.kind, s.axis, s.in_bytes) for s in steps if s.kind != SLICE)
                     ragged = bool(src.uneven_dims(shape, mesh_shape) or dst.uneven_dims(shape, mesh_shape))
                     assert all(s.shape == (shape if ragged else ()) for s in steps)
                     uneven += ragged and bool(steps)
