@@ -152,13 +152,13 @@ def reshard_moves(src: TensorSpec, dst: TensorSpec) -> tuple[Move, ...]:
 
 @dataclass(frozen=True)
 class _Route:
-    """:func:`reshard_moves` on one mesh: with each move's pieces per dim entering it (``factors``)
-    and the dim it cuts (``cuts``: a reduce-scatter's or all-to-all's target), and the pieces per
-    dim of both ends, all a reshard's bytes need beside the shape and itemsize."""
+    """:func:`reshard_moves` on one mesh: per move what its bytes read besides the shape and
+    itemsize (``pieces``: the pieces per dim entering it, the dim it cuts, a reduce-scatter's or
+    all-to-all's target, and that axis's size, else None and 0: :func:`_elements`'s arguments),
+    and the pieces per dim of both ends."""
 
     moves: tuple[Move, ...]
-    factors: tuple[tuple[int, ...], ...]
-    cuts: tuple[int | None, ...]
+    pieces: tuple[tuple[tuple[int, ...], int | None, int], ...]
     ends: tuple[tuple[int, ...], tuple[int, ...]]
 
 
@@ -173,10 +173,11 @@ def _route(src: TensorSpec, dst: TensorSpec, mesh_shape: tuple[int, ...]) -> _Ro
     """:class:`_Route` of ``src`` -> ``dst``, remembered: the edges of a problem reshard the same
     pair of layouts for tensors of many shapes and itemsizes."""
     moves = reshard_moves(src, dst)
-    cuts = tuple(dim if kind == REDUCE_SCATTER else to_dim if kind == ALL_TO_ALL else None
-                 for kind, _, dim, to_dim, _, _ in moves)
-    return _Route(moves, tuple(_factors(m[4], mesh_shape) for m in moves), cuts,
-                  (_factors(src, mesh_shape), _factors(dst, mesh_shape)))
+    pieces = []
+    for kind, axis, dim, to_dim, before, _ in moves:
+        cut = dim if kind == REDUCE_SCATTER else to_dim if kind == ALL_TO_ALL else None
+        pieces.append((_factors(before, mesh_shape), cut, 0 if cut is None else mesh_shape[axis]))
+    return _Route(moves, tuple(pieces), (_factors(src, mesh_shape), _factors(dst, mesh_shape)))
 
 
 def reshard_steps(
@@ -188,15 +189,11 @@ def reshard_steps(
 ) -> tuple[Step, ...]:
     """Steps that turn a tensor laid out as ``src`` into ``dst`` (dst may keep, not add, partial axes):
     :func:`reshard_moves`, each with the bytes of the largest local piece entering it."""
-    if len(src.dims) != len(dst.dims) or len(src.dims) != len(shape):
-        raise ValueError(f"reshard between specs of different rank: {src} -> {dst} for shape {shape}")
-    shape, mesh_shape = tuple(shape), tuple(mesh_shape)
-    route = _route(src, dst, mesh_shape)
+    shape = tuple(shape)
+    route = _checked_route(src, dst, shape, mesh_shape)
     uneven = shape if _uneven(shape, route.ends) else ()
-    return tuple(Step(kind, axis, dim, to_dim,
-                      _elements(shape, factors, cut, mesh_shape[axis] if cut is not None else 0) * itemsize,
-                      before, after, uneven)
-                 for (kind, axis, dim, to_dim, before, after), factors, cut in zip(route.moves, route.factors, route.cuts))
+    return tuple(Step(kind, axis, dim, to_dim, _elements(shape, *piece) * itemsize, before, after, uneven)
+                 for (kind, axis, dim, to_dim, before, after), piece in zip(route.moves, route.pieces))
 
 
 Traffic = tuple[tuple[str, int, int], ...]
@@ -207,11 +204,17 @@ def reshard_traffic(src: TensorSpec, dst: TensorSpec, shape: tuple[int, ...], it
                     mesh_shape: tuple[int, ...]) -> Traffic:
     """The collectives of :func:`reshard_steps` (its slices are free) with their bytes, computed
     the same way without building the steps: a problem prices ~10^5 reshards and executes none."""
-    mesh_shape = tuple(mesh_shape)
-    route = _route(src, dst, mesh_shape)
-    return tuple((kind, axis, _elements(tuple(shape), factors, cut, mesh_shape[axis] if cut is not None else 0) * itemsize)
-                 for (kind, axis, _, _, _, _), factors, cut in zip(route.moves, route.factors, route.cuts)
-                 if kind != SLICE)
+    shape = tuple(shape)
+    route = _checked_route(src, dst, shape, mesh_shape)
+    return tuple((move[0], move[1], _elements(shape, *piece) * itemsize)
+                 for move, piece in zip(route.moves, route.pieces) if move[0] != SLICE)
+
+
+def _checked_route(src: TensorSpec, dst: TensorSpec, shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> _Route:
+    """:func:`_route` of two layouts of a tensor of ``shape``, refusing layouts of another rank."""
+    if len(src.dims) != len(dst.dims) or len(src.dims) != len(shape):
+        raise ValueError(f"reshard between specs of different rank: {src} -> {dst} for shape {shape}")
+    return _route(src, dst, tuple(mesh_shape))
 
 
 @lru_cache(maxsize=1 << 14)
