@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from autoshard.frontend.graph import RECEIVED, OpGraph
-from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, digest, horizon_row
+from autoshard.pipeline.budget_bound import DeviceParts, Part, digest, slot_rows
+from autoshard.pipeline.multipliers import Grid, best_multipliers
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.problem.build import ModelProblem
 from autoshard.pipeline.stages import Stage, cut
@@ -218,7 +219,7 @@ class LayerFloors:
             further = sum(stage.counts) - len(set(groups) - {OUTSIDE})
             grid = self.grids.setdefault((option.microbatches, kept), Grid())
             ticks = mp.cost_model.ticks_per_unit
-            return best_multiplier(self.budgeted[key + (extra,)], further, self.limit, grid, enough * ticks) / ticks
+            return best_multipliers(self.budgeted[key + (extra,)], further, self.limit, grid, enough * ticks) / ticks
         if key not in self.parts:
             self.parts[key] = part_floors(mp.problem, groups, self.floor)
         return self.parts[key].device(sum(stage.counts)) / mp.cost_model.ticks_per_unit
@@ -253,17 +254,17 @@ class LayerFloors:
         return self.devices[key]
 
     def _split(self, mp: ModelProblem, groups: Sequence[int], extra: Fraction) -> DeviceParts:
-        """The device's parts with their bytes at the horizon under ``extra`` more microbatches in
-        flight (``budget_bound.py``), each distinct part made once; the further layers are priced
-        as the first sampled layer of a stage (:func:`first_layers`)."""
-        row = horizon_row(mp, extra)
+        """The device's parts with their bytes at the slots of ``budget_bound.SLOTS`` under ``extra``
+        more microbatches in flight (``budget_bound.py``), each distinct part made once; the
+        further layers are priced as the first sampled layer of a stage (:func:`first_layers`)."""
+        held = slot_rows(mp, extra)
         members: dict[int, list[int]] = {}
         for node, group in enumerate(groups):
             members.setdefault(group, []).append(node)
         firsts = first_layers(groups)
         once, layers, matrices = [], [], {}
         for group, nodes in members.items():
-            part, rows = subproblem(mp.problem, nodes), [row[n] for n in nodes]
+            part, rows = subproblem(mp.problem, nodes), [held[n] for n in nodes]
             key = digest(part, rows, matrices)  # ``mp`` holds every matrix of its parts
             if key not in self.shared:
                 self.shared[key] = Part(part, rows, self.floor)
@@ -277,8 +278,8 @@ class LayerFloors:
 def first_layers(groups: Sequence[int]) -> set[int]:
     """Of a shortened device's layer groups (:data:`SAMPLE` consecutive layers per stage, stages in
     layer order), the first layer of each stage: the one every middle layer of a full stage is,
-    bytes at the horizon included (a stage's last layer hands its output off the stage and holds
-    less across the horizon)."""
+    bytes at the slots of ``budget_bound.SLOTS`` included (a stage's last layer hands its output
+    off the stage and holds less across the horizon)."""
     layers = sorted(set(groups) - {OUTSIDE})
     if len(layers) % SAMPLE:
         raise ValueError(f"{len(layers)} layers on a device of {SAMPLE} layers per stage")

@@ -29,15 +29,15 @@ checked to agree (``Searched.mismatches``).
 Search (``claim.py``). Every option first gets a lower bound: its critical path with each ``T_d``
 bounded without fixed layouts, which can only be cheaper: from the device's parts on the option
 shortened to two layers per stage, under its memory budget with its microbatches in flight
-(``budget_bound.py``: a Lagrangian relaxation of the memory at the first backward slot, over the
-parts outside the layers, the sampled layers and the further layers times the cheapest layer), or
-without a budget where there is none (``layer_bound.py``), else from the device's whole problem
-without a budget. Options are then solved in order of bound until the best step found is no more
-than the next bound; an option whose bound reaches the best step is ruled out unsolved, and its
-bounding stops as soon as the devices bounded so far rule it out. A solved option's bound is its
-critical path over the first device's solver bound and the others' bounds as above. The result is
-the optimum over the enumerated options when the best step meets every bound; otherwise the
-claim is the best step, the least bound and the gap.
+(``budget_bound.py``: a Lagrangian relaxation of the memory at the first backward slot and at the
+optimizer step, over the parts outside the layers, the sampled layers and the further layers
+times the cheapest layer), or without a budget where there is none (``layer_bound.py``), else
+from the device's whole problem without a budget. Options are then solved in order of bound
+until the best step found is no more than the next bound; an option whose bound reaches the
+best step is ruled out unsolved, and its bounding stops as soon as the devices bounded so far
+rule it out. A solved option's bound is its critical path over the first device's solver bound
+and the others' bounds as above. The result is the optimum over the enumerated options when the
+best step meets every bound; otherwise the claim is the best step, the least bound and the gap.
 """
 
 from __future__ import annotations

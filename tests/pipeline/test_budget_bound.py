@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from autoshard.cost.devices import get_device
-from autoshard.pipeline.budget_bound import DeviceParts, Grid, Part, best_multiplier, digest, horizon_row
+from autoshard.pipeline.budget_bound import DeviceParts, Part, digest, slot_rows
+from autoshard.pipeline.multipliers import Grid, best_multipliers
 from autoshard.pipeline.layer_bound import OUTSIDE, first_layers, node_groups, subproblem
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.schedules import device_orders, peak_in_flight
@@ -46,23 +47,25 @@ def _at(problem: ShardingProblem, slot: int, choice: list[int]) -> int:
 
 
 def test_bytes_at_the_horizon_are_the_in_flight_problems(engine) -> None:
-    """On random plans: the bytes ``horizon_row`` gives the one-in-flight problem's nodes add up to
-    the in-flight problem's usage at the horizon, and both problems price the plan alike."""
+    """On random plans: the bytes ``slot_rows`` gives the one-in-flight problem's nodes add up to
+    the in-flight problem's usage at the horizon and at the optimizer step, and both problems price
+    the plan alike."""
     interleaved = options_for(LAYERS, 2, [2], ("interleaved-1f1b",), virtual=(3,))[0]
     rng = np.random.default_rng(0)
     for option, held in ((_even_option(), 1), (_even_option(), 2), (interleaved, 4)):  # 4/3: a third more
         stage = engine.stages(option)[0]
         one = engine.stage_problem(option, stage, option.virtual, bounded=False)
         many = engine.stage_problem(option, stage, held, bounded=True)
-        row = horizon_row(one, Fraction(held, option.virtual) - 1)
+        rows = slot_rows(one, Fraction(held, option.virtual) - 1)
         for _ in range(20):
             head = [int(rng.integers(len(one.candidates[n].strategies))) for n in one.names]
             x, y = one.complete(head), many.complete(head)
-            assert sum(int(r[s]) for r, s in zip(row, x)) == _at(many.problem, many.life.horizon, y)
+            for k, slot in enumerate((many.life.horizon, many.life.end - 1)):
+                assert sum(int(r[k, s]) for r, s in zip(rows, x)) == _at(many.problem, slot, y)
             assert one.problem.cost(x) == many.problem.cost(y)
     with pytest.raises(ValueError, match="one"):
         even = _even_option()
-        horizon_row(engine.stage_problem(even, engine.stages(even)[0], 2, bounded=True), Fraction(0))
+        slot_rows(engine.stage_problem(even, engine.stages(even)[0], 2, bounded=True), Fraction(0))
 
 
 @pytest.mark.parametrize("layers, schedule", [(LAYERS, "1f1b"), (12, "interleaved-1f1b")])
@@ -98,14 +101,14 @@ def test_the_whole_devices_layers_hold_the_shortened_devices_bytes(engine, layer
 
 
 def _contents(mp, groups) -> dict[int, tuple]:
-    row = horizon_row(mp, Fraction(1))
+    row = slot_rows(mp, Fraction(1))
     members: dict[int, list[int]] = {}
     for node, group in enumerate(groups):
         members.setdefault(group, []).append(node)
     out = {}
     for group, nodes in members.items():
         part = subproblem(mp.problem, nodes)
-        out[group] = (tuple(tuple(c) for c in part.node_costs), tuple(tuple(row[n]) for n in nodes),
+        out[group] = (tuple(tuple(c) for c in part.node_costs), tuple(tuple(row[n].ravel()) for n in nodes),
                       tuple((u, v, m.tobytes()) for (u, v), m in zip(part.edges, part.edge_costs)))
     return out
 
@@ -126,17 +129,17 @@ def test_the_relaxation_is_at_most_its_brute_force_optimum() -> None:
                     for outside_c, outside_u in zip([5, 9], [40, 10]) for first_c, first_u in zip([10, 16], [30, 12])
                     for rest in itertools.product([(10, 30), (13, 20), (16, 12)], repeat=further)
                     if outside_u + first_u + sum(u for _, u in rest) <= limit)
-        bound = best_multiplier(parts, further, limit)
+        bound = best_multipliers(parts, further, limit)
         assert (5 + 10 + 3 * 10) * (1 - 1e-8) <= bound <= exact
         shared = Grid()  # a walk from where another device's search ended finds the same maximum
-        best_multiplier(DeviceParts((outside,), (layer,)), 1, 75, shared)
-        assert best_multiplier(parts, further, limit, shared) == pytest.approx(bound, rel=1e-9)
+        best_multipliers(DeviceParts((outside,), (layer,)), 1, 75, shared)
+        assert best_multipliers(parts, further, limit, shared) == pytest.approx(bound, rel=1e-9)
         if 40 + 30 + 3 * 30 > limit:
             assert bound > 5 + 10 + 3 * 10
-    assert best_multiplier(parts, further, 10 + 12 + 3 * 12 - 1) == float("inf")
+    assert best_multipliers(parts, further, 10 + 12 + 3 * 12 - 1) == float("inf")
     fresh = [part([5, 9], [40, 10]), part([10, 16], [30, 12]), part([10, 13], [30, 20])]
-    enough = best_multiplier(DeviceParts((fresh[0], fresh[1]), (fresh[1], fresh[2])), further, 130, enough=40)
-    assert enough == pytest.approx(45) and all(set(p.seen) == {0.0} for p in fresh)  # no search past ``enough``
+    enough = best_multipliers(DeviceParts((fresh[0], fresh[1]), (fresh[1], fresh[2])), further, 130, enough=40)
+    assert enough == pytest.approx(45) and all(set(p.seen) == {(0.0,)} for p in fresh)  # no search past ``enough``
 
 
 def test_the_budgeted_bound_is_at_most_the_exact_budgeted_optimum(engine) -> None:
@@ -168,14 +171,14 @@ def _any_layer_bound(engine, option, stage, device, kept, held) -> float:
     """The device's bound with every further layer priced as any sampled layer (a stage's last
     included): the weaker relaxation that ``first_layers`` tightens."""
     mp, groups = engine.floors.devices[(option.microbatches, option.devices, option.virtual, device, kept)]
-    row = horizon_row(mp, Fraction(held, option.virtual) - 1)
+    row = slot_rows(mp, Fraction(held, option.virtual) - 1)
     members: dict[int, list[int]] = {}
     for node, group in enumerate(groups):
         members.setdefault(group, []).append(node)
     parts = {g: Part(subproblem(mp.problem, nodes), [row[n] for n in nodes], lambda p: 0) for g, nodes in members.items()}
     relaxed = DeviceParts(tuple(parts.values()), tuple(p for g, p in parts.items() if g != OUTSIDE))
     further = sum(stage.counts) - (len(parts) - 1)
-    return best_multiplier(relaxed, further, engine.floors.limit) / mp.cost_model.ticks_per_unit
+    return best_multipliers(relaxed, further, engine.floors.limit) / mp.cost_model.ticks_per_unit
 
 
 def test_bounding_under_the_budget_keeps_the_search_time_limit(monkeypatch) -> None:
@@ -201,7 +204,7 @@ def test_bounding_under_the_budget_keeps_the_search_time_limit(monkeypatch) -> N
     monkeypatch.setattr(budget_bound.Part, "at", late)
     with pytest.raises(AutoshardError, match="no bound in time"):
         engine.evaluate(options_for(4, 2, [2], ("1f1b",))[0], bounded=False)
-    assert calls and set(calls) == {0.0}
+    assert calls and set(calls) == {(0.0, 0.0)}
 
 
 def test_parts_digest_alike_by_content_with_or_without_the_matrix_memo() -> None:
@@ -221,3 +224,32 @@ def test_parts_digest_alike_by_content_with_or_without_the_matrix_memo() -> None
     changed[0, 1] = 4
     assert digest(part(changed), row, memo) != digest(part(shared), row)
     assert digest(part(shared), [np.array([4, 3])] * 3) != digest(part(shared), row)
+
+
+def test_two_rows_bound_no_more_than_brute_force_and_more_than_either_row() -> None:
+    """Outside and one kind of layer, three strategies each with bytes at the horizon (first row)
+    and at the optimizer step (second): the two-row bound is at most the least cost of the parts
+    whose bytes fit both rows (brute force), and above the bound of either row alone where each
+    row rules out a different cheap plan."""
+    def part(costs, rows):
+        problem = ShardingProblem([np.array(costs)], [np.zeros(3, dtype=np.int64)], [(0, 0)], [], [])
+        return Part(problem, [np.array(rows)], lambda p: 0)
+
+    costs = {"outside": [5, 7, 12], "layer": [10, 10, 15]}
+    rows = {"outside": [[40, 10, 10], [10, 40, 10]], "layer": [[30, 8, 8], [8, 30, 8]]}
+    further = 3
+
+    def bound(kept: tuple[int, ...]) -> float:  # from the rows ``kept``
+        outside = part(costs["outside"], [rows["outside"][k] for k in kept])
+        layer = part(costs["layer"], [rows["layer"][k] for k in kept])
+        return best_multipliers(DeviceParts((outside, layer), (layer,)), further, limit)
+
+    for limit in (60, 70, 90, 110):
+        plans = itertools.product(range(3), repeat=2 + further)
+        exact = min(sum(costs["outside" if k == 0 else "layer"][s] for k, s in enumerate(x)) for x in plans
+                    if all(sum(rows["outside" if k == 0 else "layer"][r][s] for k, s in enumerate(x)) <= limit
+                           for r in (0, 1)))
+        both, first, second = bound((0, 1)), bound((0,)), bound((1,))
+        assert max(first, second) * (1 - 1e-9) <= both <= exact * (1 + 1e-9)
+        if limit < 100:  # the cheap layers of each row overfill the other
+            assert both > max(first, second) * (1 + 1e-2)

@@ -56,3 +56,21 @@ def test_a_part_too_wide_to_eliminate_is_refused() -> None:
     comp = Core(problem).freeze()
     with pytest.raises(ValueError, match="too wide"):
         PenalisedElimination(comp, EliminationPlan(comp, max_table=1), row)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_two_rows_penalised_minimum_is_the_brute_force_minimum(seed: int) -> None:
+    """Two rows of bytes per node (the second fixed where the first is, else its own): at every
+    pair of multipliers the minimum is the brute-force minimum of cost plus lam . bytes."""
+    problem, first = _random_part(seed)
+    rng = np.random.default_rng(100 + seed)
+    second = [r if r.max() == r.min() else rng.integers(0, 20, size=len(r)) for r in first]
+    rows = [np.stack([a, b]) for a, b in zip(first, second)]
+    comp = Core(problem).freeze()
+    penalised = PenalisedElimination(comp, EliminationPlan(comp), rows)
+    for lam in ((0.0, 0.0), (3.0, 0.5), (0.5, 10.0), (0.0, 1.75), (3.0, 0.5)):
+        x, value = penalised.solve(lam)
+        exact = min(problem.cost(list(y)) + sum(lam[k] * float(r[k, s]) for r, s in zip(rows, y) for k in (0, 1))
+                    for y in itertools.product(*(range(len(c)) for c in problem.node_costs))
+                    if all(c[s] < FORBIDDEN for c, s in zip(problem.node_costs, y)))
+        assert value == pytest.approx(exact, rel=1e-12, abs=1e-9)

@@ -109,7 +109,7 @@ def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -
     seed = torchtitan_options(4, 2, BATCH)[0]
     monkeypatch.setattr(pipeline_search, "solve_model_problem", nothing_in_time)
     monkeypatch.setattr(layer_bound, "solve", nothing_in_time)  # the bounds' parts too, without a budget
-    monkeypatch.setattr(layer_bound, "best_multiplier", nothing_in_time)  # and under it
+    monkeypatch.setattr(layer_bound, "best_multipliers", nothing_in_time)  # and under it
     engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=60)
     options = options_for(4, 2, [2, 4], ("1f1b",))
     result = search(engine, options, [seed])
