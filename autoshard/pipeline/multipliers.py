@@ -6,11 +6,13 @@ bytes in each row less the limit): ``L(mu) <= L(lam) + g . (mu - lam)`` for all 
 valid bound; :func:`best_multipliers` looks for a large one:
 
 1. lam = 0 (the memory-free bound of the parts; the answer where its minimiser fits every row);
-2. along each row's axis whose supergradient at 0 is positive, largest first (the other
-   multipliers at 0): a walk on a grid shared by the devices (parts common to several devices are
-   then minimised once per multiplier) to two neighbours whose supergradients have opposite signs,
-   then cutting planes between them (:func:`_axis`);
-3. with several rows, Kelley's cutting planes over every point evaluated so far, in the box
+2. along the axis of the row whose supergradient at 0 is the largest (the other multipliers at
+   0): a walk on a grid shared by the devices (parts common to several devices are then
+   minimised once per multiplier) to two neighbours whose supergradients have opposite signs,
+   then cutting planes between them until their meeting point is within :data:`TOLERANCE` of the
+   best value (:func:`_axis`);
+3. with several rows, Kelley's cutting planes over every point evaluated so far (the points on
+   the axis carry every row's supergradient, so the other rows start from them), in the box
    ``0 <= lam_r <= 2 max(every multiplier tried)`` (the rows all price bytes): the linear program ``max z`` subject to
    ``z <= L(lam_j) + g_j . (lam - lam_j)`` gives an upper estimate of ``max L`` in the box and the
    next point; it stops once the estimate is within :data:`TOLERANCE` of the best value
@@ -27,14 +29,14 @@ import math
 import numpy as np
 from scipy.optimize import linprog
 
-from autoshard.pipeline.budget_bound import MARGIN, DeviceParts
+from autoshard.pipeline.budget_bound import DeviceParts
 
 STEPS = 12
 """Most evaluations of the penalised parts along one row's axis after the first."""
 KELLEY = 6
 """Most evaluations of Kelley's cutting planes over several rows."""
 TOLERANCE = 1e-4
-"""Relative distance of the cutting planes' upper estimate from the best value at which Kelley stops."""
+"""Relative distance of the cutting planes' upper estimate from the best value at which a search stops."""
 LOWEST = -40
 """The least grid index a walk goes down to (a multiplier 2**-20 of the base)."""
 
@@ -72,10 +74,9 @@ def best_multipliers(parts: DeviceParts, further: int, limit: int, grid: Grid | 
     grid = grid or Grid()
     if grid.base is None:
         grid.base = f0 / limit / 16 if f0 > 0 and limit > 0 else 1.0
-    for row in sorted((r for r in range(len(g0)) if g0[r] > 0), key=lambda r: -g0[r]):
-        best = max(best, _axis(parts, further, limit, grid, row, cuts, best, enough))
-        if best >= enough:
-            return best
+    best = max(best, _axis(parts, further, limit, grid, int(np.argmax(g0)), cuts, best, enough))
+    if best >= enough:
+        return best
     return _kelley(parts, further, limit, cuts, best, enough) if len(g0) > 1 else best
 
 
@@ -111,7 +112,7 @@ def _axis(parts: DeviceParts, further: int, limit: int, grid: Grid, row: int, cu
     while hi is not None and steps < STEPS and hi[3] < 0 and best < enough:
         (_, a, f_a, g_a), (_, b, f_b, g_b) = lo, hi
         mid = (f_b - f_a + g_a * a - g_b * b) / (g_a - g_b)  # where the two cutting planes meet
-        if not a < mid < b or f_a + g_a * (mid - a) - best <= MARGIN * abs(best):
+        if not a < mid < b or f_a + g_a * (mid - a) - best <= TOLERANCE * abs(best):
             break
         _, f, g = point(mid)
         steps, best = steps + 1, max(best, f)

@@ -62,6 +62,7 @@ from autoshard.pipeline.options import PipelineOption, on_stage_mesh, stage_labe
 from autoshard.pipeline.schedules import device_orders, peak_in_flight
 from autoshard.pipeline.budget_bound import live_budget
 from autoshard.pipeline.layer_bound import LayerFloors, solved_floor
+from autoshard.pipeline.option_bound import option_bound
 from autoshard.pipeline.boundaries import boundary_layouts, boundary_mismatches, boundary_of, device_layouts
 from autoshard.pipeline.stages import Stage, critical_path, cut, shared_parameters
 from autoshard.sharding.layers import find_repeated_layers
@@ -309,8 +310,9 @@ class PipelineSearch:
 
     def evaluate(self, option: PipelineOption, bounded: bool, recipe: Recipe | None = None,
                  cutoff: float = float("inf")) -> Searched:
-        """The option's step (``bounded``) or its lower bound (``device_floor`` per device, the
-        fullest devices first; once the critical path over those bounded so far, the others at 0,
+        """The option's step (``bounded``) or its lower bound (``option_bound.py``: ``device_floor``
+        per device, the fullest devices first, each searched no further than ruling the option out
+        at ``cutoff`` needs; once the critical path over those bounded so far, the others at 0,
         reaches ``cutoff``, that is its bound and the rest are left unbounded).
 
         Bounded, the first device is solved on its own and the others receive and send their
@@ -326,18 +328,9 @@ class PipelineSearch:
             searched.groups.setdefault(stage.signature, []).append(d)
         held = {sig: max(in_flight[d] for d in ds) for sig, ds in searched.groups.items()}
         if not bounded:
-            floors: dict[tuple, float] = {}
-            for sig in sorted(searched.groups, key=lambda g: -held[g] * sum(g[0])):
-                stage = stages[searched.groups[sig][0]]
-                gathered = self.device_floor(option, stage, held[sig], True)
-                apart = None if gathered is None else self.device_floor(option, stage, held[sig], False, gathered)
-                if apart is None:
-                    raise AutoshardError(f"no bound in time: {option.label}")
-                floors[sig] = min(gathered, apart)  # the lesser policy's: past ``gathered`` no need to search
-                floor = [floors.get(st.signature, 0.0) for st in stages]
-                searched.bound = critical_path(len(option.counts), stages, orders, floor)
-                if searched.bound >= cutoff:
-                    break
+            floor = lambda stage, held, kept, enough: self.device_floor(option, stage, held, kept, enough)  # noqa: E731
+            searched.bound = option_bound(floor, option.label, stages, len(option.counts), orders, searched.groups,
+                                          held, cutoff)
             return searched
         first = stages[0].signature
         rest = [sig for sig in searched.groups if sig != first]
