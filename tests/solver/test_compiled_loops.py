@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.solver.core.reduced import INF, FrozenCore, Core, views
+from autoshard.solver.core.flat_core import views
+from autoshard.solver.core.reduced import INF, FrozenCore, Core
 from autoshard.solver.core.local_search import Search
 from autoshard.solver.bounds.relaxed_minimiser import relaxed_lagrangian
 from autoshard.solver.search.lns import node_costs
@@ -39,6 +40,11 @@ def joined(penalty: list[np.ndarray] | None) -> np.ndarray | None:
     return None if penalty is None else np.concatenate(penalty)
 
 
+def as_float(m: np.ndarray) -> np.ndarray:
+    """An int64 edge matrix as TRW-S prices it: float64, forbidden entries at +inf."""
+    return np.where(m < INF, m.astype(np.float64), np.inf)
+
+
 def reference_sweep(mp: MessagePassing, penalty: list[np.ndarray] | None) -> None:
     """One forward and one backward TRW-S pass, message by message in numpy."""
     n = mp.comp.n
@@ -50,7 +56,7 @@ def reference_sweep(mp: MessagePassing, penalty: list[np.ndarray] | None) -> Non
             for e, j, is_u in mp.inc[i]:
                 if (j > i) != forward:
                     continue
-                m = mp.edges[e][2]
+                m = as_float(mp.edges[e][2])
                 if is_u:
                     msg = np.minimum(((mp.gamma[i] * hat - mp.to_u[e])[:, None] + m).min(axis=0), _CAP)
                     mp.to_v[e][:] = msg - msg.min()
@@ -68,8 +74,8 @@ def reference_parts(mp: MessagePassing, penalty: list[np.ndarray] | None) -> tup
         for e, _, is_u in mp.inc[i]:
             hat = hat + (mp.to_u[e] if is_u else mp.to_v[e])
         hats.append(hat)
-    parts = [(m + (hats[u] / len(mp.inc[u]) - mp.to_u[e])[:, None]) + (hats[v] / len(mp.inc[v]) - mp.to_v[e])[None, :]
-             for e, (u, v, m) in enumerate(mp.edges)]
+    parts = [(as_float(m) + (hats[u] / len(mp.inc[u]) - mp.to_u[e])[:, None])
+             + (hats[v] / len(mp.inc[v]) - mp.to_v[e])[None, :] for e, (u, v, m) in enumerate(mp.edges)]
     return hats, parts
 
 

@@ -1,6 +1,7 @@
 """Large arrays held once: the Core and the exact evaluation read the problem's int64 arrays without
-copying them, TRW-S's float matrices are built once per core (and before a fork, shared with the
-child), and a forked child's collector leaves the parent's objects alone."""
+copying them, a solve's frozen core reads its numbers from its flat arrays and the Core lets its
+own go, TRW-S reads the core's pool in place, and a forked child's collector leaves the parent's
+objects alone."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pickle
 
 import numpy as np
 
-from autoshard.solver.bounds.trws import MessagePassing, float_matrices
+from autoshard.solver.bounds.trws import MessagePassing, lower_first
 from autoshard.solver.core.evaluation import FlatProblem
 from autoshard.solver.core.reduced import INF, Core, saturated
+from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.procs.forks import fork_child, read_frame, send_frame
 from tests.solver.helpers import exited, large_problem, random_problem
@@ -44,18 +46,51 @@ def test_the_core_reads_the_problems_costs_and_matrices_in_place():
         assert np.shares_memory(core.adj[u][v], m)
 
 
-def test_float_matrices_are_each_edge_oriented_lower_node_first_built_once_and_not_pickled():
+def frozen_and_handed_over(problem: ShardingProblem) -> tuple:
+    """The problem's core frozen twice: plainly (the reference) and as a solve hands it over."""
+    plain = Core(problem)
+    attach_memory(plain, problem)
+    core = Core(problem)
+    attach_memory(core, problem)
+    return plain.freeze(), core.hand_over(), core
+
+
+def test_a_handed_over_core_reads_every_number_from_its_flat_arrays_and_the_core_lets_go():
+    for seed in range(6):
+        problem = random_problem(np.random.default_rng(seed), 9, max_k=4, forbid_prob=0.2)
+        plain, comp, core = frozen_and_handed_over(problem)
+        a = comp.arrays
+        for got, want in zip(comp.costs, plain.costs):
+            assert np.array_equal(got, want) and np.shares_memory(got, a.costs)
+        for (u, v, m), (pu, pv, pm) in zip(comp.edges, plain.edges):
+            assert (u, v) == (pu, pv) and np.array_equal(m, pm) and np.shares_memory(m, a.nb_mats)
+        for row, want in zip(comp.nbrs, plain.nbrs):
+            assert [j for j, _ in row] == [j for j, _ in want]
+            assert all(np.array_equal(m, w) and np.shares_memory(m, a.nb_mats) for (_, m), (_, w) in zip(row, want))
+        for row, want in zip(comp.segments, plain.segments):
+            assert [(s, t) for s, t, _ in row] == [(s, t) for s, t, _ in want]
+            assert all(np.array_equal(u, w) and np.shares_memory(u, a.seg_use) for (_, _, u), (_, _, w) in zip(row, want))
+        assert not any(core.adj) and all(c is None for c in core.costs) and not any(core.segments)
+        sent = pickle.loads(pickle.dumps(comp))  # as neighbourhood search sends cores: without the arrays
+        assert "_arrays" not in sent.__dict__ and sent.cost([0] * comp.n) == comp.cost([0] * comp.n)
+        rng = np.random.default_rng(seed)
+        for _ in range(5):  # the same plans cost the same, and expand the same way
+            x = np.array([rng.integers(len(c)) for c in comp.costs], dtype=np.int64)
+            assert comp.cost(x) == plain.cost(x) and np.array_equal(comp.profile(x), plain.profile(x))
+            assert core.expand(dict(zip(comp.nodes, x.tolist()))) == Core(problem).expand(dict(zip(plain.nodes, x.tolist())))
+
+
+def test_trws_reads_each_edge_lower_node_first_from_the_cores_pool():
     for seed in range(8):
         problem = random_problem(np.random.default_rng(seed), 9, max_k=4, forbid_prob=0.2)
         comp = Core(problem).freeze()  # unreduced: its edges both ways round, forbidden entries kept
-        got = float_matrices(comp)
-        assert float_matrices(comp) is got and MessagePassing(comp).edges is got.edges
-        for (u, v, m), (a, b, f) in zip(comp.edges, got.edges):
-            oriented = m.T if u > v else m
+        edges, m_off = lower_first(comp)
+        pool = comp.arrays.nb_mats
+        for (u, v, m), (a, b, got), at in zip(comp.edges, edges, m_off.tolist()):
             assert (a, b) == (min(u, v), max(u, v))
-            assert np.array_equal(f, np.where(oriented < INF, oriented.astype(np.float64), np.inf))
-            assert np.shares_memory(f, got.mats)
-        assert "_float_matrices" not in pickle.loads(pickle.dumps(comp)).__dict__
+            assert np.array_equal(got, m.T if u > v else m) and np.shares_memory(got, pool)
+            assert np.array_equal(pool[at:at + got.size], got.ravel())
+        assert MessagePassing(comp).flat.mats is pool
 
 
 def test_a_forked_child_has_the_parents_objects_frozen_and_the_parent_does_not():

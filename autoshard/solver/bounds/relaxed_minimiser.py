@@ -20,7 +20,8 @@ from autoshard.solver.bounds.trws import MessagePassing
 from autoshard.solver.core.certify import safe_bound
 from autoshard.solver.core.dual_cut import DualCut
 from autoshard.solver.core.local_search import Search
-from autoshard.solver.core.reduced import FrozenCore, views
+from autoshard.solver.core.flat_core import views
+from autoshard.solver.core.reduced import FrozenCore
 from autoshard.solver.engines.elimination import EliminationPlan
 
 SWEEPS = 2

@@ -7,7 +7,9 @@ the messages of the others) and of lower bounds (``bound``). ``penalty`` adds a 
 to the costs: the Lagrangian term of the memory rows (see lagrangian.py).
 
 Arithmetic is float64 with forbidden entries at +inf; the bound is made safe against rounding
-by ``safe_bound``. The node-by-node loops (a pass of message updates, the reparametrised node
+by ``safe_bound``. The edge matrices are read where the core keeps them, as int64 in its flat
+arrays' pool (``FrozenCore.arrays``), each entry converted as it is read (``_entry``: forbidden
+entries to +inf): a float copy of them would be as large again as the pool. The node-by-node loops (a pass of message updates, the reparametrised node
 costs, the primal) are compiled by numba over flat arrays: in numpy the call overhead per
 message made most of a Lagrangian step (measured: see benchmarks/README.md, "Solver throughput").
 The per-node and per-edge arrays the rest of the solver reads (``to_u``, ``to_v``) are views
@@ -17,13 +19,12 @@ into those flat arrays, so they see every update.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.pool import content_keys
-from autoshard.solver.core.reduced import INF, FrozenCore, offsets, views
+from autoshard.solver.core.flat_core import offsets, views
+from autoshard.solver.core.reduced import INF, FrozenCore
 from autoshard.solver.core.certify import safe_bound
 from autoshard.solver.core.dual_cut import DualCut
 
@@ -39,8 +40,7 @@ class MessagePassing:
         self.comp = comp
         n = comp.n
         self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]
-        self.matrices = float_matrices(comp)
-        self.edges = self.matrices.edges
+        self.edges, self.m_off = lower_first(comp)
         self.flipped = [u > v for u, v, _ in comp.edges]
         self.inc: list[list[tuple[int, int, bool]]] = [[] for _ in range(n)]
         for e, (u, v, _) in enumerate(self.edges):
@@ -119,7 +119,7 @@ class MessagePassing:
             scale += abs(low)
         lows = _edge_parts(hats, f.th_off, f.degree, f.edge_u, f.edge_v, *messages, f.p_off, parts)
         if self._top is None:  # the sum of the edges' largest finite magnitudes
-            self._top = sum(float(np.abs(m[np.isfinite(m)]).max(initial=0.0)) for _, _, m in self.edges)
+            self._top = sum(_largest_allowed(m) for _, _, m in self.edges)
         return total + float(lows.sum()), scale + float(np.abs(lows).sum()) + self._top, hats, lows
 
     def cut(self, penalty: np.ndarray | None, offset: float) -> DualCut:
@@ -143,7 +143,7 @@ class MessagePassing:
                 node_terms.append((i, int(s), int(excess[s]), True))
         for e, (_, _, m) in enumerate(self.edges):
             part, low = parts[f.p_off[e]:f.p_off[e + 1]].reshape(m.shape), float(lows[e])
-            total, scale = total + low, scale + abs(low) + float(np.abs(m[np.isfinite(m)]).max(initial=0.0))
+            total, scale = total + low, scale + abs(low) + _largest_allowed(m)
             excess = np.where(np.isfinite(part) & (part < _CAP), part - low, 0.0)
             excess = np.floor(excess - 1e-9 * (np.abs(part) + abs(low)) - 1e-6)  # never above the true excess
             for s, t in zip(*np.nonzero(excess >= 1)):
@@ -152,46 +152,22 @@ class MessagePassing:
         return DualCut(safe_bound(total, scale), node_terms, pair_terms)
 
 
-@dataclass(frozen=True)
-class FloatMatrices:
-    """A core's edge matrices as TRW-S reads them: edge e of ``comp.edges`` oriented lower node
-    first (``edges[e]``: (u, v, matrix) with u < v), float64 with forbidden entries at +inf, each
-    matrix a view into ``mats`` at ``m_off[e]`` (row-major), where every distinct content (a
-    model's repeated layers) is stored once."""
+def lower_first(comp: FrozenCore) -> tuple[list[tuple[int, int, np.ndarray]], np.ndarray]:
+    """Edge e of ``comp.edges`` oriented lower node first, as (u, v, matrix) with u < v, the matrix
+    an int64 view of ``comp.arrays``' pool, and each one's offset in the pool."""
+    a = comp.arrays
+    edges, m_off = [], np.empty(len(comp.edges), dtype=np.int64)
+    for e, (u, v, _) in enumerate(comp.edges):
+        low, high = (u, v) if u < v else (v, u)
+        p = int(a.edge_entries[e, 0 if u < v else 1])
+        edges.append((low, high, a.entry_matrix(p, low)))
+        m_off[e] = a.nb_moff[p]
+    return edges, m_off
 
-    edges: list[tuple[int, int, np.ndarray]]
-    mats: np.ndarray
-    m_off: np.ndarray
 
-
-def float_matrices(comp: FrozenCore) -> FloatMatrices:
-    """``comp``'s FloatMatrices, built on first use and kept on ``comp``: every MessagePassing of
-    the core reads the same ones, and a child forked after they were built (an engine's) shares
-    their pages instead of building its own (gigabytes on a large model's core). Each distinct
-    matrix is converted straight into the flat array (no intermediate copy)."""
-    cached = comp.__dict__.get("_float_matrices")
-    if cached is not None:
-        return cached
-    oriented = [(v, u, m.T) if u > v else (u, v, m) for u, v, m in comp.edges]
-    start: dict[int, int] = {}
-    m_off = np.empty(len(oriented), dtype=np.int64)
-    size = 0
-    for e, ((_, _, m), key) in enumerate(zip(oriented, content_keys([m for _, _, m in oriented]))):
-        if key not in start:
-            start[key] = size
-            size += m.size
-        m_off[e] = start[key]
-    mats = np.empty(size)
-    edges, filled = [], set()
-    for (u, v, m), at in zip(oriented, m_off.tolist()):
-        block = mats[at:at + m.size].reshape(m.shape)
-        if at not in filled:
-            filled.add(at)
-            block[...] = m
-            block[m >= INF] = np.inf
-        edges.append((u, v, block))
-    cached = comp.__dict__["_float_matrices"] = FloatMatrices(edges, mats, m_off)
-    return cached
+def _largest_allowed(m: np.ndarray) -> float:
+    """The largest magnitude among ``m``'s entries that are not forbidden (0.0 when none is)."""
+    return float(np.abs(m[m < INF]).max(initial=0))
 
 
 class _FlatGraph:
@@ -208,9 +184,9 @@ class _FlatGraph:
         self.inc_edge = np.array([e for e, _, _ in inc], dtype=np.int64)
         self.inc_other = np.array([j for _, j, _ in inc], dtype=np.int64)
         self.inc_is_u = np.array([is_u for _, _, is_u in inc], dtype=np.bool_)
-        # edge e's matrix starts at m_off[e] (FloatMatrices); its parts (the bound's per-entry
-        # split) are its own, at p_off[e]
-        self.mats, self.m_off = mp.matrices.mats, mp.matrices.m_off
+        # edge e's matrix starts at m_off[e] in the core's pool (lower_first); its parts (the
+        # bound's per-entry split) are its own, at p_off[e]
+        self.mats, self.m_off = mp.comp.arrays.nb_mats, mp.m_off
         self.p_off = offsets([m.size for _, _, m in mp.edges])
         self.u_off = offsets([sizes[u] for u, _, _ in mp.edges])
         self.v_off = offsets([sizes[v] for _, v, _ in mp.edges])
@@ -229,6 +205,13 @@ class _FlatGraph:
     def message_args(self) -> tuple[np.ndarray, ...]:
         """Edge matrices and both directions' messages, with their offsets."""
         return self.mats, self.m_off, self.to_u, self.u_off, self.to_v, self.v_off
+
+
+@njit(inline="always")
+def _entry(mats, at):  # pragma: no cover
+    """Entry ``at`` of the int64 pool as float64, +inf where it is forbidden (at least INF)."""
+    value = mats[at]
+    return np.inf if value >= INF else float(value)
 
 
 @njit(cache=True)
@@ -286,7 +269,7 @@ def _pass(lo, hi, forward, widest, gamma, th_off, theta, pen, inc_ptr, inc_edge,
                     h = g * hat[s] - to_u[ub + s]
                     row = mb + s * j_size
                     for t in range(j_size):
-                        val = h + mats[row + t]
+                        val = h + _entry(mats, row + t)
                         if val < msg[t]:
                             msg[t] = val
                 out, ob = to_v, vb
@@ -297,7 +280,7 @@ def _pass(lo, hi, forward, widest, gamma, th_off, theta, pen, inc_ptr, inc_edge,
                     best = np.inf
                     row = mb + s * ki
                     for t in range(ki):
-                        val = w[t] + mats[row + t]
+                        val = w[t] + _entry(mats, row + t)
                         if val < best:
                             best = val
                     msg[s] = best
@@ -331,7 +314,7 @@ def _edge_parts(hats, th_off, degree, edge_u, edge_v, mats, m_off, to_u, u_off, 
         for s in range(ku):
             row = hats[hu + s] / degree[u] - to_u[u_off[e] + s]
             for t in range(kv):
-                val = mats[mb + s * kv + t] + row + (hats[hv + t] / degree[v] - to_v[v_off[e] + t])
+                val = _entry(mats, mb + s * kv + t) + row + (hats[hv + t] / degree[v] - to_v[v_off[e] + t])
                 if keep:
                     parts[p_off[e] + s * kv + t] = val
                 if val < low:
@@ -359,10 +342,10 @@ def _primal(widest, th_off, theta, pen, inc_ptr, inc_edge, inc_other, inc_is_u, 
                 if inc_is_u[p]:  # i's strategies are the rows: column x[j]
                     j_size = th_off[j + 1] - th_off[j]
                     for s in range(k):
-                        vec[s] += mats[mb + s * j_size + x[j]]
+                        vec[s] += _entry(mats, mb + s * j_size + x[j])
                 else:  # i's strategies are the columns: row x[j]
                     for s in range(k):
-                        vec[s] += mats[mb + x[j] * k + s]
+                        vec[s] += _entry(mats, mb + x[j] * k + s)
             elif inc_is_u[p]:
                 for s in range(k):
                     vec[s] += to_u[u_off[e] + s]

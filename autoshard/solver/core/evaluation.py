@@ -23,7 +23,8 @@ import numpy as np
 from numba import njit
 
 from autoshard.solver.model.problem import FORBIDDEN, Evaluation, ShardingProblem
-from autoshard.solver.core.reduced import Core, flat, offsets
+from autoshard.solver.core.flat_core import flat, offsets
+from autoshard.solver.core.reduced import Core
 
 
 def _flat(arrays: list[np.ndarray]) -> np.ndarray:

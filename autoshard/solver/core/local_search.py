@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.reduced import INF, FrozenCore, flat, offsets
+from autoshard.solver.core.flat_core import flat, offsets
+from autoshard.solver.core.reduced import INF, FrozenCore
 
 
 VISITS = 4096

@@ -10,7 +10,9 @@ node that absorbed another one carries that node's memory too). Every reduction 
 Costs are int64 saturated at ``INF`` (= FORBIDDEN, 10**18): sums of two saturated values never
 overflow, and anything at ``INF`` is forbidden. ``FrozenCore`` is the frozen, 0..n-1 indexed view of
 what is left, with exact (Python int) cost and memory evaluation; ``FrozenCore.arrays`` is the same
-core as flat arrays with offsets, which is what the compiled (numba) loops of the solvers take.
+core as flat arrays with offsets (core/flat_core.py), which is what the compiled (numba) loops of
+the solvers take. A solve freezes its core with ``Core.hand_over``: the flat arrays become the one
+copy of the core's numbers, which on a 3-D mesh are gigabytes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.pool import matrix_pool
+from autoshard.solver.core.flat_core import FrozenCoreArrays, views
 from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
 
 INF = FORBIDDEN
@@ -167,6 +169,18 @@ class Core:
             toggles=[[self._twins(group, index) for group in tally.groups] for tally in self.tallies],
         )
 
+    def hand_over(self) -> FrozenCore:
+        """``freeze`` for a solve: the frozen core reads its numbers from its flat arrays
+        (``FrozenCore.share_arrays``) and this Core lets go of its own costs, matrices and
+        segments, keeping what ``expand`` reads (strategies, records). Measure it (``Size``)
+        before: its alive nodes have no costs or edges left."""
+        comp = self.freeze()
+        comp.share_arrays()
+        self.adj = [{} for _ in self.adj]
+        self.costs = [None] * len(self.costs)
+        self.segments = [[] for _ in self.segments]
+        return comp
+
     def _twins(self, group: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...],
                index: dict[int, int]) -> list[tuple[int, np.ndarray]]:
         """The group's alive members, each with its local strategies' twins (``Tally``; -1 where
@@ -218,10 +232,9 @@ class FrozenCore:
 
     def __getstate__(self) -> dict:
         """Pickled without what is derived (the neighbour lists hold a transposed copy of every
-        edge matrix, ``arrays`` the whole core again, TRW-S's float matrices once more):
-        neighbourhood search sends restricted cores to another process (procs/call_server.py)
-        several times a second."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays", "_float_matrices")}
+        edge matrix, ``arrays`` the whole core again): neighbourhood search sends restricted
+        cores to another process (procs/call_server.py) several times a second."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("nbrs", "_arrays")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -244,6 +257,19 @@ class FrozenCore:
         if cached is None:
             cached = self.__dict__["_arrays"] = FrozenCoreArrays.of(self)
         return cached
+
+    def share_arrays(self) -> None:
+        """Make ``arrays`` the one copy of this core's numbers: its costs, edge and neighbour
+        matrices and segment usages become views into the flat arrays (equal contents, so every
+        method reads the same values), and the arrays it was frozen from can be freed."""
+        a = self.arrays
+        self.costs = views(a.costs, a.c_off)
+        self.edges = [(u, v, a.entry_matrix(int(a.edge_entries[e, 0]), u)) for e, (u, v, _) in enumerate(self.edges)]
+        self.nbrs = [[(j, a.entry_matrix(p, i)) for p, (j, _) in enumerate(row, int(a.nb_ptr[i]))]
+                     for i, row in enumerate(self.nbrs)]
+        uses = views(a.seg_use, np.append(a.seg_uoff, len(a.seg_use)))
+        self.segments = [[(start, stop, uses[q]) for q, (start, stop, _) in enumerate(row, int(a.seg_ptr[i]))]
+                         for i, row in enumerate(self.segments)]
 
     def cost(self, x: np.ndarray | list[int]) -> int:
         """Exact total cost (Python int) including the constant of the reductions: compiled,
@@ -279,70 +305,6 @@ class FrozenCore:
     def is_feasible(self, x: np.ndarray | list[int]) -> bool:
         """True when x avoids forbidden costs and fits in memory."""
         return self.cost(x) < INF and self.overflow(x) == 0
-
-
-@dataclass
-class FrozenCoreArrays:
-    """A FrozenCore flat: node i's costs are ``costs[c_off[i]:c_off[i+1]]``; its neighbours are
-    ``nb_other[nb_ptr[i]:nb_ptr[i+1]]``, each with the edge's matrix oriented (i's strategy,
-    the neighbour's) and flattened row-major at ``nb_mats[nb_moff[p]:]`` (every edge twice, once
-    per end); its memory segments are rows ``seg_start..seg_stop`` with usage
-    ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``."""
-
-    c_off: np.ndarray
-    widest: int  # the most strategies of a node
-    costs: np.ndarray
-    nb_ptr: np.ndarray
-    nb_other: np.ndarray
-    nb_moff: np.ndarray
-    nb_mats: np.ndarray
-    seg_ptr: np.ndarray
-    seg_start: np.ndarray
-    seg_stop: np.ndarray
-    seg_uoff: np.ndarray
-    seg_use: np.ndarray
-
-    @staticmethod
-    def of(comp: FrozenCore) -> FrozenCoreArrays:
-        """``comp`` flattened; oriented matrices with the same contents (a model's repeated layers)
-        are stored once and pointed at by every neighbour entry that has them."""
-        nbrs = [(j, m) for row in comp.nbrs for j, m in row]
-        segs = [seg for row in comp.segments for seg in row]
-        sizes = [len(c) for c in comp.costs]
-        pool, moff = matrix_pool([m for _, m in nbrs])
-        return FrozenCoreArrays(
-            offsets(sizes),
-            max(sizes, default=0),
-            flat(comp.costs),
-            offsets([len(row) for row in comp.nbrs]),
-            np.array([j for j, _ in nbrs], dtype=np.int64),
-            moff,
-            pool,
-            offsets([len(row) for row in comp.segments]),
-            np.array([start for start, _, _ in segs], dtype=np.int64),
-            np.array([stop for _, stop, _ in segs], dtype=np.int64),
-            offsets([len(usage) for _, _, usage in segs])[:-1],
-            flat([usage for _, _, usage in segs]),
-        )
-
-    def segment_args(self) -> tuple[np.ndarray, ...]:
-        """What the compiled loops over memory segments take."""
-        return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
-
-
-def offsets(sizes: list[int]) -> np.ndarray:
-    """0 and the running sums of ``sizes`` (int64): where each of a run of pieces starts."""
-    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-
-
-def views(whole: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
-    """The pieces of ``whole`` cut at ``starts`` (as ``offsets`` makes them), as views."""
-    return [whole[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
-
-
-def flat(pieces: list[np.ndarray]) -> np.ndarray:
-    """The int64 pieces end to end (empty when there are none)."""
-    return np.concatenate(pieces).astype(np.int64, copy=False) if pieces else np.zeros(0, dtype=np.int64)
 
 
 @njit(cache=True)

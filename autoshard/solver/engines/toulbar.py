@@ -24,7 +24,8 @@ import os
 
 import numpy as np
 
-from autoshard.solver.core.reduced import INF, FrozenCore, views
+from autoshard.solver.core.flat_core import views
+from autoshard.solver.core.reduced import INF, FrozenCore
 from autoshard.solver.procs.silence import silenced
 
 MAX_ROW_TERMS = 100_000

@@ -49,7 +49,6 @@ from autoshard.solver.model.events import Phase
 from autoshard.solver.bounds.exact_lagrangian import SHARE as EXACT_SHARE, search as exact_search
 from autoshard.solver.core.local_search import Search, min_memory_start
 from autoshard.solver.bounds.lagrangian import Lagrangian
-from autoshard.solver.bounds.trws import float_matrices
 from autoshard.solver.bounds.relaxed_minimiser import RelaxedMinimiser, relaxed_lagrangian
 from autoshard.solver.engines.milp import solve_core_milp
 from autoshard.solver.search.penalised_start import weighted_start
@@ -138,8 +137,6 @@ class Portfolio:
             self._toulbar_search()
             return
         queue = self._second_engines()
-        if not state.finished():  # TRW-S's matrices, built before the engines fork: one copy for all
-            float_matrices(comp)
         if state.finished():
             pass  # the greedy plan meets the gap
         elif state.options.prove and state.options.toulbar and can_take(comp, rows=False):

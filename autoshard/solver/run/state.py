@@ -85,8 +85,8 @@ class RunState:
     def reduced(self, counts: dict[str, int]) -> None:
         """The core's reductions are over (``counts``: how many of each applied): freeze it."""
         self.counts = dict(counts)
-        self.comp = self.core.freeze()
         self.size = Size.of(self.core)
+        self.comp = self.core.hand_over()
         if self.best is not None:
             self.best_local = self._localised(self.best)
 

@@ -26,7 +26,8 @@ from numba import njit
 
 from autoshard.solver.procs.clock import MONOTONIC, Clock
 from autoshard.solver.procs.call_server import CallServer
-from autoshard.solver.core.reduced import INF, FrozenCore, offsets, views
+from autoshard.solver.core.flat_core import offsets, views
+from autoshard.solver.core.reduced import INF, FrozenCore
 from autoshard.solver.core.local_search import segment_index
 from autoshard.solver.core.rows import merge_rows
 from autoshard.solver.engines.milp import solve_core_milp
