@@ -33,6 +33,7 @@ class MemoryNodes:
     names: list[str] = field(default_factory=list)
     aux_owner: list[int] = field(default_factory=list)
     ties: dict[int, np.ndarray] = field(default_factory=dict)
+    free: dict[int, np.ndarray] = field(default_factory=dict)  # zero costs by length
 
     def tie(self, k: int) -> np.ndarray:
         """The k x k diagonal tie, shared (a 3-D mesh gives k in the hundreds)."""
@@ -42,9 +43,17 @@ class MemoryNodes:
             self.ties[k].flags.writeable = False
         return self.ties[k]
 
+    def zeros(self, k: int) -> np.ndarray:
+        """k zero costs, shared and read-only (a 3-D mesh's repeating nodes number in the thousands,
+        each with hundreds of strategies)."""
+        if k not in self.free:
+            self.free[k] = np.zeros(k, dtype=np.int64)
+            self.free[k].flags.writeable = False
+        return self.free[k]
+
     def add(self, name: str, usage: np.ndarray, interval: tuple[int, int]) -> int:
         """A new auxiliary node without cost; its index."""
-        self.costs.append(np.zeros(len(usage), dtype=np.int64))
+        self.costs.append(self.zeros(len(usage)))
         self.usages.append(usage)
         self.intervals.append(interval)
         self.names.append(name)
