@@ -13,10 +13,10 @@ valid bound; :func:`best_multipliers` looks for a large one:
    best value (:func:`_axis`);
 3. with several rows, Kelley's cutting planes over every point evaluated so far (the points on
    the axis carry every row's supergradient, so the other rows start from them), in the box
-   ``0 <= lam_r <= 2 max(every multiplier tried)`` (the rows all price bytes): the linear program ``max z`` subject to
-   ``z <= L(lam_j) + g_j . (lam - lam_j)`` gives an upper estimate of ``max L`` in the box and the
-   next point; it stops once the estimate is within :data:`TOLERANCE` of the best value
-   (:func:`_kelley`).
+   ``0 <= lam_r <= 2 max(every multiplier tried)`` (the rows all price bytes): the linear program
+   ``max z`` subject to ``z <= L(lam_j) + g_j . (lam - lam_j)`` gives an upper estimate of
+   ``max L`` in the box and the next point; it stops once the estimate is within
+   :data:`TOLERANCE` of the best value (:func:`_kelley`).
 
 Every step stops once the best value reaches ``enough`` (a caller that takes the least of it and
 ``enough`` needs no more).
@@ -84,18 +84,18 @@ def _axis(parts: DeviceParts, further: int, limit: int, grid: Grid, row: int, cu
           enough: float) -> float:
     """Step 2 along ``row``'s axis: at most :data:`STEPS` evaluations, each appended to ``cuts``;
     the best value found (at least ``best``)."""
-    def point(lam: float) -> tuple[tuple[float, ...], float, float]:
+    def point(lam: float) -> tuple[float, float]:
         at = tuple(lam if r == row else 0.0 for r in range(len(cuts[0][2])))
         f, g = parts.at(at, further, limit)
         cuts.append((at, f, g))
-        return at, f, g[row]
+        return f, g[row]
 
-    _, f_lo, g_lo = cuts[0][0], cuts[0][1], cuts[0][2][row]
+    f_lo, g_lo = cuts[0][1], cuts[0][2][row]
     lo, hi = (None, 0.0, f_lo, g_lo), None  # (grid index or None, lam, value, supergradient along the row)
     j, steps = grid.start.get(row, 0), 0
     while steps < STEPS and best < enough:
         lam = grid.at(j)
-        _, f, g = point(lam)
+        f, g = point(lam)
         steps, best = steps + 1, max(best, f)
         if g > 0:
             lo = (j, lam, f, g)
@@ -114,7 +114,7 @@ def _axis(parts: DeviceParts, further: int, limit: int, grid: Grid, row: int, cu
         mid = (f_b - f_a + g_a * a - g_b * b) / (g_a - g_b)  # where the two cutting planes meet
         if not a < mid < b or f_a + g_a * (mid - a) - best <= TOLERANCE * abs(best):
             break
-        _, f, g = point(mid)
+        f, g = point(mid)
         steps, best = steps + 1, max(best, f)
         if g > 0:
             lo = (None, mid, f, g)
