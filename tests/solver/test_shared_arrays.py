@@ -13,7 +13,7 @@ import numpy as np
 
 from autoshard.solver.bounds.trws import MessagePassing, lower_first
 from autoshard.solver.core.evaluation import FlatProblem
-from autoshard.solver.core.reduced import INF, Core, saturated
+from autoshard.solver.core.reduced import INF, Core, FrozenCore, saturated
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.procs.forks import fork_child, read_frame, send_frame
@@ -78,6 +78,23 @@ def test_a_handed_over_core_reads_every_number_from_its_flat_arrays_and_the_core
             x = np.array([rng.integers(len(c)) for c in comp.costs], dtype=np.int64)
             assert comp.cost(x) == plain.cost(x) and np.array_equal(comp.profile(x), plain.profile(x))
             assert core.expand(dict(zip(comp.nodes, x.tolist()))) == Core(problem).expand(dict(zip(plain.nodes, x.tolist())))
+
+
+def test_every_neighbour_entry_reads_its_edge_either_way_round_from_one_stored_block():
+    rng = np.random.default_rng(7)
+    for _ in range(6):
+        k = rng.integers(1, 5, size=6)
+        edges = [(int(u), int(v), rng.integers(0, 9, size=(k[u], k[v])).astype(np.int64))
+                 for u, v in ((0, 1), (3, 1), (2, 5), (5, 4), (4, 0))]  # some with the higher node first
+        comp = FrozenCore(list(range(6)), [np.zeros(int(n), dtype=np.int64) for n in k], edges, None, [[]] * 6)
+        a = comp.arrays
+        assert a.nb_mats.size <= sum(m.size for _, _, m in edges)  # each edge once, not once per end
+        for i, row in enumerate(comp.nbrs):
+            for p, (j, m) in enumerate(row, int(a.nb_ptr[i])):
+                assert a.nb_other[p] == j
+                got = [[a.nb_mats[a.nb_moff[p] + s * a.nb_own[p] + t * a.nb_their[p]] for t in range(k[j])]
+                       for s in range(k[i])]
+                assert np.array_equal(np.array(got).reshape(m.shape), m)
 
 
 def test_trws_reads_each_edge_lower_node_first_from_the_cores_pool():

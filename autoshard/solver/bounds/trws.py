@@ -156,13 +156,7 @@ def lower_first(comp: FrozenCore) -> tuple[list[tuple[int, int, np.ndarray]], np
     """Edge e of ``comp.edges`` oriented lower node first, as (u, v, matrix) with u < v, the matrix
     an int64 view of ``comp.arrays``' pool, and each one's offset in the pool."""
     a = comp.arrays
-    edges, m_off = [], np.empty(len(comp.edges), dtype=np.int64)
-    for e, (u, v, _) in enumerate(comp.edges):
-        low, high = (u, v) if u < v else (v, u)
-        p = int(a.edge_entries[e, 0 if u < v else 1])
-        edges.append((low, high, a.entry_matrix(p, low)))
-        m_off[e] = a.nb_moff[p]
-    return edges, m_off
+    return [(min(u, v), max(u, v), a.lower_first(e, u, v)) for e, (u, v, _) in enumerate(comp.edges)], a.edge_moff
 
 
 def _largest_allowed(m: np.ndarray) -> float:

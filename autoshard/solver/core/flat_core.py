@@ -1,12 +1,15 @@
 """A FrozenCore as the flat arrays the compiled (numba) loops take, and the offset helpers.
 
-Node i's costs are ``costs[c_off[i]:c_off[i+1]]``. Its neighbours are
-``nb_other[nb_ptr[i]:nb_ptr[i+1]]``; neighbour entry p holds the edge's matrix oriented (i's
-strategies, the neighbour's), row-major at ``nb_mats[nb_moff[p]:]``: every edge twice, once per
-end, and large matrices with equal contents (a model's repeated layers) stored once
-(``core/pool.py``). Edge e of the core's edge list has its two entries at ``edge_entries[e]`` (at
-its first node, at its second). Node i's memory segments are rows ``seg_start..seg_stop`` with
-usage ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``.
+Node i's costs are ``costs[c_off[i]:c_off[i+1]]``. Edge e's matrix is stored once, its lower
+node's strategies as rows, row-major at ``nb_mats[edge_moff[e]:]``; large matrices with equal
+contents (a model's repeated layers) are stored once between them (``core/pool.py``). Node i's
+neighbours are ``nb_other[nb_ptr[i]:nb_ptr[i+1]]``; from neighbour entry p (neighbour j), the
+edge's price with i on s and j on t is
+
+    m_ij(s, t) = nb_mats[nb_moff[p] + s * nb_own[p] + t * nb_their[p]]
+
+(the strides read the one stored block either way round). Node i's memory segments are rows
+``seg_start..seg_stop`` with usage ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``.
 
 These arrays can be the core's one copy of its numbers: ``FrozenCore.share_arrays`` makes the
 core's own costs, matrices and usages views into them, and TRW-S reads ``nb_mats`` as it is.
@@ -35,8 +38,10 @@ class FrozenCoreArrays:
     nb_ptr: np.ndarray
     nb_other: np.ndarray
     nb_moff: np.ndarray
+    nb_own: np.ndarray
+    nb_their: np.ndarray
     nb_mats: np.ndarray
-    edge_entries: np.ndarray  # (edges, 2): edge e's neighbour entries at its first and second node
+    edge_moff: np.ndarray
     seg_ptr: np.ndarray
     seg_start: np.ndarray
     seg_stop: np.ndarray
@@ -46,21 +51,23 @@ class FrozenCoreArrays:
     @staticmethod
     def of(comp: FrozenCore) -> FrozenCoreArrays:
         """``comp`` flattened. Its neighbour lists hold each edge at both ends in the order of its
-        edge list (``FrozenCore.__post_init__``), which is how ``edge_entries`` is read off."""
-        nbrs = [(j, m) for row in comp.nbrs for j, m in row]
+        edge list (``FrozenCore.__post_init__``), which is how the entries find their edge."""
         segs = [seg for row in comp.segments for seg in row]
         sizes = [len(c) for c in comp.costs]
         nb_ptr = offsets([len(row) for row in comp.nbrs])
-        pool, moff = matrix_pool([m for _, m in nbrs])
+        pool, edge_moff = matrix_pool([m if u < v else m.T for u, v, m in comp.edges])
+        nb_moff, nb_own, nb_their = _entries([(u, v) for u, v, _ in comp.edges], sizes, edge_moff, nb_ptr)
         return FrozenCoreArrays(
             offsets(sizes),
             max(sizes, default=0),
             flat(comp.costs),
             nb_ptr,
-            np.array([j for j, _ in nbrs], dtype=np.int64),
-            moff,
+            np.array([j for row in comp.nbrs for j, _ in row], dtype=np.int64),
+            nb_moff,
+            nb_own,
+            nb_their,
             pool,
-            _edge_entries([(u, v) for u, v, _ in comp.edges], nb_ptr),
+            edge_moff,
             offsets([len(row) for row in comp.segments]),
             np.array([start for start, _, _ in segs], dtype=np.int64),
             np.array([stop for _, stop, _ in segs], dtype=np.int64),
@@ -72,28 +79,37 @@ class FrozenCoreArrays:
         """Number of strategies of node i."""
         return int(self.c_off[i + 1] - self.c_off[i])
 
-    def entry_matrix(self, p: int, i: int) -> np.ndarray:
-        """Neighbour entry p of node i: its matrix (i's strategies by the neighbour's), a view of
+    def lower_first(self, e: int, u: int, v: int) -> np.ndarray:
+        """Edge e (between u and v) as stored: the lower node's strategies as rows, a view of
         ``nb_mats``."""
-        rows, cols = self.k(i), self.k(int(self.nb_other[p]))
-        at = int(self.nb_moff[p])
+        rows, cols = self.k(min(u, v)), self.k(max(u, v))
+        at = int(self.edge_moff[e])
         return self.nb_mats[at:at + rows * cols].reshape(rows, cols)
+
+    def edge_matrix(self, e: int, u: int, v: int) -> np.ndarray:
+        """Edge e with u's strategies as rows and v's as columns, a view of ``nb_mats``."""
+        block = self.lower_first(e, u, v)
+        return block if u < v else block.T
 
     def segment_args(self) -> tuple[np.ndarray, ...]:
         """What the compiled loops over memory segments take."""
         return self.c_off, self.seg_ptr, self.seg_start, self.seg_stop, self.seg_uoff, self.seg_use
 
 
-def _edge_entries(edges: list[tuple[int, int]], nb_ptr: np.ndarray) -> np.ndarray:
-    """Per edge, the positions of its neighbour entries at both ends, when every node's entries are
-    appended in edge order starting at ``nb_ptr``."""
+def _entries(edges: list[tuple[int, int]], sizes: list[int], edge_moff: np.ndarray,
+             nb_ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every neighbour entry's block offset and strides (``nb_moff``, ``nb_own``, ``nb_their``),
+    when every node's entries are appended in edge order starting at ``nb_ptr``: at an edge's
+    lower node a step of its own strategy is a row of the block, at the higher one a column."""
     free = nb_ptr[:-1].copy()
-    out = np.empty((len(edges), 2), dtype=np.int64)
+    moff, own, their = (np.empty(int(nb_ptr[-1]), dtype=np.int64) for _ in range(3))
     for e, (u, v) in enumerate(edges):
-        out[e] = free[u], free[v]
-        free[u] += 1
-        free[v] += 1
-    return out
+        for i, j in ((u, v), (v, u)):
+            p = free[i]
+            free[i] += 1
+            moff[p] = edge_moff[e]
+            own[p], their[p] = (sizes[j], 1) if i < j else (1, sizes[i])
+    return moff, own, their
 
 
 def offsets(sizes: list[int]) -> np.ndarray:

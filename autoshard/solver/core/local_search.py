@@ -96,7 +96,7 @@ class Search:
         while count and time.monotonic() < deadline:
             head, count, total, saturated_now, moved_now = _descend(
                 self.x, self.slack, queue, queued, head, count, VISITS, total, a.widest,
-                a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats, *blocks, pen, self.penalty is not None, INF)
+                a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_own, a.nb_their, a.nb_mats, *blocks, pen, self.penalty is not None, INF)
             saturated, moved = saturated or saturated_now, moved or moved_now
         if moved:
             self._local.clear()
@@ -222,7 +222,7 @@ def flat_blocks(comp: FrozenCore) -> FlatBlocks:
 
 @njit(cache=True)
 def _descend(x, slack, queue, queued, head, count, visits, total, widest,
-             c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats,
+             c_off, costs, nb_ptr, nb_other, nb_moff, nb_own, nb_their, nb_mats,
              blk_ptr, blk_start, blk_stop, blk_uoff, blk_use, pen, use_pen, inf):  # pragma: no cover
     """Up to ``visits`` nodes off the FIFO ring ``queue`` (``head``, ``count``; ``queued`` marks
     its members): each to its best strategy that keeps every row within ``slack``, its
@@ -249,9 +249,9 @@ def _descend(x, slack, queue, queued, head, count, visits, total, widest,
             local[s] = costs[a + s]
         for p in range(nb_ptr[i], nb_ptr[i + 1]):
             j = nb_other[p]
-            width, base = c_off[j + 1] - c_off[j], nb_moff[p] + x[j]
+            step, base = nb_own[p], nb_moff[p] + x[j] * nb_their[p]
             for s in range(k):
-                value = local[s] + nb_mats[base + s * width]
+                value = local[s] + nb_mats[base + s * step]
                 local[s] = value if value < inf else inf
         for s in range(k):
             vec_int[s] = local[s]

@@ -264,9 +264,8 @@ class FrozenCore:
         method reads the same values), and the arrays it was frozen from can be freed."""
         a = self.arrays
         self.costs = views(a.costs, a.c_off)
-        self.edges = [(u, v, a.entry_matrix(int(a.edge_entries[e, 0]), u)) for e, (u, v, _) in enumerate(self.edges)]
-        self.nbrs = [[(j, a.entry_matrix(p, i)) for p, (j, _) in enumerate(row, int(a.nb_ptr[i]))]
-                     for i, row in enumerate(self.nbrs)]
+        self.edges = [(u, v, a.edge_matrix(e, u, v)) for e, (u, v, _) in enumerate(self.edges)]
+        self.__post_init__()
         uses = views(a.seg_use, np.append(a.seg_uoff, len(a.seg_use)))
         self.segments = [[(start, stop, uses[q]) for q, (start, stop, _) in enumerate(row, int(a.seg_ptr[i]))]
                          for i, row in enumerate(self.segments)]
@@ -275,7 +274,8 @@ class FrozenCore:
         """Exact total cost (Python int) including the constant of the reductions: compiled,
         in Python ints when a term is forbidden (sums of those would overflow int64)."""
         a = self.arrays
-        total, exact = _cost(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats)
+        total, exact = _cost(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_own,
+                              a.nb_their, a.nb_mats)
         if exact:
             return self.const + int(total)
         total = self.const + sum(int(c[s]) for c, s in zip(self.costs, x))
@@ -308,7 +308,7 @@ class FrozenCore:
 
 
 @njit(cache=True)
-def _cost(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+def _cost(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_own, nb_their, nb_mats):  # pragma: no cover
     """Sum of x's node costs and edge costs (each edge read at its lower end), and False
     instead when a term is forbidden or the sum nears int64's range."""
     total = 0
@@ -320,7 +320,7 @@ def _cost(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no co
                 j = nb_other[p]
                 if j < i:
                     continue
-                term = nb_mats[nb_moff[p] + x[i] * (c_off[j + 1] - c_off[j]) + x[j]]
+                term = nb_mats[nb_moff[p] + x[i] * nb_own[p] + x[j] * nb_their[p]]
             if term >= FORBIDDEN or term <= -FORBIDDEN:
                 return 0, False
             total += term

@@ -245,19 +245,19 @@ def node_costs(comp: FrozenCore, x: np.ndarray) -> np.ndarray:
     Compiled: in Python the loop over the edges was a visible share of a slice (measured: see
     benchmarks/README.md, "Solver throughput")."""
     a = comp.arrays
-    return _node_costs(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_mats)
+    return _node_costs(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff,
+                       a.nb_own, a.nb_their, a.nb_mats)
 
 
 @njit(cache=True)
-def _node_costs(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+def _node_costs(x, c_off, costs, nb_ptr, nb_other, nb_moff, nb_own, nb_their, nb_mats):  # pragma: no cover
     """``node_costs`` over the flat arrays: every edge is seen from both ends, half each time."""
     n = len(c_off) - 1
     share = np.empty(n)
     for i in range(n):
         total = float(costs[c_off[i] + x[i]])
         for p in range(nb_ptr[i], nb_ptr[i + 1]):
-            j = nb_other[p]
-            total += 0.5 * float(nb_mats[nb_moff[p] + x[i] * (c_off[j + 1] - c_off[j]) + x[j]])
+            total += 0.5 * float(nb_mats[nb_moff[p] + x[i] * nb_own[p] + x[nb_other[p]] * nb_their[p]])
         share[i] = min(total, 1e30)
     return share
 
@@ -274,7 +274,7 @@ def restrict(comp: FrozenCore, x: np.ndarray, nodes: np.ndarray) -> FrozenCore:
     inside[nodes] = True
     starts = offsets(a.c_off[nodes + 1] - a.c_off[nodes])
     flat = _absorbed_costs(np.asarray(x, dtype=np.int64), nodes, inside, starts, a.c_off, a.costs, a.nb_ptr,
-                           a.nb_other, a.nb_moff, a.nb_mats)
+                           a.nb_other, a.nb_moff, a.nb_own, a.nb_their, a.nb_mats)
     costs = views(flat, starts)
     # each edge inside once, from its end of lower index (oriented that way in its neighbour list)
     edges = [(i, index[j], m) for i, v in enumerate(nodes.tolist()) for j, m in comp.nbrs[v] if index.get(j, -1) > i]
@@ -296,7 +296,8 @@ def restrict(comp: FrozenCore, x: np.ndarray, nodes: np.ndarray) -> FrozenCore:
 
 
 @njit(cache=True)
-def _absorbed_costs(x, nodes, inside, starts, c_off, costs, nb_ptr, nb_other, nb_moff, nb_mats):  # pragma: no cover
+def _absorbed_costs(x, nodes, inside, starts, c_off, costs, nb_ptr, nb_other, nb_moff, nb_own, nb_their,
+                    nb_mats):  # pragma: no cover
     """``restrict``'s costs, flat at ``starts``: each node's own plus, for every edge to a node
     outside (not ``inside``), the edge's column at that node's strategy in x, saturated at INF
     after each addition (both terms are at most INF, so no sum overflows)."""
@@ -311,7 +312,7 @@ def _absorbed_costs(x, nodes, inside, starts, c_off, costs, nb_ptr, nb_other, nb
             j = nb_other[p]
             if inside[j]:
                 continue
-            kj = c_off[j + 1] - c_off[j]
+            at = nb_moff[p] + x[j] * nb_their[p]
             for s in range(k):
-                out[base + s] = min(out[base + s] + nb_mats[nb_moff[p] + s * kj + x[j]], INF)
+                out[base + s] = min(out[base + s] + nb_mats[at + s * nb_own[p]], INF)
     return out
