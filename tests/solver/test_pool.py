@@ -1,13 +1,13 @@
-"""The edge-matrix pool (core/pool.py) against a brute-force reference: equal large matrices share
-one entry whatever object, view or memory order holds them, and any difference (an entry the
-sample misses, the dtype, the shape) keeps them apart."""
+"""The edge-matrix and usage-vector pools (core/pool.py) against a brute-force reference: equal
+contents share one entry whatever object, view or memory order holds them, and any difference (an
+entry the sample misses, the dtype, the shape) keeps them apart."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autoshard.solver.core.pool import POOLED_ENTRIES, SAMPLE, _sample, content_keys, matrix_pool
+from autoshard.solver.core.pool import POOLED_ENTRIES, SAMPLE, _sample, content_keys, matrix_pool, vector_pool
 
 
 def _unsampled(m: np.ndarray) -> tuple[int, ...]:
@@ -88,3 +88,33 @@ def test_a_difference_outside_the_sample_keeps_two_matrices_apart() -> None:
 def test_an_empty_list_pools_to_nothing() -> None:
     pooled, moff = matrix_pool([])
     assert pooled.shape == (0,) and moff.shape == (0,)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vector_pool_stores_each_distinct_vector_once_and_reads_back_every_one(seed: int) -> None:
+    """Against the reference (distinct contents by value): the same object, an equal copy, a
+    strided view with equal entries, an int32 copy, and vectors one entry or one length apart."""
+    rng = np.random.default_rng(seed)
+    bases = [rng.integers(0, 4, size=n, dtype=np.int64) for n in (5, 5, 7, 1)]
+    vectors: list[np.ndarray] = []
+    for _ in range(30):
+        b = bases[rng.integers(len(bases))]
+        kind = rng.integers(5)
+        if kind == 0:
+            vectors.append(b)
+        elif kind == 1:
+            vectors.append(b.copy())
+        elif kind == 2:
+            vectors.append(np.repeat(b, 2)[::2])
+        elif kind == 3:
+            vectors.append(b.astype(np.int32))
+        else:
+            other = b.copy()
+            other[rng.integers(len(b))] += 1
+            vectors.append(other if rng.integers(2) else np.append(b, 0))
+    pooled, starts = vector_pool(vectors)
+    for v, at in zip(vectors, starts.tolist()):
+        assert np.array_equal(pooled[at:at + len(v)], v)
+    distinct = {tuple(np.asarray(v).tolist()) for v in vectors}
+    assert len(pooled) == sum(len(d) for d in distinct)
+    assert vector_pool([])[0].size == 0

@@ -133,6 +133,22 @@ def test_the_exact_evaluation_reads_the_problems_matrices_in_place():
         assert flat.evaluate(choice) == problem.evaluate(choice.tolist())
 
 
+def test_the_exact_evaluation_stores_each_distinct_cost_and_usage_vector_once():
+    problem = large_problem(np.random.default_rng(9), 40, max_k=3)
+    for i in range(0, problem.num_nodes, 2):  # every other node repeats node 0's or 1's vectors (by value)
+        j = i % 4 // 2
+        if len(problem.node_costs[j]) == len(problem.node_costs[i]):
+            problem.node_costs[i] = problem.node_costs[j].copy()
+            problem.node_usages[i] = problem.node_usages[j].copy()
+    flat = FlatProblem.of(problem)
+    assert flat.costs.size == sum(len(c) for c in {tuple(c.tolist()) for c in problem.node_costs})
+    assert flat.usages.size == sum(len(u) for u in {tuple(u.tolist()) for u in problem.node_usages})
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        choice = np.array([rng.integers(problem.num_strategies(i)) for i in range(problem.num_nodes)])
+        assert flat.evaluate(choice) == problem.evaluate(choice.tolist())
+
+
 def test_edge_sums_past_int64_are_left_to_python():
     """Eight edges sharing one matrix of 2**59 prices: each below FORBIDDEN, their sum 2**62."""
     big = np.full((1, 1), 2**59, dtype=np.int64)

@@ -8,7 +8,8 @@ see benchmarks/README.md, "Solver throughput"). Here both are loops over flat ar
 
 - ``Expansion``: the records as flat arrays; a removed node's strategy is its table entry at the
   positions of its scope's strategies in the snapshots taken when it was removed.
-- ``FlatProblem``: node costs and memory intervals flat; the edges grouped by their matrix object
+- ``FlatProblem``: node costs and usages flat, each distinct vector stored once (a model's repeated
+  layers repeat them: ``core/pool.py``), and the memory intervals; the edges grouped by their matrix object
   (the problem's own arrays, not copied: a large model's are gigabytes, shared by its repeated
   layers), each group's entries read at once by numpy; the cost is exact in int64 while no term is
   forbidden and the sum stays below 2**62, else ``ShardingProblem.evaluate`` decides (Python
@@ -24,6 +25,7 @@ from numba import njit
 
 from autoshard.solver.model.problem import FORBIDDEN, Evaluation, ShardingProblem
 from autoshard.solver.core.flat_core import flat, offsets
+from autoshard.solver.core.pool import vector_pool
 from autoshard.solver.core.reduced import Core
 
 
@@ -99,10 +101,11 @@ class FlatProblem:
 
     problem: ShardingProblem
     k: np.ndarray  # strategies per node
-    c_off: np.ndarray
+    c_off: np.ndarray  # node i's costs start at costs[c_off[i]]
     costs: np.ndarray
     edges: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]  # per matrix object: it, its edges' ends
-    usages: np.ndarray  # node i's at c_off[i], like its costs
+    u_off: np.ndarray  # node i's usages start at usages[u_off[i]]
+    usages: np.ndarray
     t_start: np.ndarray  # each node's interval as positions in the sorted distinct times
     t_end: np.ndarray
     times: int
@@ -121,10 +124,12 @@ class FlatProblem:
         compiled = all(np.asarray(a).dtype.kind == "i" for a in arrays)
         if compiled:  # no usage sum past int64 (at most each node's largest usage at once)
             compiled = sum(int(np.max(u, initial=0)) for u in problem.node_usages) < 2**62
-        pick = _flat if compiled else (lambda arrays: np.zeros(0, dtype=np.int64))
+        none = np.zeros(0, dtype=np.int64)
+        costs, c_off = vector_pool(problem.node_costs) if compiled else (none, none)
+        usages, u_off = vector_pool(problem.node_usages) if compiled else (none, none)
         return cls(
-            problem=problem, k=k, c_off=offsets(k), costs=pick(problem.node_costs),
-            edges=_edge_groups(problem) if compiled else (), usages=pick(problem.node_usages),
+            problem=problem, k=k, c_off=c_off, costs=costs, edges=_edge_groups(problem) if compiled else (),
+            u_off=u_off, usages=usages,
             t_start=t_start, t_end=t_end, times=len(times), compiled=compiled,
         )
 
@@ -134,8 +139,8 @@ class FlatProblem:
         valid = len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all())
         if not (self.compiled and valid):
             return self.problem.evaluate(choice.tolist())  # for an invalid choice: its one-line error
-        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.usages, self.t_start, self.t_end,
-                                       self.times)
+        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.u_off, self.usages, self.t_start,
+                                       self.t_end, self.times)
         total = _edges_total(choice, self.edges, int(total)) if exact else None
         if total is None:
             return self.problem.evaluate(choice.tolist())
@@ -172,7 +177,7 @@ def _edges_total(choice: np.ndarray, groups: tuple[tuple[np.ndarray, np.ndarray,
 
 
 @njit(cache=True)
-def _evaluate(choice, c_off, costs, usages, t_start, t_end, times):  # pragma: no cover
+def _evaluate(choice, c_off, costs, u_off, usages, t_start, t_end, times):  # pragma: no cover
     """The node costs' sum, whether it is exact (no forbidden term, the sum below 2**62: every
     term is below FORBIDDEN < 2**60, so no addition overflows before the check), and peak memory."""
     total = 0
@@ -186,7 +191,7 @@ def _evaluate(choice, c_off, costs, usages, t_start, t_end, times):  # pragma: n
     change = np.zeros(times + 1, dtype=np.int64)
     for i in range(len(choice)):
         if t_start[i] < t_end[i]:
-            use = usages[c_off[i] + choice[i]]
+            use = usages[u_off[i] + choice[i]]
             change[t_start[i]] += use
             change[t_end[i]] -= use
     peak = level = 0

@@ -9,7 +9,8 @@ edge's price with i on s and j on t is
     m_ij(s, t) = nb_mats[nb_moff[p] + s * nb_own[p] + t * nb_their[p]]
 
 (the strides read the one stored block either way round). Node i's memory segments are rows
-``seg_start..seg_stop`` with usage ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``.
+``seg_start..seg_stop`` with usage ``seg_use[seg_uoff[q]:]`` for q in ``seg_ptr[i]..seg_ptr[i+1]``,
+equal usages (a model's repeated layers) stored once (``core/pool.py``).
 
 These arrays can be the core's one copy of its numbers: ``FrozenCore.share_arrays`` makes the
 core's own costs, matrices and usages views into them, and TRW-S reads ``nb_mats`` as it is.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.solver.core.pool import matrix_pool
+from autoshard.solver.core.pool import matrix_pool, vector_pool
 
 if TYPE_CHECKING:
     from autoshard.solver.core.reduced import FrozenCore
@@ -56,6 +57,7 @@ class FrozenCoreArrays:
         sizes = [len(c) for c in comp.costs]
         nb_ptr = offsets([len(row) for row in comp.nbrs])
         pool, edge_moff = matrix_pool([m if u < v else m.T for u, v, m in comp.edges])
+        seg_use, seg_uoff = vector_pool([usage for _, _, usage in segs])
         nb_moff, nb_own, nb_their = _entries([(u, v) for u, v, _ in comp.edges], sizes, edge_moff, nb_ptr)
         return FrozenCoreArrays(
             offsets(sizes),
@@ -71,8 +73,8 @@ class FrozenCoreArrays:
             offsets([len(row) for row in comp.segments]),
             np.array([start for start, _, _ in segs], dtype=np.int64),
             np.array([stop for _, stop, _ in segs], dtype=np.int64),
-            offsets([len(usage) for _, _, usage in segs])[:-1],
-            flat([usage for _, _, usage in segs]),
+            seg_uoff,
+            seg_use,
         )
 
     def k(self, i: int) -> int:

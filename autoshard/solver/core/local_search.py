@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from autoshard.solver.core.flat_core import flat, offsets
+from autoshard.solver.core.flat_core import offsets
+from autoshard.solver.core.pool import vector_pool
 from autoshard.solver.core.reduced import INF, FrozenCore
 
 
@@ -209,12 +210,13 @@ def flat_blocks(comp: FrozenCore) -> FlatBlocks:
         per_node = node_blocks(comp)
         blocks = [b for row in per_node for b in row]
         empty = np.zeros(0, dtype=np.int64)
+        use, uoff = vector_pool([use for _, _, use in blocks])  # repeated layers' blocks stored once
         cached = comp.__dict__["_flat_blocks"] = FlatBlocks(
             (offsets([len(row) for row in per_node]),
              np.array([start for start, _, _ in blocks], dtype=np.int64),
              np.array([stop for _, stop, _ in blocks], dtype=np.int64),
-             offsets([len(use) for _, _, use in blocks])[:-1],
-             flat([use for _, _, use in blocks])),
+             uoff,
+             use),
             (np.zeros(comp.n + 1, dtype=np.int64), empty, empty, empty, empty),
         )
     return cached

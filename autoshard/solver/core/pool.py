@@ -1,5 +1,6 @@
-"""Edge matrices stored once per distinct content: a model's repeated layers share their matrices,
-and the flat arrays the compiled loops take (the core's, TRW-S's) point every sharing edge at one copy.
+"""Edge matrices and usage vectors stored once per distinct content: a model's repeated layers share
+their matrices and memory usages, and the flat arrays the compiled loops take point every sharing
+edge (``matrix_pool``) and memory segment (``vector_pool``) at one copy.
 
 Finding equal contents must cost far less than the search it feeds (a 1 s solve of a small LLaMA
 holds hundreds of megabytes of matrices). So arrays are grouped by identity first (the problem
@@ -95,3 +96,31 @@ def _identity(m: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int
     """What makes two arrays alive at once the same view of the same memory (shared edge matrices
     and their transposes), so a content already compared is not compared again."""
     return m.__array_interface__["data"][0], m.shape, m.strides, m.dtype.num
+
+
+def vector_pool(vectors: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(the 1-D vectors as int64, each distinct content once, one after another; each input's start
+    in them). Vectors are grouped by identity, then by a digest of their bytes, and a digest's
+    match is confirmed in full (``np.array_equal``) before two vectors share their entries: a
+    reduced core's nodes carry the memory segments of every node merged into them, the same in
+    every repeated layer."""
+    by_identity: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], int] = {}
+    by_digest: dict[bytes, list[tuple[np.ndarray, int]]] = {}
+    first: list[np.ndarray] = []
+    starts = np.empty(len(vectors), dtype=np.int64)
+    size = 0
+    for n, given in enumerate(vectors):
+        seen = _identity(given)  # the caller's arrays stay alive, so their addresses are not reused
+        at = by_identity.get(seen)
+        if at is None:
+            v = np.asarray(given, dtype=np.int64)
+            bucket = by_digest.setdefault(digest(v), [])
+            at = next((start for rep, start in bucket if np.array_equal(rep, v)), None)
+            if at is None:
+                at, size = size, size + len(v)
+                first.append(v)
+                bucket.append((v, at))
+            by_identity[seen] = at
+        starts[n] = at
+    pooled = np.concatenate(first) if first else np.zeros(0, dtype=np.int64)
+    return pooled, starts
