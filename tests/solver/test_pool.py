@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autoshard.solver.core.pool import POOLED_ENTRIES, SAMPLE, _sample, content_keys, matrix_pool, vector_pool
+from autoshard.solver.core.pool import (POOLED_ENTRIES, POOLED_LENGTH, SAMPLE, _sample, content_keys, matrix_pool,
+                                        vector_pool)
 
 
 def _unsampled(m: np.ndarray) -> tuple[int, ...]:
@@ -95,7 +96,8 @@ def test_vector_pool_stores_each_distinct_vector_once_and_reads_back_every_one(s
     """Against the reference (distinct contents by value): the same object, an equal copy, a
     strided view with equal entries, an int32 copy, and vectors one entry or one length apart."""
     rng = np.random.default_rng(seed)
-    bases = [rng.integers(0, 4, size=n, dtype=np.int64) for n in (5, 5, 7, 1)]
+    bases = [rng.integers(0, 4, size=n, dtype=np.int64) for n in (POOLED_LENGTH, POOLED_LENGTH, POOLED_LENGTH + 7)]
+    bases.append(rng.integers(0, 4, size=POOLED_LENGTH - 1, dtype=np.int64))  # short: copied each time
     vectors: list[np.ndarray] = []
     for _ in range(30):
         b = bases[rng.integers(len(bases))]
@@ -115,6 +117,6 @@ def test_vector_pool_stores_each_distinct_vector_once_and_reads_back_every_one(s
     pooled, starts = vector_pool(vectors)
     for v, at in zip(vectors, starts.tolist()):
         assert np.array_equal(pooled[at:at + len(v)], v)
-    distinct = {tuple(np.asarray(v).tolist()) for v in vectors}
-    assert len(pooled) == sum(len(d) for d in distinct)
+    distinct = {tuple(np.asarray(v).tolist()) for v in vectors if len(v) >= POOLED_LENGTH}
+    assert len(pooled) == sum(len(d) for d in distinct) + sum(len(v) for v in vectors if len(v) < POOLED_LENGTH)
     assert vector_pool([])[0].size == 0

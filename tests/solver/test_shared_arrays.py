@@ -13,6 +13,7 @@ import numpy as np
 
 from autoshard.solver.bounds.trws import MessagePassing, lower_first
 from autoshard.solver.core.evaluation import FlatProblem
+from autoshard.solver.core.pool import POOLED_LENGTH
 from autoshard.solver.core.reduced import INF, Core, FrozenCore, saturated
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.model.problem import ShardingProblem
@@ -69,7 +70,8 @@ def test_a_handed_over_core_reads_every_number_from_its_flat_arrays_and_the_core
             assert all(np.array_equal(m, w) and np.shares_memory(m, a.nb_mats) for (_, m), (_, w) in zip(row, want))
         for row, want in zip(comp.segments, plain.segments):
             assert [(s, t) for s, t, _ in row] == [(s, t) for s, t, _ in want]
-            assert all(np.array_equal(u, w) and np.shares_memory(u, a.seg_use) for (_, _, u), (_, _, w) in zip(row, want))
+            assert all(np.array_equal(u, w) and np.shares_memory(u, a.seg_use)
+                       for (_, _, u), (_, _, w) in zip(row, want))
         assert not any(core.adj) and all(c is None for c in core.costs) and not any(core.segments)
         sent = pickle.loads(pickle.dumps(comp))  # as neighbourhood search sends cores: without the arrays
         assert "_arrays" not in sent.__dict__ and sent.cost([0] * comp.n) == comp.cost([0] * comp.n)
@@ -77,7 +79,8 @@ def test_a_handed_over_core_reads_every_number_from_its_flat_arrays_and_the_core
         for _ in range(5):  # the same plans cost the same, and expand the same way
             x = np.array([rng.integers(len(c)) for c in comp.costs], dtype=np.int64)
             assert comp.cost(x) == plain.cost(x) and np.array_equal(comp.profile(x), plain.profile(x))
-            assert core.expand(dict(zip(comp.nodes, x.tolist()))) == Core(problem).expand(dict(zip(plain.nodes, x.tolist())))
+            expanded = Core(problem).expand(dict(zip(plain.nodes, x.tolist())))
+            assert core.expand(dict(zip(comp.nodes, x.tolist()))) == expanded
 
 
 def test_every_neighbour_entry_reads_its_edge_either_way_round_from_one_stored_block():
@@ -134,7 +137,13 @@ def test_the_exact_evaluation_reads_the_problems_matrices_in_place():
 
 
 def test_the_exact_evaluation_stores_each_distinct_cost_and_usage_vector_once():
-    problem = large_problem(np.random.default_rng(9), 40, max_k=3)
+    problem = large_problem(np.random.default_rng(9), 40, max_k=POOLED_LENGTH + 2)
+    for i, c in enumerate(problem.node_costs):  # every vector long enough to be pooled
+        if len(c) < POOLED_LENGTH:
+            problem.node_costs[i] = np.resize(c, POOLED_LENGTH)
+            problem.node_usages[i] = np.resize(problem.node_usages[i], POOLED_LENGTH)
+    problem.edge_costs = [np.resize(m, (len(problem.node_costs[u]), len(problem.node_costs[v])))
+                          for (u, v), m in zip(problem.edges, problem.edge_costs)]
     for i in range(0, problem.num_nodes, 2):  # every other node repeats node 0's or 1's vectors (by value)
         j = i % 4 // 2
         if len(problem.node_costs[j]) == len(problem.node_costs[i]):

@@ -9,9 +9,9 @@ to the costs: the Lagrangian term of the memory rows (see lagrangian.py).
 Arithmetic is float64 with forbidden entries at +inf; the bound is made safe against rounding
 by ``safe_bound``. The edge matrices are read where the core keeps them, as int64 in its flat
 arrays' pool (``FrozenCore.arrays``), each entry converted as it is read (``_entry``: forbidden
-entries to +inf): a float copy of them would be as large again as the pool. The node-by-node loops (a pass of message updates, the reparametrised node
-costs, the primal) are compiled by numba over flat arrays: in numpy the call overhead per
-message made most of a Lagrangian step (measured: see benchmarks/README.md, "Solver throughput").
+entries to +inf): a float copy of them would be as large again as the pool. The node-by-node
+loops (a pass of message updates, the reparametrised node costs, the primal) are compiled by
+numba over flat arrays: in numpy the call overhead per message made most of a Lagrangian step (measured: see benchmarks/README.md, "Solver throughput").
 The per-node and per-edge arrays the rest of the solver reads (``to_u``, ``to_v``) are views
 into those flat arrays, so they see every update.
 """

@@ -98,18 +98,28 @@ def _identity(m: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, ...], int
     return m.__array_interface__["data"][0], m.shape, m.strides, m.dtype.num
 
 
+POOLED_LENGTH = 64
+"""Vectors of at least this many entries are stored once per distinct content; shorter ones are
+copied as they come (a digest per vector costs ~30 times the copy: neighbourhood search's small
+restricted cores would pay it several times a second)."""
+
+
 def vector_pool(vectors: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(the 1-D vectors as int64, each distinct content once, one after another; each input's start
-    in them). Vectors are grouped by identity, then by a digest of their bytes, and a digest's
-    match is confirmed in full (``np.array_equal``) before two vectors share their entries: a
-    reduced core's nodes carry the memory segments of every node merged into them, the same in
-    every repeated layer."""
+    """(the 1-D vectors as int64 one after another, each distinct content of ``POOLED_LENGTH`` or
+    more entries once; each input's start in them). Long vectors are grouped by identity, then by
+    a digest of their bytes, and a digest's match is confirmed in full (``np.array_equal``) before
+    two vectors share their entries: a reduced core's nodes carry the memory segments of every
+    node merged into them, the same in every repeated layer."""
     by_identity: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], int] = {}
     by_digest: dict[bytes, list[tuple[np.ndarray, int]]] = {}
     first: list[np.ndarray] = []
     starts = np.empty(len(vectors), dtype=np.int64)
     size = 0
     for n, given in enumerate(vectors):
+        if len(given) < POOLED_LENGTH:
+            first.append(np.asarray(given, dtype=np.int64))
+            starts[n], size = size, size + len(given)
+            continue
         seen = _identity(given)  # the caller's arrays stay alive, so their addresses are not reused
         at = by_identity.get(seen)
         if at is None:

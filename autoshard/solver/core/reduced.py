@@ -267,7 +267,8 @@ class FrozenCore:
         self.edges = [(u, v, a.edge_matrix(e, u, v)) for e, (u, v, _) in enumerate(self.edges)]
         self.__post_init__()
         self.segments = [[(start, stop, a.seg_use[a.seg_uoff[q]:a.seg_uoff[q] + a.k(i)])
-                          for q, (start, stop, _) in enumerate(row, int(a.seg_ptr[i]))] for i, row in enumerate(self.segments)]
+                          for q, (start, stop, _) in enumerate(row, int(a.seg_ptr[i]))]
+                         for i, row in enumerate(self.segments)]
 
     def cost(self, x: np.ndarray | list[int]) -> int:
         """Exact total cost (Python int) including the constant of the reductions: compiled,
