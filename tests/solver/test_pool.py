@@ -98,22 +98,15 @@ def test_vector_pool_stores_each_distinct_vector_once_and_reads_back_every_one(s
     rng = np.random.default_rng(seed)
     bases = [rng.integers(0, 4, size=n, dtype=np.int64) for n in (POOLED_LENGTH, POOLED_LENGTH, POOLED_LENGTH + 7)]
     bases.append(rng.integers(0, 4, size=POOLED_LENGTH - 1, dtype=np.int64))  # short: copied each time
-    vectors: list[np.ndarray] = []
-    for _ in range(30):
-        b = bases[rng.integers(len(bases))]
-        kind = rng.integers(5)
-        if kind == 0:
-            vectors.append(b)
-        elif kind == 1:
-            vectors.append(b.copy())
-        elif kind == 2:
-            vectors.append(np.repeat(b, 2)[::2])
-        elif kind == 3:
-            vectors.append(b.astype(np.int32))
-        else:
-            other = b.copy()
-            other[rng.integers(len(b))] += 1
-            vectors.append(other if rng.integers(2) else np.append(b, 0))
+    variants = [
+        lambda b: b,
+        lambda b: b.copy(),
+        lambda b: np.repeat(b, 2)[::2],
+        lambda b: b.astype(np.int32),
+        lambda b: np.append(b, 0),
+        lambda b: np.where(np.arange(len(b)) == rng.integers(len(b)), b + 1, b),
+    ]
+    vectors = [variants[rng.integers(len(variants))](bases[rng.integers(len(bases))]) for _ in range(30)]
     pooled, starts = vector_pool(vectors)
     for v, at in zip(vectors, starts.tolist()):
         assert np.array_equal(pooled[at:at + len(v)], v)
