@@ -11,9 +11,10 @@ by ``safe_bound``. The edge matrices are read where the core keeps them, as int6
 arrays' pool (``FrozenCore.arrays``), each entry converted as it is read (``_entry``: forbidden
 entries to +inf): a float copy of them would be as large again as the pool. The node-by-node
 loops (a pass of message updates, the reparametrised node costs, the primal) are compiled by
-numba over flat arrays: in numpy the call overhead per message made most of a Lagrangian step (measured: see benchmarks/README.md, "Solver throughput").
-The per-node and per-edge arrays the rest of the solver reads (``to_u``, ``to_v``) are views
-into those flat arrays, so they see every update.
+numba over flat arrays: in numpy the call overhead per message made most of a Lagrangian step
+(measured: see benchmarks/README.md, "Solver throughput"). The per-node and per-edge arrays the
+rest of the solver reads (``to_u``, ``to_v``) are views into those flat arrays, so they see every
+update.
 """
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ def lower_first(comp: FrozenCore) -> tuple[list[tuple[int, int, np.ndarray]], np
     """Edge e of ``comp.edges`` oriented lower node first, as (u, v, matrix) with u < v, the matrix
     an int64 view of ``comp.arrays``' pool, and each one's offset in the pool."""
     a = comp.arrays
-    return [(min(u, v), max(u, v), a.lower_first(e, u, v)) for e, (u, v, _) in enumerate(comp.edges)], a.edge_moff
+    edges = [(min(u, v), max(u, v), a.lower_first(e, u, v)) for e, (u, v, _) in enumerate(comp.edges)]
+    return edges, a.edge_moff
 
 
 def _largest_allowed(m: np.ndarray) -> float:
