@@ -19,14 +19,10 @@ core's own costs, matrices and usages views into them, and TRW-S reads ``nb_mats
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoshard.solver.core.pool import matrix_pool, vector_pool
-
-if TYPE_CHECKING:
-    from autoshard.solver.core.reduced import FrozenCore
 
 
 @dataclass
@@ -50,27 +46,32 @@ class FrozenCoreArrays:
     seg_use: np.ndarray
 
     @staticmethod
-    def of(comp: FrozenCore) -> FrozenCoreArrays:
-        """``comp`` flattened. Its neighbour lists hold each edge at both ends in the order of its
-        edge list (``FrozenCore.__post_init__``), which is how the entries find their edge."""
-        segs = [seg for row in comp.segments for seg in row]
-        sizes = [len(c) for c in comp.costs]
-        nb_ptr = offsets([len(row) for row in comp.nbrs])
-        pool, edge_moff = matrix_pool([m if u < v else m.T for u, v, m in comp.edges])
+    def of(costs: list[np.ndarray], edges: list[tuple[int, int, np.ndarray]],
+           segments: list[list[tuple[int, int, np.ndarray]]]) -> FrozenCoreArrays:
+        """A FrozenCore's costs, edges and segments flattened; each node's neighbour entries in the
+        order of the edge list, as ``FrozenCore.__post_init__`` lists them."""
+        segs = [seg for row in segments for seg in row]
+        sizes = [len(c) for c in costs]
+        degree = np.zeros(len(costs), dtype=np.int64)
+        for u, v, _ in edges:
+            degree[u] += 1
+            degree[v] += 1
+        nb_ptr = offsets(degree.tolist())
+        pool, edge_moff = matrix_pool([m if u < v else m.T for u, v, m in edges])
         seg_use, seg_uoff = vector_pool([usage for _, _, usage in segs])
-        nb_moff, nb_own, nb_their = _entries([(u, v) for u, v, _ in comp.edges], sizes, edge_moff, nb_ptr)
+        nb_other, nb_moff, nb_own, nb_their = _entries([(u, v) for u, v, _ in edges], sizes, edge_moff, nb_ptr)
         return FrozenCoreArrays(
             offsets(sizes),
             max(sizes, default=0),
-            flat(comp.costs),
+            flat(costs),
             nb_ptr,
-            np.array([j for row in comp.nbrs for j, _ in row], dtype=np.int64),
+            nb_other,
             nb_moff,
             nb_own,
             nb_their,
             pool,
             edge_moff,
-            offsets([len(row) for row in comp.segments]),
+            offsets([len(row) for row in segments]),
             np.array([start for start, _, _ in segs], dtype=np.int64),
             np.array([stop for _, stop, _ in segs], dtype=np.int64),
             seg_uoff,
@@ -99,19 +100,20 @@ class FrozenCoreArrays:
 
 
 def _entries(edges: list[tuple[int, int]], sizes: list[int], edge_moff: np.ndarray,
-             nb_ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every neighbour entry's block offset and strides (``nb_moff``, ``nb_own``, ``nb_their``),
-    when every node's entries are appended in edge order starting at ``nb_ptr``: at an edge's
-    lower node a step of its own strategy is a row of the block, at the higher one a column."""
+             nb_ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every neighbour entry's neighbour, block offset and strides (``nb_other``, ``nb_moff``,
+    ``nb_own``, ``nb_their``), each node's entries appended in edge order starting at ``nb_ptr``:
+    at an edge's lower node a step of its own strategy is a row of the block, at the higher one a
+    column."""
     free = nb_ptr[:-1].copy()
-    moff, own, their = (np.empty(int(nb_ptr[-1]), dtype=np.int64) for _ in range(3))
+    other, moff, own, their = (np.empty(int(nb_ptr[-1]), dtype=np.int64) for _ in range(4))
     for e, (u, v) in enumerate(edges):
         for i, j in ((u, v), (v, u)):
             p = free[i]
             free[i] += 1
-            moff[p] = edge_moff[e]
+            other[p], moff[p] = j, edge_moff[e]
             own[p], their[p] = (sizes[j], 1) if i < j else (1, sizes[i])
-    return moff, own, their
+    return other, moff, own, their
 
 
 def offsets(sizes: list[int]) -> np.ndarray:

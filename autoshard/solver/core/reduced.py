@@ -255,7 +255,7 @@ class FrozenCore:
         """This core as flat arrays (built on first use, then kept)."""
         cached = self.__dict__.get("_arrays")
         if cached is None:
-            cached = self.__dict__["_arrays"] = FrozenCoreArrays.of(self)
+            cached = self.__dict__["_arrays"] = FrozenCoreArrays.of(self.costs, self.edges, self.segments)
         return cached
 
     def share_arrays(self) -> None:
