@@ -111,3 +111,16 @@ def test_only_procs_forks():
     forking = {str(f.relative_to(PACKAGE.parent)) for f in (PACKAGE / "solver").rglob("*.py")
                if "os.fork(" in f.read_text() and f.parent.name != "procs"}
     assert not forking, f"forks outside solver/procs: {forking}"
+
+
+def test_only_core_highs_calls_highs():
+    """highspy and scipy's ``linprog`` (a second copy of HiGHS) are reached through
+    solver/core/highs.py alone, which silences them and resets their threads in forked children."""
+    calling = set()
+    for f in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+            module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            if "highspy" in names or module == "highspy" or (module == "scipy.optimize" and "linprog" in names):
+                calling.add(str(f.relative_to(PACKAGE.parent)))
+    assert calling == {"autoshard/solver/core/highs.py"}, f"HiGHS called outside solver/core/highs.py: {calling}"

@@ -27,9 +27,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import linprog
+from scipy.sparse import csc_array
 
 from autoshard.pipeline.budget_bound import DeviceParts
+from autoshard.solver.core.highs import LpModel, solve_lp
 
 STEPS = 12
 """Most evaluations of the penalised parts along one row's axis after the first."""
@@ -139,9 +140,9 @@ def _kelley(parts: DeviceParts, further: int, limit: int, cuts: list[Cut], best:
         slopes = np.array([c[2] * box for c in cuts]) / best
         a_ub = np.hstack([-slopes, np.ones((len(cuts), 1))])
         b_ub = np.array([c[1] - float(np.dot(c[2], c[0])) for c in cuts]) / best
-        found = linprog(np.r_[np.zeros(rows), -1.0], A_ub=a_ub, b_ub=b_ub,
-                        bounds=[(0.0, 1.0)] * rows + [(None, None)], method="highs")
-        if found.status != 0:
+        found = solve_lp(LpModel(np.r_[np.zeros(rows), -1.0], csc_array(a_ub), np.full(len(cuts), -np.inf), b_ub,
+                                 np.r_[np.zeros(rows), -np.inf], np.r_[np.ones(rows), np.inf]))
+        if found.status != "optimal":
             break
         mu, estimate = found.x[:rows], found.x[-1] * best
         face = mu >= 1 - 1e-9
