@@ -40,7 +40,6 @@ class MessagePassing:
     def __init__(self, comp: FrozenCore) -> None:
         self.comp = comp
         n = comp.n
-        self.theta = [np.where(c < INF, c.astype(np.float64), np.inf) for c in comp.costs]
         self.edges, self.m_off = lower_first(comp)
         self.flipped = [u > v for u, v, _ in comp.edges]
         self.inc: list[list[tuple[int, int, bool]]] = [[] for _ in range(n)]
@@ -171,9 +170,11 @@ class _FlatGraph:
     arrays with offsets, which is what the compiled loops take."""
 
     def __init__(self, mp: MessagePassing) -> None:
-        sizes = [len(t) for t in mp.theta]
+        costs = mp.comp.arrays.costs
         self.th_off, self.widest = mp.comp.arrays.c_off, mp.comp.arrays.widest  # theta is laid out as the costs
-        self.theta = np.concatenate(mp.theta)
+        sizes = np.diff(self.th_off).tolist()
+        self.theta = costs.astype(np.float64)
+        self.theta[costs >= INF] = np.inf
         self.zeros = np.zeros_like(self.theta)
         inc = [(e, j, is_u) for row in mp.inc for e, j, is_u in row]
         self.inc_ptr = offsets([len(row) for row in mp.inc])
