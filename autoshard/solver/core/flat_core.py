@@ -52,11 +52,8 @@ class FrozenCoreArrays:
         order of the edge list, as ``FrozenCore.__post_init__`` lists them."""
         segs = [seg for row in segments for seg in row]
         sizes = [len(c) for c in costs]
-        degree = np.zeros(len(costs), dtype=np.int64)
-        for u, v, _ in edges:
-            degree[u] += 1
-            degree[v] += 1
-        nb_ptr = offsets(degree.tolist())
+        ends = [w for u, v, _ in edges for w in (u, v)]
+        nb_ptr = offsets(np.bincount(np.array(ends, dtype=np.int64), minlength=len(costs)).tolist())
         pool, edge_moff = matrix_pool([m if u < v else m.T for u, v, m in edges])
         seg_use, seg_uoff = vector_pool([usage for _, _, usage in segs])
         nb_other, nb_moff, nb_own, nb_their = _entries([(u, v) for u, v, _ in edges], sizes, edge_moff, nb_ptr)
@@ -93,6 +90,12 @@ class FrozenCoreArrays:
         """Edge e with u's strategies as rows and v's as columns, a view of ``nb_mats``."""
         block = self.lower_first(e, u, v)
         return block if u < v else block.T
+
+    def neighbour_args(self) -> tuple[np.ndarray, ...]:
+        """What the compiled loops over neighbour entries take: each node's costs, its entries and
+        how each reads its edge's block (module formulation)."""
+        return (self.c_off, self.costs, self.nb_ptr, self.nb_other, self.nb_moff, self.nb_own, self.nb_their,
+                self.nb_mats)
 
     def segment_args(self) -> tuple[np.ndarray, ...]:
         """What the compiled loops over memory segments take."""

@@ -97,8 +97,7 @@ class Search:
         while count and time.monotonic() < deadline:
             head, count, total, saturated_now, moved_now = _descend(
                 self.x, self.slack, queue, queued, head, count, VISITS, total, a.widest,
-                a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_own, a.nb_their, a.nb_mats, *blocks, pen,
-                self.penalty is not None, INF)
+                *a.neighbour_args(), *blocks, pen, self.penalty is not None, INF)
             saturated, moved = saturated or saturated_now, moved or moved_now
         if moved:
             self._local.clear()

@@ -274,8 +274,7 @@ class FrozenCore:
         """Exact total cost (Python int) including the constant of the reductions: compiled,
         in Python ints when a term is forbidden (sums of those would overflow int64)."""
         a = self.arrays
-        total, exact = _cost(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff, a.nb_own,
-                              a.nb_their, a.nb_mats)
+        total, exact = _cost(np.asarray(x, dtype=np.int64), *a.neighbour_args())
         if exact:
             return self.const + int(total)
         total = self.const + sum(int(c[s]) for c, s in zip(self.costs, x))

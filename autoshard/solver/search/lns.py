@@ -245,8 +245,7 @@ def node_costs(comp: FrozenCore, x: np.ndarray) -> np.ndarray:
     Compiled: in Python the loop over the edges was a visible share of a slice (measured: see
     benchmarks/README.md, "Solver throughput")."""
     a = comp.arrays
-    return _node_costs(np.asarray(x, dtype=np.int64), a.c_off, a.costs, a.nb_ptr, a.nb_other, a.nb_moff,
-                       a.nb_own, a.nb_their, a.nb_mats)
+    return _node_costs(np.asarray(x, dtype=np.int64), *a.neighbour_args())
 
 
 @njit(cache=True)
@@ -273,8 +272,7 @@ def restrict(comp: FrozenCore, x: np.ndarray, nodes: np.ndarray) -> FrozenCore:
     inside = np.zeros(comp.n, dtype=np.bool_)
     inside[nodes] = True
     starts = offsets(a.c_off[nodes + 1] - a.c_off[nodes])
-    flat = _absorbed_costs(np.asarray(x, dtype=np.int64), nodes, inside, starts, a.c_off, a.costs, a.nb_ptr,
-                           a.nb_other, a.nb_moff, a.nb_own, a.nb_their, a.nb_mats)
+    flat = _absorbed_costs(np.asarray(x, dtype=np.int64), nodes, inside, starts, *a.neighbour_args())
     costs = views(flat, starts)
     # each edge inside once, from its end of lower index (oriented that way in its neighbour list)
     edges = [(i, index[j], m) for i, v in enumerate(nodes.tolist()) for j, m in comp.nbrs[v] if index.get(j, -1) > i]
