@@ -18,84 +18,79 @@ stands), bounds nothing: the claim's bound is then 0. The recipe's seed plans ar
 one not costed by then is left out (a progress line names it), and the search goes on without it. With no plan at all by the limit,
 the search raises one line saying how far it got and to raise --timeout. ``engine`` is a :class:`~autoshard.pipeline.search.PipelineSearch`
 or anything with its interface (``pipeline/axes.py`` drives several axes as one).
+
+Bounding uses both processors: a forked child bounds the pipelined options beside this process
+(``bound_peer.py``; the whole-model option is bounded here, as bounding it may solve it), each
+bound as it would be here, and is stopped while anything is solved.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
 from typing import Sequence
 
 from autoshard.api import BudgetError
 from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
-from autoshard.pipeline.options import PipelineOption
+from autoshard.pipeline.bound_peer import BoundingPeer
+from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
 from autoshard.pipeline.search import PipelineResult, PipelineSearch, Searched
 
 
 def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Sequence[PipelineOption] = (),
-           bounding_share: float = 0.4) -> PipelineResult:
+           bounding_share: float = 0.4, processors: int | None = None) -> PipelineResult:
     """Take the incumbent plans of the ``seeds`` options (the recipe people run) as the first best;
     bound the options (within ``bounding_share`` of the time limit); then solve the options cheapest
     bound first until no bound is below the best. Options left without a bound are bounded once a
     best plan exists, before any further option is solved (ruled out, unsolved, where the bound
     reaches the best step); one still without a bound is solved after the bounded ones while time
-    remains, and otherwise leaves the claim without one."""
-    best = _seeded(engine, seeds)
-    bounds: list[Searched] = []
-    unbounded: list[Searched] = []
-    told: set[PipelineOption] = set()  # the options said to be ruled out by their bounds
-    for k, option in enumerate(options):
-        limit = engine.limit
-        if limit.passed() or bounds and limit.timeout is not None and limit.elapsed() > bounding_share * limit.timeout:
-            engine.progress(f"no time to bound {len(options) - k} more options")
-            unbounded += [Searched(o, 0.0, bounded=False) for o in options[k:]]
-            break
-        try:
-            bounds.append(engine.evaluate(option, bounded=False, cutoff=best.step if best else float("inf")))
-        except AutoshardError:  # its stages found no plan in their share of the time: no bound
-            engine.progress(f"not bounded in time: {option.label}")
-            unbounded.append(Searched(option, 0.0, bounded=False))
-            continue
-        if best is not None and bounds[-1].bound >= best.step:
-            engine.progress(_ruled_out(bounds[-1], best))
-            told.add(option)
-        else:
-            engine.progress(f"bound {format_seconds(bounds[-1].bound)}: {option.label}")
-    if best is not None:
-        best.bound = next((b.bound for b in bounds if b.option == best.option), 0.0)
-    searched: list[Searched] = []
-    pending = sorted(bounds, key=lambda b: b.bound) + unbounded
-    left = len(unbounded)  # options that end without a bound (a solve's plan without one bounds nothing)
-    late = False  # whether the options without a bound have been bounded late
-    while pending:
-        if best is not None and not late:
-            # with a plan, the options without a bound are bounded (once) before any other is solved:
-            # a claim needs every option's bound, and another solve can only lower the best step
-            late = True
-            pending = [e if e.bounded or engine.limit.passed() else _late_bound(engine, e, best) for e in pending]
-            pending.sort(key=lambda e: (not e.bounded, e.bound))
-            left = sum(not e.bounded for e in pending)
-        entry = pending.pop(0)
-        if engine.limit.passed() or best is not None and entry.bounded and entry.bound >= best.step:
-            if best is not None and entry.bounded and entry.bound >= best.step and entry.option not in told:
-                engine.progress(_ruled_out(entry, best))
-            searched.append(entry)
-            continue
-        try:
-            solved = engine.evaluate(entry.option, bounded=True)
-        except BudgetError as exc:  # proved: no plan of this option fits
-            engine.progress(f"does not fit: {entry.option.label} ({exc})")
-            continue
-        except AutoshardError as exc:  # none found in time: its bound stays in the claim
-            engine.progress(f"no plan found: {entry.option.label} ({exc})")
-            entry.origin = "no plan"
-            searched.append(entry)
-            continue
-        solved.bound = max(solved.bound, entry.bound)
-        proved = " (proved)" if solved.proved else ""
-        engine.progress(f"step {format_seconds(solved.step)}{proved}: {entry.option.label}")
-        searched.append(solved)
-        if best is None or solved.step < best.step:
-            best = solved
+    remains, and otherwise leaves the claim without one. With two ``processors`` (None: those this
+    process may run on) a forked child bounds the pipelined options from the back of the list
+    meanwhile, stopped while a solve runs (``bound_peer.py``)."""
+    piped = [o for o in options if o.schedule != NO_PIPELINE]  # bounding the whole model may solve it: not forked
+    with BoundingPeer(piped, processors) as peer:
+        peer.start(lambda option, cutoff: engine.evaluate(option, bounded=False, cutoff=cutoff).bound)
+        best = _seeded(engine, seeds, peer)
+        peer.cutoff = best.step if best else math.inf
+        bounds, unbounded, told = _bounding_phase(engine, options, piped, peer, best, bounding_share)
+        if best is not None:
+            best.bound = next((b.bound for b in bounds if b.option == best.option), 0.0)
+        searched: list[Searched] = []
+        pending = sorted(bounds, key=lambda b: b.bound) + unbounded
+        left = len(unbounded)  # options that end without a bound (a solve's plan without one bounds nothing)
+        late = False  # whether the options without a bound have been bounded late
+        while pending:
+            if best is not None and not late:
+                # with a plan, the options without a bound are bounded (once) before any other is solved:
+                # a claim needs every option's bound, and another solve can only lower the best step
+                late = True
+                pending = _late_bounds(engine, pending, best, piped, peer)
+                left = sum(not e.bounded for e in pending)
+            entry = pending.pop(0)
+            if engine.limit.passed() or best is not None and entry.bounded and entry.bound >= best.step:
+                if best is not None and entry.bounded and entry.bound >= best.step and entry.option not in told:
+                    engine.progress(_ruled_out(entry, best))
+                searched.append(entry)
+                continue
+            try:
+                with peer.paused():
+                    solved = engine.evaluate(entry.option, bounded=True)
+            except BudgetError as exc:  # proved: no plan of this option fits
+                engine.progress(f"does not fit: {entry.option.label} ({exc})")
+                continue
+            except AutoshardError as exc:  # none found in time: its bound stays in the claim
+                engine.progress(f"no plan found: {entry.option.label} ({exc})")
+                entry.origin = "no plan"
+                searched.append(entry)
+                continue
+            solved.bound = max(solved.bound, entry.bound)
+            proved = " (proved)" if solved.proved else ""
+            engine.progress(f"step {format_seconds(solved.step)}{proved}: {entry.option.label}")
+            searched.append(solved)
+            if best is None or solved.step < best.step:
+                best = solved
     if best is None and (engine.limit.passed() or any(s.origin == "no plan" for s in searched)):
         raise AutoshardError(f"no pipeline option has a plan within the time limit ({len(bounds)} of {len(options)} "
                              f"options bounded, {len(searched)} left unsolved or without a plan): raise --timeout")
@@ -104,6 +99,88 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
                              "microbatches, or a larger mesh")
     lower = min(((s.step if s.proved else s.bound) if s.bounded else 0.0 for s in searched), default=best.step)
     return PipelineResult(best, searched, min(lower, best.step), engine.limit.elapsed(), left)
+
+
+def _bounding_phase(engine: PipelineSearch, options: Sequence[PipelineOption], piped: list[PipelineOption],
+                    peer: BoundingPeer, best: Searched | None,
+                    share: float) -> tuple[list[Searched], list[Searched], set[PipelineOption]]:
+    """Every option bounded at the best step (infinite without one) while the phase's ``share`` of
+    the limit lasts: the pipelined ones from the front of ``peer``'s list here (its child takes them
+    from the back), then the others here; each bound said as it is known. The bounded options in
+    ``options``' order, those left without a bound, and those said to be ruled out by their bounds."""
+    cutoff = best.step if best else math.inf
+    own: dict[PipelineOption, float | None] = {}
+    rest = [o for o in options if o.schedule == NO_PIPELINE]
+    said: dict[PipelineOption, float | None] = {}
+    told: set[PipelineOption] = set()
+
+    def say_new() -> None:
+        for option, bound in _merged(own, piped, peer).items():
+            if option in said:
+                continue
+            said[option] = bound
+            if bound is None:
+                engine.progress(f"not bounded in time: {option.label}")
+            elif best is not None and bound >= best.step:
+                engine.progress(_ruled_out(Searched(option, bound), best))
+                told.add(option)
+            else:
+                engine.progress(f"bound {format_seconds(bound)}: {option.label}")
+
+    while True:
+        say_new()
+        limit = engine.limit
+        if limit.passed() or said and limit.timeout is not None and limit.elapsed() > share * limit.timeout:
+            engine.progress(f"no time to bound {peer.untaken() + len(rest)} more options")
+            break
+        k = peer.take()
+        if k is None and not rest:
+            if not peer.busy():
+                break
+            time.sleep(0.05)  # the child's last option: its bound orders the solves
+            continue
+        option = piped[k] if k is not None else rest.pop(0)
+        try:
+            own[option] = engine.evaluate(option, bounded=False, cutoff=cutoff).bound
+        except AutoshardError:  # its stages found no plan in their share of the time: no bound
+            own[option] = None
+    say_new()
+    bounds = [Searched(o, said[o]) for o in options if said.get(o) is not None]
+    unbounded = [Searched(o, 0.0, bounded=False) for o in options if said.get(o) is None]
+    return bounds, unbounded, told
+
+
+def _merged(own: dict[PipelineOption, float | None], piped: list[PipelineOption],
+            peer: BoundingPeer) -> dict[PipelineOption, float | None]:
+    """The bounds found here and by ``peer``'s child, the greater where both bounded an option
+    (None: tried and not bounded in time)."""
+    found = dict(own)
+    for k, bound in peer.found().items():
+        mine = found.get(piped[k])
+        found[piped[k]] = bound if mine is None else mine if bound is None else max(mine, bound)
+    return found
+
+
+def _late_bounds(engine: PipelineSearch, pending: list[Searched], best: Searched, piped: list[PipelineOption],
+                 peer: BoundingPeer) -> list[Searched]:
+    """``pending`` with the options the bounding phase left without a bound bounded now at the best
+    step (ruled out, unsolved, where the bound reaches it): first those neither end of ``peer``'s
+    list took (both ends take them; the child's last answer is awaited), then any still without a
+    bound here; the bounded ones cheapest first, then the rest."""
+    peer.cutoff = best.step
+    own: dict[PipelineOption, float | None] = {}
+    while not engine.limit.passed():
+        k = peer.take()
+        if k is None:
+            if not peer.busy():
+                break
+            time.sleep(0.05)
+            continue
+        own[piped[k]] = _late_bound(engine, Searched(piped[k], 0.0, bounded=False), best)
+    found = _merged({o: b.bound if b.bounded else None for o, b in own.items()}, piped, peer)
+    pending = [e if e.bounded else Searched(e.option, found[e.option]) if found.get(e.option) is not None
+               else e if engine.limit.passed() else _late_bound(engine, e, best) for e in pending]
+    return sorted(pending, key=lambda e: (not e.bounded, e.bound))
 
 
 def _late_bound(engine: PipelineSearch, entry: Searched, best: Searched) -> Searched:
@@ -121,15 +198,17 @@ def _ruled_out(entry: Searched, best: Searched) -> str:
             f"({best.option.label}): {entry.option.label}")
 
 
-def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption]) -> Searched | None:
+def _seeded(engine: PipelineSearch, seeds: Sequence[PipelineOption], peer: BoundingPeer) -> Searched | None:
     """The best of the seed options costed from the recipe, or None: a pipeline option's recipe
     plans are taken as they are (no solving); the unpipelined candidate (``axes.py``) is solved, from
-    the recipes its solve starts with. A seed whose costing fails (the time limit passed in its
-    builds) is left out."""
+    the recipes its solve starts with, with ``peer``'s child stopped. A seed whose costing fails
+    (the time limit passed in its builds) is left out."""
     best = None
     for option in seeds if engine.incumbent is not None else ():
+        solves = peer.paused() if option.schedule == NO_PIPELINE else contextlib.nullcontext()
         try:
-            seeded = engine.evaluate(option, bounded=True, recipe=engine.incumbent)
+            with solves:
+                seeded = engine.evaluate(option, bounded=True, recipe=engine.incumbent)
         except AutoshardError as exc:  # its builds did not end by the time limit
             engine.progress(f"the baseline plan was not costed: {option.label} ({exc})")
             continue

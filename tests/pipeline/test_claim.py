@@ -39,7 +39,7 @@ def _option(m: int) -> PipelineOption:
 def test_options_whose_bound_reaches_the_best_step_are_ruled_out_unsolved_and_named() -> None:
     seed, cheap, close, dear = _option(1), _option(2), _option(4), _option(8)
     engine = Stub({seed: 9.0, cheap: 5.0, close: 6.5, dear: 11.0}, {cheap: 6.0, close: 7.0}, seed=10.0)
-    result = search(engine, [cheap, close, dear], seeds=[seed])
+    result = search(engine, [cheap, close, dear], seeds=[seed], processors=1)
     assert engine.cutoffs == [10.0, 10.0, 10.0]  # bounding may stop at the seed's step
     assert engine.solved == [cheap]  # its step 6 rules out close (bound 6.5) before it is solved
     assert result.best.option == cheap and result.best.step == 6.0
@@ -66,7 +66,7 @@ class LateStub(Stub):
 def test_options_the_bounding_phase_left_are_bounded_before_any_is_solved_and_ruled_out_by_it() -> None:
     first, dear, close = _option(2), _option(4), _option(8)
     engine = LateStub({first: 5.0, dear: 8.0, close: 5.5}, {first: 6.0, close: 7.0}, 10.0)
-    result = search(engine, [first, dear, close])
+    result = search(engine, [first, dear, close], processors=1)
     assert any(line.startswith("no time to bound 2 more options") for line in engine.lines)
     assert engine.cutoffs == [float("inf"), 6.0, 6.0]  # bounded late, each may stop at the best step
     assert engine.solved == [first, close]  # dear's late bound 8 rules it out unsolved
@@ -78,7 +78,7 @@ def test_once_a_plan_exists_the_options_left_without_a_bound_are_bounded_before_
     first, second, dear, close = _option(2), _option(4), _option(8), _option(16)
     engine = LateStub({first: 5.0, second: 5.2, dear: 8.0, close: 5.5},
                       {first: 6.0, second: 5.8, close: 7.0}, 10.0)
-    result = search(engine, [first, dear, close, second])
+    result = search(engine, [first, dear, close, second], processors=1)
     assert any(line.startswith("no time to bound 3 more options") for line in engine.lines)
     assert engine.cutoffs == [float("inf"), 6.0, 6.0, 6.0]  # all three bounded late, right after first's solve
     assert engine.solved == [first, second, close]  # then in order of bound: second 5.2, close 5.5

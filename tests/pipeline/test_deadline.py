@@ -59,7 +59,7 @@ def test_a_limit_already_past_builds_nothing_and_says_what_was_left_in_one_line(
     monkeypatch.setattr(pipeline_search, "build_model_problem", builds)
     clock.now += 2 * LIMIT
     with pytest.raises(AutoshardError) as caught:
-        search(engine, options_for(4, 2, [2, 4], ("1f1b",)), torchtitan_options(4, 2, BATCH))
+        search(engine, options_for(4, 2, [2, 4], ("1f1b",)), torchtitan_options(4, 2, BATCH), processors=1)
     line = str(caught.value)
     assert "\n" not in line and "time limit" in line and "raise --timeout" in line
     assert builds.readings == []
@@ -75,7 +75,7 @@ def test_pipeline_auto_past_its_limit_builds_nothing_and_says_so_in_one_line(mon
     monkeypatch.setattr(axes, "build_model_problem", builds)
     clock.now += 2 * LIMIT
     with pytest.raises(AutoshardError, match=r"time limit.*raise --timeout$"):
-        search(whole, in_turn([options_for(4, 2, [2], ("1f1b",), axis=a) for a in (0, 1)], 4))
+        search(whole, in_turn([options_for(4, 2, [2], ("1f1b",), axis=a) for a in (0, 1)], 4), processors=1)
     assert builds.readings == []
 
 
@@ -92,7 +92,7 @@ def test_the_limit_passing_after_some_builds_ends_the_search_with_what_was_prove
     options = options_for(4, 2, [2, 4], ("1f1b",))
     seed = torchtitan_options(4, 2, BATCH)[0]
     try:
-        result = search(engine, options, [seed])
+        result = search(engine, options, [seed], processors=1)
     except AutoshardError as exc:  # the seed's own builds were cut short
         assert "raise --timeout" in str(exc) and "\n" not in str(exc)
         assert len(builds.readings) == after
@@ -116,7 +116,7 @@ def test_the_limit_passing_after_the_recipe_is_costed_leaves_the_recipe_as_the_p
     engine = _engine(clock, progress)
     seed = torchtitan_options(4, 2, BATCH)[0]
     options = options_for(4, 2, [2, 4], ("1f1b",))
-    result = search(engine, options, [seed])
+    result = search(engine, options, [seed], processors=1)
     assert result.best.origin == "baseline" and result.best.option == seed
     assert result.unbounded == len(options) and result.lower_bound == 0.0
 
@@ -134,7 +134,7 @@ def test_options_left_unbounded_at_the_bounding_share_bound_nothing_once_time_ru
 
     engine = _engine(clock, progress)
     options = options_for(4, 2, [2, 4], ("1f1b",))
-    result = search(engine, options)
+    result = search(engine, options, processors=1)
     assert result.best.step is not None and result.best.option == options[0]
     assert result.unbounded == len(options) - 1 and result.lower_bound == 0.0
 

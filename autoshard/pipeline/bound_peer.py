@@ -1,0 +1,150 @@
+"""Options bounded by two processes at once: this one and a forked child, so that the second
+processor bounds while this one costs recipes or bounds.
+
+A bound is a pure function of its option and cutoff (``PipelineSearch.evaluate`` with
+``bounded=False``), so which process computes it changes nothing but when it is known. The list is
+shared through one anonymous shared mapping: per option its state (free, taken here, taken by the
+child, bounded or failed there) and the child's bound, and the cutoff (this process's best step,
+read by the child as it takes an option); options are taken under one lock. Each process takes the
+first free option of a microbatch count it has taken before (the graph traced at that microbatch
+size and most device problems are built once per process), else of a count neither has taken,
+else the first free one. The child runs only while this process bounds or costs recipes:
+``paused()`` stops it (SIGSTOP) around every solve, whose engines use both processors. Without a
+second processor, or with fewer than two options, no child is forked and this process takes all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import multiprocessing
+import os
+import signal
+import struct
+from typing import Callable, Iterator, Sequence
+
+from autoshard.errors import AutoshardError
+from autoshard.pipeline.options import PipelineOption
+from autoshard.solver.procs.forks import fork_child, kill_and_reap, quiet_child
+
+Bound = Callable[[PipelineOption, float], float]
+"""An option's lower bound at a cutoff (its bounding may stop once it reaches the cutoff); raises
+``AutoshardError`` where none is found in time."""
+
+FREE, HERE, CHILD, BOUNDED, FAILED = range(5)
+"""An option's state: free, taken by this process, taken by the child, bounded or failed there."""
+_CUTOFF = struct.Struct("<d")
+
+
+class BoundingPeer:
+    """The options' shared list (module docstring); use it as a context manager, so that the child
+    ends with the bounding that needed it. ``processors``: how many this process may run on (None:
+    its affinity)."""
+
+    def __init__(self, options: Sequence[PipelineOption], processors: int | None = None) -> None:
+        self.options = list(options)
+        n = len(self.options)
+        self.shared = mmap.mmap(-1, _CUTOFF.size + n + 8 * n)
+        self.cutoff = math.inf
+        self.lock = multiprocessing.get_context("fork").Lock()
+        self.pid: int | None = None
+        self.forks = (processors if processors is not None else len(os.sched_getaffinity(0))) > 1 and n > 1
+
+    def __enter__(self) -> BoundingPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def cutoff(self) -> float:
+        """The best step so far (infinite without one): the cutoff the next options are bounded at."""
+        return _CUTOFF.unpack_from(self.shared, 0)[0]
+
+    @cutoff.setter
+    def cutoff(self, step: float) -> None:
+        _CUTOFF.pack_into(self.shared, 0, step)
+
+    def start(self, bound: Bound) -> None:
+        """Fork the child, which bounds options with ``bound`` until none is free."""
+        if self.forks and self.pid is None:
+            self.pid = fork_child(lambda: self._child(bound))
+
+    def take(self) -> int | None:
+        """The index of the next option for this process (module docstring), now taken; None once none is free."""
+        return self._take(HERE)
+
+    def untaken(self) -> int:
+        """Options neither process has taken."""
+        return sum(self._state(k) == FREE for k in range(len(self.options)))
+
+    def found(self) -> dict[int, float | None]:
+        """The child's answers so far: per option it finished, its bound, or None where it found none."""
+        n = len(self.options)
+        return {k: struct.unpack_from("<d", self.shared, _CUTOFF.size + n + 8 * k)[0] if self._state(k) == BOUNDED
+                else None for k in range(n) if self._state(k) in (BOUNDED, FAILED)}
+
+    def busy(self) -> bool:
+        """Whether the child is alive with an option taken and not yet answered."""
+        if self.pid is None:
+            return False
+        try:
+            ended, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            ended = self.pid
+        if ended:
+            self.pid = None
+            return False
+        return any(self._state(k) == CHILD for k in range(len(self.options)))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The child stopped for the block (a solve, whose engines take both processors). This
+        process takes no option meanwhile, so the child never holds the lock it waits for."""
+        pid = self.pid
+        if pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Kill the child, if there is one."""
+        if self.pid is not None:
+            kill_and_reap(self.pid)
+            self.pid = None
+
+    def _state(self, k: int) -> int:
+        return self.shared[_CUTOFF.size + k]
+
+    def _take(self, who: int) -> int | None:
+        """Under the lock: the first free option of a microbatch count ``who`` took before, else of
+        a count nobody took, else the first free one; marked taken by ``who``."""
+        with self.lock:
+            states = [self._state(k) for k in range(len(self.options))]
+            free = [k for k, s in enumerate(states) if s == FREE]
+            if not free:
+                return None
+            mine = {self.options[k].microbatches for k, s in enumerate(states) if (s == HERE) == (who == HERE) and s != FREE}
+            theirs = {self.options[k].microbatches for k, s in enumerate(states) if s != FREE} - mine
+            k = next((k for k in free if self.options[k].microbatches in mine),
+                     next((k for k in free if self.options[k].microbatches not in theirs), free[0]))
+            self.shared[_CUTOFF.size + k] = who
+            return k
+
+    def _child(self, bound: Bound) -> None:
+        """The child's loop: take an option, bound it at the cutoff of the moment, record it."""
+        quiet_child()
+        n = len(self.options)
+        while (k := self._take(CHILD)) is not None:
+            try:
+                found = bound(self.options[k], self.cutoff)
+            except AutoshardError:
+                self.shared[_CUTOFF.size + k] = FAILED
+                continue
+            struct.pack_into("<d", self.shared, _CUTOFF.size + n + 8 * k, found)
+            self.shared[_CUTOFF.size + k] = BOUNDED
