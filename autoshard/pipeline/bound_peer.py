@@ -4,11 +4,14 @@ processor bounds while this one costs recipes or bounds.
 A bound is a pure function of its option and cutoff (``PipelineSearch.evaluate`` with
 ``bounded=False``), so which process computes it changes nothing but when it is known. The list is
 shared through one anonymous shared mapping: per option its state (free, taken here, taken by the
-child, bounded or failed there) and the child's bound, and the cutoff (this process's best step,
-read by the child as it takes an option); options are taken under one lock. Each process takes the
-first free option of a microbatch count it has taken before (the graph traced at that microbatch
-size and most device problems are built once per process), else of a count neither has taken,
-else the first free one. The child runs only while this process bounds or costs recipes:
+child, bounded or failed there), the cutoff the child took it at and the child's bound, and the
+cutoff (this process's best step, read by the child as it takes an option); options are taken
+under one lock. The graph traced at a microbatch size and most device problems are built once
+per process, so each process keeps to the microbatch counts it has taken: this one takes the first
+free option of a count it took before, else the first free one (the list's order: the most
+promising first); the child first takes each count nobody has taken (building their problems while
+this process bounds the promising options; the bounds left for after a solve, at the best step,
+then reuse them), then those of its own counts, then any. The child runs only while this process bounds or costs recipes:
 ``paused()`` stops it (SIGSTOP) around every solve, whose engines use both processors. Without a
 second processor, or with fewer than two options, no child is forked and this process takes all.
 """
@@ -45,7 +48,7 @@ class BoundingPeer:
     def __init__(self, options: Sequence[PipelineOption], processors: int | None = None) -> None:
         self.options = list(options)
         n = len(self.options)
-        self.shared = mmap.mmap(-1, _CUTOFF.size + n + 8 * n)
+        self.shared = mmap.mmap(-1, _CUTOFF.size + n + 16 * n)
         self.cutoff = math.inf
         self.lock = multiprocessing.get_context("fork").Lock()
         self.pid: int | None = None
@@ -85,18 +88,24 @@ class BoundingPeer:
         return {k: struct.unpack_from("<d", self.shared, _CUTOFF.size + n + 8 * k)[0] if self._state(k) == BOUNDED
                 else None for k in range(n) if self._state(k) in (BOUNDED, FAILED)}
 
-    def busy(self) -> bool:
-        """Whether the child is alive with an option taken and not yet answered."""
+    def in_flight(self) -> dict[int, float]:
+        """The options the live child has taken and not yet answered, each with the cutoff it took it at."""
         if self.pid is None:
-            return False
+            return {}
         try:
             ended, _ = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
             ended = self.pid
         if ended:
             self.pid = None
-            return False
-        return any(self._state(k) == CHILD for k in range(len(self.options)))
+            return {}
+        n = len(self.options)
+        return {k: struct.unpack_from("<d", self.shared, _CUTOFF.size + n + 8 * (n + k))[0]
+                for k in range(n) if self._state(k) == CHILD}
+
+    def busy(self) -> bool:
+        """Whether the child is alive with an option taken and not yet answered."""
+        return bool(self.in_flight())
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -122,18 +131,22 @@ class BoundingPeer:
         return self.shared[_CUTOFF.size + k]
 
     def _take(self, who: int) -> int | None:
-        """Under the lock: the first free option of a microbatch count ``who`` took before, else of
-        a count nobody took, else the first free one; marked taken by ``who``."""
+        """Under the lock, marked taken by ``who``: for the child, the first free option of a
+        microbatch count nobody took; then the first of a count ``who`` took before; else the
+        first free one."""
+        n = len(self.options)
         with self.lock:
-            states = [self._state(k) for k in range(len(self.options))]
+            states = [self._state(k) for k in range(n)]
             free = [k for k, s in enumerate(states) if s == FREE]
             if not free:
                 return None
-            mine = {self.options[k].microbatches for k, s in enumerate(states) if (s == HERE) == (who == HERE) and s != FREE}
-            theirs = {self.options[k].microbatches for k, s in enumerate(states) if s != FREE} - mine
-            k = next((k for k in free if self.options[k].microbatches in mine),
-                     next((k for k in free if self.options[k].microbatches not in theirs), free[0]))
+            counts = [self.options[k].microbatches for k in range(n)]
+            mine = {counts[k] for k, s in enumerate(states) if (s == HERE) == (who == HERE) and s != FREE}
+            taken = {counts[k] for k, s in enumerate(states) if s != FREE}
+            fresh = [k for k in free if counts[k] not in taken] if who == CHILD else []
+            k = next(iter(fresh), next((k for k in free if counts[k] in mine), free[0]))
             self.shared[_CUTOFF.size + k] = who
+            struct.pack_into("<d", self.shared, _CUTOFF.size + n + 8 * (n + k), self.cutoff)
             return k
 
     def _child(self, bound: Bound) -> None:

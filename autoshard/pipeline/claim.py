@@ -47,8 +47,8 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
     best plan exists, before any further option is solved (ruled out, unsolved, where the bound
     reaches the best step); one still without a bound is solved after the bounded ones while time
     remains, and otherwise leaves the claim without one. With two ``processors`` (None: those this
-    process may run on) a forked child bounds the pipelined options from the back of the list
-    meanwhile, stopped while a solve runs (``bound_peer.py``)."""
+    process may run on) a forked child bounds pipelined options meanwhile, stopped while a solve
+    runs (``bound_peer.py``)."""
     piped = [o for o in options if o.schedule != NO_PIPELINE]  # bounding the whole model may solve it: not forked
     with BoundingPeer(piped, processors) as peer:
         peer.start(lambda option, cutoff: engine.evaluate(option, bounded=False, cutoff=cutoff).bound)
@@ -105,8 +105,8 @@ def _bounding_phase(engine: PipelineSearch, options: Sequence[PipelineOption], p
                     peer: BoundingPeer, best: Searched | None,
                     share: float) -> tuple[list[Searched], list[Searched], set[PipelineOption]]:
     """Every option bounded at the best step (infinite without one) while the phase's ``share`` of
-    the limit lasts: the pipelined ones from the front of ``peer``'s list here (its child takes them
-    from the back), then the others here; each bound said as it is known. The bounded options in
+    the limit lasts: the pipelined ones as ``peer`` hands them to this process (its child takes
+    others), then the others here; each bound said as it is known. The bounded options in
     ``options``' order, those left without a bound, and those said to be ruled out by their bounds."""
     cutoff = best.step if best else math.inf
     own: dict[PipelineOption, float | None] = {}
@@ -164,18 +164,23 @@ def _merged(own: dict[PipelineOption, float | None], piped: list[PipelineOption]
 def _late_bounds(engine: PipelineSearch, pending: list[Searched], best: Searched, piped: list[PipelineOption],
                  peer: BoundingPeer) -> list[Searched]:
     """``pending`` with the options the bounding phase left without a bound bounded now at the best
-    step (ruled out, unsolved, where the bound reaches it): first those neither end of ``peer``'s
-    list took (both ends take them; the child's last answer is awaited), then any still without a
-    bound here; the bounded ones cheapest first, then the rest."""
+    step (ruled out, unsolved, where the bound reaches it): first those neither process took (both
+    take them; the child's answers are awaited, and an option it took at a greater cutoff is
+    bounded here too), then any still without a bound here; the bounded ones cheapest first, then
+    the rest."""
     peer.cutoff = best.step
     own: dict[PipelineOption, float | None] = {}
     while not engine.limit.passed():
         k = peer.take()
         if k is None:
-            if not peer.busy():
+            waiting = {k: at for k, at in peer.in_flight().items() if piped[k] not in own}
+            if not waiting:
                 break
-            time.sleep(0.05)
-            continue
+            # an option the child took before this cutoff may take it far longer: bounded here too
+            k = next((k for k, at in waiting.items() if at > best.step), None)
+            if k is None:
+                time.sleep(0.05)
+                continue
         own[piped[k]] = _late_bound(engine, Searched(piped[k], 0.0, bounded=False), best)
     found = _merged({o: b.bound if b.bounded else None for o, b in own.items()}, piped, peer)
     pending = [e if e.bounded else Searched(e.option, found[e.option]) if found.get(e.option) is not None

@@ -63,15 +63,26 @@ def test_each_process_keeps_to_the_microbatch_counts_it_took_first() -> None:
     """This process takes two options of one count before the child is forked; the child then
     starts on a count nobody has taken, keeps to it, and takes the other count's last option last."""
     options = _options([8, 8, 2, 8, 2, 2])
+    assert _child_order(options, here=2) == [2, 4, 5, 3]
+
+
+def test_the_child_builds_every_count_nobody_has_taken_before_going_on_with_its_own() -> None:
+    options = _options([8, 2, 2, 4, 4])
+    assert _child_order(options, here=1) == [1, 3, 2, 4]
+
+
+def _child_order(options: list[PipelineOption], here: int) -> list[int]:
+    """The options the child takes, in its order, after this process took ``here`` of them
+    (which must be the first ones, in order)."""
     with BoundingPeer(options, processors=2) as peer:
-        assert [peer.take(), peer.take()] == [0, 1]  # the first, then its own count again
+        assert [peer.take() for _ in range(here)] == list(range(here))  # the first, then its own count
         peer.start(lambda option, cutoff: time.monotonic())  # the child's answers in the order it took them
         deadline = time.monotonic() + WAIT
         while peer.busy() or peer.untaken():
             assert time.monotonic() < deadline, "the child never answered"
             time.sleep(0.01)
         found = peer.found()
-    assert sorted(found, key=found.get) == [2, 4, 5, 3]
+    return sorted(found, key=found.get)
 
 
 def test_a_paused_child_is_stopped_and_resumes_after() -> None:
@@ -114,3 +125,19 @@ def test_the_search_with_a_child_bounds_and_claims_as_alone() -> None:
     both = search(Stub(bounds, steps, seed=100.0), options, processors=2)
     assert [(s.option, s.bound, s.step) for s in both.searched] == [(s.option, s.bound, s.step) for s in alone.searched]
     assert (both.best.option, both.lower_bound, both.unbounded) == (alone.best.option, alone.lower_bound, 0)
+
+
+def test_the_cutoff_each_option_was_taken_at_is_known_while_the_child_bounds_it() -> None:
+    """An option the child took before the best step fell is seen as in flight at the old cutoff
+    (the search then bounds it here too, at the new one)."""
+    options = _options([4, 2])
+    with BoundingPeer(options, processors=2) as peer:
+        peer.cutoff = 9.0
+        assert peer.take() == 0
+        peer.start(lambda option, cutoff: time.sleep(WAIT) or 1.0)
+        deadline = time.monotonic() + WAIT
+        while not peer.busy():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        peer.cutoff = 3.0
+        assert peer.in_flight() == {1: 9.0}
