@@ -92,13 +92,37 @@ def _peak(usages, intervals, pick) -> int:
 
 
 def brute_force(problem: ShardingProblem) -> tuple[int, list[int]] | None:
-    """The optimal (cost, choice) among allowed, fitting assignments, or None when there is none."""
-    best = None
-    for choice in itertools.product(*[range(problem.num_strategies(i)) for i in range(problem.num_nodes)]):
-        ev = problem.evaluate(list(choice))
-        if ev.feasible and (best is None or ev.cost < best[0]):
-            best = (ev.cost, list(choice))
-    return best
+    """The optimal (cost, choice) among allowed, fitting assignments, or None when there is none;
+    of equal optima, the first in ``itertools.product`` order. Every assignment is priced at once
+    in numpy (a row per assignment, the last node varying fastest), the answer's cost and fit then
+    confirmed by ``problem.evaluate``."""
+    ks = [problem.num_strategies(i) for i in range(problem.num_nodes)]
+    choices = np.indices(ks, dtype=np.int8).reshape(len(ks), -1)
+    allowed = np.ones(choices.shape[1], dtype=bool)
+    cost = np.zeros(choices.shape[1], dtype=np.int64)
+    for c, x in zip(problem.node_costs, choices):
+        picked = c[x]
+        allowed &= picked < FORBIDDEN
+        cost += np.where(picked < FORBIDDEN, picked, 0)  # 10**18 twice would overflow int64
+    for (u, v), m in zip(problem.edges, problem.edge_costs):
+        picked = m[choices[u], choices[v]]
+        allowed &= picked < FORBIDDEN
+        cost += np.where(picked < FORBIDDEN, picked, 0)
+    if problem.usage_limit is not None:
+        live = [(i, start, end) for i, (start, end) in enumerate(problem.intervals) if start < end]
+        for t in sorted({start for _, start, _ in live}):  # the level only rises where a node starts
+            level = np.zeros(choices.shape[1], dtype=np.int64)
+            for i, start, end in live:
+                if start <= t < end:
+                    level += problem.node_usages[i][choices[i]]
+            allowed &= level <= problem.usage_limit
+    if not allowed.any():
+        return None
+    best = int(np.flatnonzero(allowed)[np.argmin(cost[allowed])])
+    choice = [int(x) for x in choices[:, best]]
+    ev = problem.evaluate(choice)
+    assert ev.feasible and ev.cost == int(cost[best]), "numpy's pricing disagrees with ShardingProblem.evaluate"
+    return ev.cost, choice
 
 
 def large_problem(rng: np.random.Generator, nodes: int, max_k: int = 8) -> ShardingProblem:
