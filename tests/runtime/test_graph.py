@@ -125,18 +125,20 @@ def test_with_one_rank_the_parameters_are_plain_and_train_as_the_model() -> None
     assert not bad and len(outcome.errors) == len(outputs) + len(grads), bad
 
 
-def _compiled_cases(rank: int, world: int, t: Traced, cases: list[Case]) -> list[tuple]:
-    """Per case, ``_run_cases``'s outcome with the program compiled (aot_eager), and dynamo's
-    count of graphs and breaks."""
+def _compiled_cases(rank: int, world: int, runs: list[tuple[Traced, list[Case]]]) -> list[list[tuple]]:
+    """Per model and case, ``_run_cases``'s outcome with the program compiled (aot_eager), and
+    dynamo's count of graphs and breaks (reset before each case, so each is its own count)."""
     import torch._dynamo.utils
 
     results = []
-    for case in cases:
-        torch._dynamo.reset()
-        torch._dynamo.utils.counters.clear()
-        (outcome,) = _run_cases(rank, world, t, [case], {"backend": "aot_eager"})
-        counters = torch._dynamo.utils.counters
-        results.append((outcome, counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())))
+    for t, cases in runs:
+        results.append([])
+        for case in cases:
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            (outcome,) = _run_cases(rank, world, t, [case], {"backend": "aot_eager"})
+            counters = torch._dynamo.utils.counters
+            results[-1].append((outcome, counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())))
     return results
 
 
@@ -162,9 +164,10 @@ def test_compiled_programs_reproduce_the_unsharded_model() -> None:
             (traced("cnn_loss"), [_counted_loss(traced("cnn_loss"))])]
     assert any(e.regather for e in runs[0][1][0].plan.edges) and runs[0][1][1].plan.recompute
     assert runs[0][1][2].plan.recompute_kept
-    for t, cases in runs:
-        for rank, results in enumerate(run_ranks(2, _compiled_cases, t, cases, timeout=600)):
-            for case, (outcome, graphs, breaks) in zip(cases, results):
+    # one group of ranks for every model: each rank pays dynamo's first-compile set-up once
+    for rank, per_model in enumerate(run_ranks(2, _compiled_cases, runs, timeout=600)):
+        for (_, cases), results in zip(runs, per_model, strict=True):
+            for case, (outcome, graphs, breaks) in zip(cases, results, strict=True):
                 assert (graphs, breaks) == (1, 0), f"{case.label}: {graphs} graphs, {breaks} breaks"
                 bad = {name: err for name, (_, err) in outcome.errors.items() if not err <= TOLERANCE}
                 assert not bad, f"{case.label}: relative errors above {TOLERANCE} on rank {rank}: {bad}"
