@@ -75,7 +75,13 @@ def test_every_build_flag_reaches_the_problem_in_each_branch(monkeypatch, capsys
     assert seen == want
 
 
-def test_solver_flags_reach_each_stage_solve(monkeypatch) -> None:
+@pytest.fixture(scope="module")
+def pipeline_runs(tmp_path_factory) -> tuple[dict[int, list], list[SolveOptions]]:
+    """Two pipeline solves of the Mixtral example on 2x2 (axis 0 the pipeline), one with
+    ``--expert-parallel 1`` and the solver flags ``--seed 7 --gap 0.25 --no-reduce``: each plan
+    file's per-device expert-parallel layers by the number of flags added (0 or 2), and the
+    options every stage solve of the second run was given."""
+    folder = tmp_path_factory.mktemp("pipeline_runs")
     got: list[SolveOptions] = []
     real = autoshard.pipeline.search.solve_model_problem
 
@@ -83,20 +89,27 @@ def test_solver_flags_reach_each_stage_solve(monkeypatch) -> None:
         got.append(opts)
         return real(mp, opts, *args, **kwargs)
 
-    monkeypatch.setattr(autoshard.pipeline.search, "solve_model_problem", spy)
-    assert main([MIXTRAL, "--mesh", "2x2", "--mode", "training", "--pipeline", "0", "--microbatches", "2",
-                 "--schedule", "1f1b", "--quiet", "--seed", "7", "--gap", "0.25", "--no-reduce"]) == 0
+    layers = {}
+    for flag in ([], ["--expert-parallel", "1"]):
+        out = folder / f"plan{len(flag)}.json"
+        solver = ["--seed", "7", "--gap", "0.25", "--no-reduce"] if flag else []
+        with pytest.MonkeyPatch.context() as patch:
+            if flag:
+                patch.setattr(autoshard.pipeline.search, "solve_model_problem", spy)
+            assert main([MIXTRAL, "--mesh", "2x2", "--mode", "training", "--pipeline", "0", "--microbatches", "2",
+                         "--schedule", "1f1b", "--quiet", "--out", str(out), *flag, *solver]) == 0
+        devices = json.loads(out.read_text())["devices"]
+        layers[len(flag)] = [d["plan"]["expert_parallel"] for d in devices]
+    return layers, got
+
+
+def test_solver_flags_reach_each_stage_solve(pipeline_runs) -> None:
+    _, got = pipeline_runs
     assert got and all(o.seed == 7 and o.gap == 0.25 and not o.reduce for o in got)
 
 
-def test_pipeline_pins_expert_parallelism_on_the_stage_axis(tmp_path) -> None:
-    layers = {}
-    for flag in ([], ["--expert-parallel", "1"]):
-        out = tmp_path / f"plan{len(flag)}.json"
-        assert main([MIXTRAL, "--mesh", "2x2", "--mode", "training", "--pipeline", "0", "--microbatches", "2",
-                     "--schedule", "1f1b", "--quiet", "--out", str(out), *flag]) == 0
-        devices = json.loads(out.read_text())["devices"]
-        layers[len(flag)] = [d["plan"]["expert_parallel"] for d in devices]
+def test_pipeline_pins_expert_parallelism_on_the_stage_axis(pipeline_runs) -> None:
+    layers, _ = pipeline_runs
     assert layers[0] == [{}, {}]  # unpinned, this small model runs every expert on each device
     assert layers[2] == [{"model.layers.0.mlp.experts": 0}, {"model.layers.1.mlp.experts": 0}]
 
