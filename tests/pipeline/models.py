@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import sys
 from pathlib import Path
 
@@ -25,3 +27,14 @@ def traced(model: Transformer, batch: int) -> OpGraph:
     """The model with its loss traced on ``batch`` sequences."""
     tokens = torch.randint(0, 256, (batch, 32), generator=torch.Generator().manual_seed(0))
     return trace(model, (tokens, tokens.clone()))
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_llama_trace(layers: int, batch: int) -> OpGraph:
+    return traced(tiny_llama(layers), batch)
+
+
+def tiny_llama_graph(layers: int, batch: int) -> OpGraph:
+    """``traced(tiny_llama(layers), batch)``, traced once per process (a trace takes seconds, a
+    copy milliseconds): each call returns a copy of its own, so no test sees another's changes."""
+    return copy.deepcopy(_tiny_llama_trace(layers, batch))

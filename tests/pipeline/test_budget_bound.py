@@ -21,7 +21,7 @@ from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
 from autoshard.solver import SolveOptions, solve
 from autoshard.solver.model.problem import ShardingProblem
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 LAYERS, BATCH = 6, 8
 DEVICE = get_device("h100")
@@ -32,9 +32,8 @@ BUDGET = DEVICE.runtime_bytes + (6 << 20)
 @pytest.fixture(scope="module")
 def engine() -> PipelineSearch:
     mesh = parse_mesh("2x2", None, None, 8, DEVICE.intra, DEVICE.inter)
-    model = tiny_llama(LAYERS)
     build = dict(mode="training", device=DEVICE, precision="bf16-mixed", recompute="full", memory_budget=BUDGET)
-    return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+    return PipelineSearch(lambda m: tiny_llama_graph(LAYERS, BATCH // m), mesh, 0, build, None)
 
 
 def _even_option():
@@ -75,8 +74,7 @@ def test_the_whole_devices_layers_hold_the_shortened_devices_bytes(engine, layer
     stage one of the shortened device's first layers of a stage (``first_layers``)."""
     if layers != LAYERS:
         mesh = parse_mesh("2x2", None, None, 8, DEVICE.intra, DEVICE.inter)
-        model = tiny_llama(layers)
-        engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, dict(engine.build), None)
+        engine = PipelineSearch(lambda m: tiny_llama_graph(layers, BATCH // m), mesh, 0, dict(engine.build), None)
     graph = engine.graph(2)
     layer_of = {n: i for i, layer in enumerate(find_repeated_layers(graph).layers) for n in layer}
     checked = 0
@@ -190,9 +188,8 @@ def test_bounding_under_the_budget_keeps_the_search_time_limit(monkeypatch) -> N
 
     clock = FakeClock()
     mesh = parse_mesh("2x2", None, None, 8, DEVICE.intra, DEVICE.inter)
-    model = tiny_llama(4)
     build = dict(mode="training", device=DEVICE, precision="bf16-mixed", recompute="full", memory_budget=BUDGET)
-    engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, 100.0, clock=clock)
+    engine = PipelineSearch(lambda m: tiny_llama_graph(4, BATCH // m), mesh, 0, build, 100.0, clock=clock)
     calls = []
     minimise = budget_bound.Part.at
 

@@ -19,7 +19,7 @@ from autoshard.pipeline.axes import AxesSearch, in_turn
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.search import PipelineSearch
 from autoshard.sharding.mesh import parse_mesh
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 from tests.solver.helpers import FakeClock
 
 BATCH = 8
@@ -45,11 +45,10 @@ class Builds:
 
 BUILD = dict(mode="training", device=get_device("h100"), memory_budget=get_device("h100").runtime_bytes + (6 << 20))
 MESH = parse_mesh("2x2", None, None, 8, get_device("h100").intra, get_device("h100").inter)
-MODEL = tiny_llama(4)
 
 
 def _engine(clock: FakeClock, progress: Callable[[str], None] = lambda line: None, axis: int = 0) -> PipelineSearch:
-    return PipelineSearch(lambda m: traced(MODEL, BATCH // m), MESH, axis, BUILD, LIMIT, progress, clock=clock)
+    return PipelineSearch(lambda m: tiny_llama_graph(4, BATCH // m), MESH, axis, BUILD, LIMIT, progress, clock=clock)
 
 
 def test_a_limit_already_past_builds_nothing_and_says_what_was_left_in_one_line(monkeypatch) -> None:
@@ -69,7 +68,7 @@ def test_pipeline_auto_past_its_limit_builds_nothing_and_says_so_in_one_line(mon
     """The whole-model candidate's builds keep the same limit as the axes' (``AxesSearch``)."""
     clock = FakeClock()
     engines = {a: _engine(clock, axis=a) for a in (0, 1)}
-    whole = AxesSearch(engines, lambda: traced(MODEL, BATCH), MESH, BUILD, LIMIT, clock=clock)
+    whole = AxesSearch(engines, lambda: tiny_llama_graph(4, BATCH), MESH, BUILD, LIMIT, clock=clock)
     builds = Builds(clock, pipeline_search.build_model_problem, None)
     monkeypatch.setattr(pipeline_search, "build_model_problem", builds)
     monkeypatch.setattr(axes, "build_model_problem", builds)

@@ -20,7 +20,7 @@ from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
 from autoshard.solver import SolveOptions, solve
 from autoshard.solver.model.problem import ShardingProblem
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 LAYERS, BATCH = 10, 8
 
@@ -29,9 +29,8 @@ LAYERS, BATCH = 10, 8
 def engine() -> PipelineSearch:
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
-    model = tiny_llama(LAYERS)
     build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full")
-    return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+    return PipelineSearch(lambda m: tiny_llama_graph(LAYERS, BATCH // m), mesh, 0, build, None)
 
 
 def _optimum(problem: ShardingProblem) -> int:
@@ -43,9 +42,9 @@ def _optimum(problem: ShardingProblem) -> int:
 def test_shortened_model_is_the_model_with_fewer_layers() -> None:
     """Node for node (kind, op, shape, operand positions) the trace of the same model built with
     fewer layers: the ops after the layers read the last kept one."""
-    graph = traced(tiny_llama(LAYERS), 2)
+    graph = tiny_llama_graph(LAYERS, 2)
     short = shortened(graph, find_repeated_layers(graph), 3)
-    small = traced(tiny_llama(3), 2)
+    small = tiny_llama_graph(3, 2)
 
     def shape(g):
         order = {n.name: k for k, n in enumerate(g)}
@@ -140,7 +139,7 @@ def test_the_whole_models_bound_from_two_layers_meets_its_optimum() -> None:
     shortened to two layers is at most the exact optimum of the whole problem without a budget,
     and meets it here."""
     device = get_device("h100")
-    graph = traced(tiny_llama(5), 4)
+    graph = tiny_llama_graph(5, 4)
     build = dict(mode="training", device=device, precision="bf16-mixed", recompute="full", memory_budget=1 << 62)
     bound = whole_floor(graph, lambda short: build_model_problem(short, "2x2", **build), solved_floor(TimeLimit(120)))
     mp = build_model_problem(graph, "2x2", **build)

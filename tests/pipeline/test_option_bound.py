@@ -12,7 +12,7 @@ from autoshard.pipeline.option_bound import option_bound
 from autoshard.pipeline.options import options_for
 from autoshard.pipeline.schedules import device_orders, peak_in_flight
 from autoshard.pipeline.stages import critical_path
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 from autoshard.pipeline.search import PipelineSearch
 from autoshard.cost.devices import get_device
 from autoshard.sharding.mesh import parse_mesh
@@ -24,7 +24,7 @@ LAYERS = 6
 def setup():
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
-    engine = PipelineSearch(lambda m: traced(tiny_llama(LAYERS), 8 // m), mesh, 0,
+    engine = PipelineSearch(lambda m: tiny_llama_graph(LAYERS, 8 // m), mesh, 0,
                             dict(mode="training", device=device), None)
     option = next(o for o in options_for(LAYERS, 2, [4], ("1f1b",)))
     stages = engine.stages(option)

@@ -17,13 +17,13 @@ from autoshard.problem.baselines.megatron import megatron_choice
 from autoshard.problem.readback import make_plan
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 
 @pytest.fixture(scope="module")
 def middle():
     """The two middle devices of a 4-stage cut of 8 layers, and a plan made on the first of them."""
-    graph = traced(tiny_llama(8), 2)
+    graph = tiny_llama_graph(8, 2)
     stages = cut(graph, find_repeated_layers(graph), (2, 2, 2, 2), 4)
     mp = build_model_problem(stages[1].graph, "2", mode="training", stage=StageOptions(4, Fraction(3), (1e11, 1e-5)))
     return stages, make_plan(mp, megatron_choice(mp))

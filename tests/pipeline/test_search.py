@@ -15,7 +15,7 @@ from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import parse_mesh
 from autoshard.solver.engines.milp import solve_problem_milp
 from autoshard.errors import AutoshardError
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 BATCH = 8
 
@@ -24,10 +24,9 @@ BATCH = 8
 def engine():
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
-    model = tiny_llama(4)
     build = dict(mode="training", device=device, precision="bf16-mixed", memory_budget=device.runtime_bytes + (6 << 20),
                  recompute="full")
-    return PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+    return PipelineSearch(lambda m: tiny_llama_graph(4, BATCH // m), mesh, 0, build, None)
 
 
 def test_search_finds_the_best_option_brute_force_finds(engine) -> None:
@@ -80,7 +79,7 @@ def test_a_pipeline_needs_another_axis() -> None:
 
 
 def test_cuts_must_cover_the_layers() -> None:
-    graph = traced(tiny_llama(4), 2)
+    graph = tiny_llama_graph(4, 2)
     with pytest.raises(AutoshardError, match="do not split the 4 layers"):
         cut(graph, find_repeated_layers(graph), (2, 1), 2)
 
@@ -104,13 +103,12 @@ def test_options_whose_stages_find_no_plan_in_time_stay_unbounded(monkeypatch) -
 
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
-    model = tiny_llama(4)
     build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
     seed = torchtitan_options(4, 2, BATCH)[0]
     monkeypatch.setattr(pipeline_search, "solve_model_problem", nothing_in_time)
     monkeypatch.setattr(layer_bound, "solve", nothing_in_time)  # the bounds' parts too, without a budget
     monkeypatch.setattr(layer_bound, "best_multipliers", nothing_in_time)  # and under it
-    engine = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, timeout=60)
+    engine = PipelineSearch(lambda m: tiny_llama_graph(4, BATCH // m), mesh, 0, build, timeout=60)
     options = options_for(4, 2, [2, 4], ("1f1b",))
     result = search(engine, options, [seed])
     assert result.best.step <= torchtitan_pipeline(engine, seed).step
@@ -122,9 +120,8 @@ def test_the_search_with_time_is_never_worse_than_the_recipe_it_is_seeded_with()
     out); with time, the search's best is never worse than it."""
     device = get_device("h100")
     mesh = parse_mesh("2x2", None, None, 8, device.intra, device.inter)
-    model = tiny_llama(4)
     build = dict(mode="training", device=device, memory_budget=device.runtime_bytes + (6 << 20))
     seed = torchtitan_options(4, 2, BATCH)[0]
-    patient = PipelineSearch(lambda m: traced(model, BATCH // m), mesh, 0, build, None)
+    patient = PipelineSearch(lambda m: tiny_llama_graph(4, BATCH // m), mesh, 0, build, None)
     solved = search(patient, options_for(4, 2, [2], ("1f1b",)), [seed])
     assert solved.best.origin == "search" and solved.best.step <= torchtitan_pipeline(patient, seed).step

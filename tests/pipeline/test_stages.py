@@ -12,12 +12,12 @@ from autoshard.errors import AutoshardError
 from autoshard.frontend.graph import RECEIVED, NodeKind
 from autoshard.pipeline.stages import cut, even_cuts
 from autoshard.sharding.layers import find_repeated_layers
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return traced(tiny_llama(4), 4)
+    return tiny_llama_graph(4, 4)
 
 
 def _ops(g):

@@ -9,7 +9,7 @@ from autoshard.api import build_model_problem
 from autoshard.cost.devices import get_device
 from autoshard.cost.memory import op_items
 from autoshard.problem.retimed import RetimedItems, RetimedParams
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 
 def _full(self, node, options, recomputed, gathered, kept_until):
@@ -21,7 +21,7 @@ def _llama_training(budget: int | None) -> tuple:
     """A 4-layer LLaMA's graph and its training build options (h100, full recomputation offered;
     ``budget`` bytes beside the runtime's, or none)."""
     device = get_device("h100")
-    return traced(tiny_llama(4), 4), dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
+    return tiny_llama_graph(4, 4), dict(mode="training", device=device, precision="bf16-mixed", recompute="full",
                                           memory_budget=None if budget is None else device.runtime_bytes + budget)
 
 

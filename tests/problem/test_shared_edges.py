@@ -15,7 +15,7 @@ from autoshard.problem import reshard_copies
 from autoshard.problem.edges import EdgePrices
 from autoshard.problem.reshard_copies import CopiesBuilder, ReshardCopies
 from autoshard.sharding.spec import TensorSpec
-from tests.pipeline.models import tiny_llama, traced
+from tests.pipeline.models import tiny_llama_graph
 
 
 def _windows(key, reader, root, saves, reruns, handed, view_end, meta, times) -> dict:
@@ -94,7 +94,7 @@ def _unshared_matrix(first):
 def test_shared_edges_and_copies_equal_those_built_edge_by_edge(monkeypatch, device, recompute) -> None:
     """6-layer LLaMA training on 2x2: on the generic device without a budget, and under h100's
     budget with recomputable blocks (fully: reruns and handed savers; selectively: kept producers)."""
-    graph = traced(tiny_llama(6), 4)
+    graph = tiny_llama_graph(6, 4)
     options = dict(mode="training", device=device, precision="bf16-mixed", recompute=recompute)
     kinds: list[int] = []
     first_copies = CopiesBuilder.copies
