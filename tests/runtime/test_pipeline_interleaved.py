@@ -30,7 +30,7 @@ from autoshard.sharding.mesh import parse_mesh
 from .dist import run_ranks
 from .test_train import TOLERANCE, _worst
 from .test_train_context import MODEL
-from .test_train_pipeline import _engine, _resumed_whole
+from .test_train_pipeline import _engine, run_whole
 
 OPTION = PipelineOption("interleaved-1f1b", 2, 2, 2, (1, 1, 1, 1))
 
@@ -50,8 +50,9 @@ def _plan_file(tmp_path: Path) -> tuple[Path, PipelinePlan]:
     return path, pipeline
 
 
-def _train(rank: int, world: int, argv: list[str]) -> dict:
-    """autoshard.train's pipelined loop, and how many gathers each step's kept parameters ran."""
+def _train(rank: int, world: int, argv: list[str], training) -> dict:
+    """autoshard.train's pipelined loop on ``training`` (prepared before the ranks fork), and how
+    many gathers each step's kept parameters ran."""
     gathers: list[int] = []
     real_step = PipelineRunner.step
 
@@ -66,8 +67,7 @@ def _train(rank: int, world: int, argv: list[str]) -> dict:
         return loss
 
     PipelineRunner.step = counted
-    args = build_parser().parse_args(argv)
-    losses = train_pipeline(args, prepare_pipeline(args, world), rank, io.StringIO())
+    losses = train_pipeline(build_parser().parse_args(argv), training, rank, io.StringIO())
     return {"losses": losses, "gathers": gathers}
 
 
@@ -77,7 +77,8 @@ def test_interleaved_kept_gathered_trains_like_one_device_and_resumes_without_a_
     assert all(any(spec.used_axes for spec in plan.param_specs.values()) for _, plan, _ in pipeline.groups)  # FSDP
     folder = tmp_path / "ckpt"
     common = [str(path), "--steps", "5", "--lr", "3e-3", "--checkpoint", str(folder), "--checkpoint-every", "3"]
-    piped = run_ranks(4, _train, ["--plan", str(tmp_path / "interleaved.json"), *common], timeout=180)
+    argv = ["--plan", str(tmp_path / "interleaved.json"), *common]
+    piped = run_ranks(4, _train, argv, prepare_pipeline(build_parser().parse_args(argv), 4), timeout=180)
     loaded = load_model(str(path))
     model = load_model(str(path)).model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -90,6 +91,5 @@ def test_interleaved_kept_gathered_trains_like_one_device_and_resumes_without_a_
     shutil.rmtree(folder / "step_000005")
     whole = plan_model(loaded.model, loaded.example_inputs, "2", mode="training").plan
     whole.save(tmp_path / "whole.json")
-    resumed = run_ranks(2, _resumed_whole, ["--plan", str(tmp_path / "whole.json"), *common, "--resume"],
-                        timeout=180)
+    resumed = run_whole(2, ["--plan", str(tmp_path / "whole.json"), *common, "--resume"])
     assert _worst(resumed[0], piped[0]["losses"][3:]) <= TOLERANCE

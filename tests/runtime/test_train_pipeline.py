@@ -123,9 +123,10 @@ def test_pipeline_with_tensor_parallel_follows_single_device_training(tmp_path: 
 EIGHT_LAYERS = MODEL.replace("Transformer(4, 32, 4, 2, 64, VOCAB, SEQ)", "Transformer(8, 32, 4, 2, 64, VOCAB, SEQ)")
 
 
-def _train_file(rank: int, world: int, loaded, mesh, path: str, inputs) -> list[float]:
+def _train_file(rank: int, world: int, loaded, mesh, path: str, graph, inputs) -> list[float]:
+    """Three steps of the pipeline the plan file at ``path`` describes, its stages cut from
+    ``graph`` (the model traced at the file's microbatch size, once, before the ranks fork)."""
     pipeline = PipelinePlan.load(path)
-    graph = trace(loaded.model, microbatch_inputs(loaded.example_inputs, pipeline.microbatches))
     stages = cut(graph, find_repeated_layers(graph), pipeline.counts, mesh.shape[pipeline.axis])
     runner = PipelineRunner(loaded.model, [s.graph for s in stages], pipeline.device_plans(stages), mesh,
                             pipeline.axis, pipeline.schedule, pipeline.microbatches, inputs)
@@ -154,8 +155,9 @@ def test_a_searched_four_stage_pipeline_runs_from_its_plan_file(tmp_path: Path) 
     assert any(len(devices) > 1 for devices in best.groups.values())  # a shared plan is relabelled
     plan_file = tmp_path / "pipeline.json"
     write_plan(result, engine, str(plan_file))
-    inputs = [n.name for n in engine.graph(4) if n.kind == NodeKind.INPUT]
-    results = run_ranks(4, _train_file, loaded, mesh, str(plan_file), inputs, timeout=180)
+    graph = trace(loaded.model, microbatch_inputs(loaded.example_inputs, PipelinePlan.load(plan_file).microbatches))
+    inputs = [n.name for n in graph if n.kind == NodeKind.INPUT]
+    results = run_ranks(4, _train_file, loaded, mesh, str(plan_file), graph, inputs, timeout=180)
     model = load_model(str(path)).model
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     reference = []
@@ -168,14 +170,26 @@ def test_a_searched_four_stage_pipeline_runs_from_its_plan_file(tmp_path: Path) 
     assert [r for r in results if r] == [results[-1]] and _worst(results[-1], reference) <= TOLERANCE
 
 
-def _pipelined_then_resumed(rank: int, world: int, argv: list[str]) -> list[float]:
-    args = build_parser().parse_args(argv)
-    return train_pipeline(args, prepare_pipeline(args, world), rank, io.StringIO())
+def run_pipelined(world: int, argv: list[str]) -> list[list[float]]:
+    """autoshard.train's pipelined loop under ``argv`` on ``world`` forked ranks, each rank's losses:
+    the plan and model are loaded, traced and checked once (``prepare_pipeline`` computes nothing
+    per rank), then each rank trains."""
+    return run_ranks(world, _train_pipelined, argv, prepare_pipeline(build_parser().parse_args(argv), world),
+                     timeout=180)
 
 
-def _resumed_whole(rank: int, world: int, argv: list[str]) -> list[float]:
-    args = build_parser().parse_args(argv)
-    return train(args, prepare(args, world, 0), rank, io.StringIO())
+def _train_pipelined(rank: int, world: int, argv: list[str], training) -> list[float]:
+    return train_pipeline(build_parser().parse_args(argv), training, rank, io.StringIO())
+
+
+def run_whole(world: int, argv: list[str]) -> list[list[float]]:
+    """autoshard.train's loop under ``argv`` (a plan without a pipeline) on ``world`` forked ranks,
+    prepared once as ``run_pipelined`` prepares."""
+    return run_ranks(world, _train_whole, argv, prepare(build_parser().parse_args(argv), world, 0), timeout=180)
+
+
+def _train_whole(rank: int, world: int, argv: list[str], training) -> list[float]:
+    return train(build_parser().parse_args(argv), training, rank, io.StringIO())
 
 
 def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_without_one(tmp_path: Path) -> None:
@@ -192,7 +206,7 @@ def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_withou
     write_plan(result, engine, str(plan_file))
     folder = tmp_path / "ckpt"
     common = [str(path), "--steps", "4", "--lr", "3e-3", "--checkpoint", str(folder), "--checkpoint-every", "2"]
-    piped = run_ranks(4, _pipelined_then_resumed, ["--plan", str(plan_file), *common], timeout=180)
+    piped = run_pipelined(4, ["--plan", str(plan_file), *common])
     assert all(losses == piped[0] for losses in piped)
     model = load_model(str(path)).model
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -201,8 +215,7 @@ def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_withou
     shutil.rmtree(folder / "step_000004")
     whole = plan_model(loaded.model, loaded.example_inputs, "2", mode="training").plan
     whole.save(tmp_path / "whole.json")
-    resumed = run_ranks(2, _resumed_whole, ["--plan", str(tmp_path / "whole.json"), *common, "--resume"],
-                        timeout=180)
+    resumed = run_whole(2, ["--plan", str(tmp_path / "whole.json"), *common, "--resume"])
     assert _worst(resumed[0], piped[0][2:]) <= TOLERANCE
     shutil.rmtree(folder / "step_000004")  # the resumed run's
     deeper = parse_mesh("4x1")  # and under a pipeline of another degree, on another mesh
@@ -210,5 +223,5 @@ def test_autoshard_train_runs_a_pipelined_plan_and_its_checkpoint_resumes_withou
     result4 = search(engine4, options_for(4, 4, [4], ("1f1b",)))
     four = tmp_path / "pipeline4.json"
     write_plan(result4, engine4, str(four))
-    again = run_ranks(4, _pipelined_then_resumed, ["--plan", str(four), *common, "--resume"], timeout=180)
+    again = run_pipelined(4, ["--plan", str(four), *common, "--resume"])
     assert _worst(again[0], piped[0][2:]) <= TOLERANCE
