@@ -38,6 +38,7 @@ from autoshard.problem.memory_nodes import memory_nodes
 from autoshard.problem.restrict import apply_boundary, apply_pins, pin_expert_parallel
 from autoshard.problem.reshard_copies import (CopiesBuilder, ReshardCopies, StepTimes, handed_savers, negligible,
                                               without_handed)
+from autoshard.problem.repeated import repeated_layers
 from autoshard.problem.tallies import recompute_tally
 from autoshard.cost.communication import CostModel
 from autoshard.cost.devices import Device
@@ -360,6 +361,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, options: Bu
         name=getattr(graph, "name", "") or "model",
         node_names=names + extra.names,
         tallies=recompute_tally(names, candidates, blocks, life, extra.aux_owner),
+        layers=repeated_layers(repeated, names, candidates),
     )
     items = [item for n in names for item in candidates[n].items]
     return ModelProblem(graph, mesh, cost_model, options, names, candidates, edges, problem,

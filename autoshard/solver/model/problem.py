@@ -58,7 +58,10 @@ class Tally:
 @dataclass
 class ShardingProblem:
     """Nodes with per-strategy cost and memory, edges with cost matrices, liveness and a memory
-    limit; ``tallies`` are whole-number counts worth branching on (``Tally``), none by default."""
+    limit; ``tallies`` are whole-number counts worth branching on (``Tally``), none by default;
+    ``layers`` are repeated layers (node tuples in corresponding order, each position offering the
+    same strategies in every layer), whose plans the search copies between them
+    (``search/layer_copies.py``), none by default. Both only guide the search."""
 
     node_costs: list[np.ndarray]
     node_usages: list[np.ndarray]
@@ -69,6 +72,7 @@ class ShardingProblem:
     name: str = ""
     node_names: list[str] = field(default_factory=list)
     tallies: list[Tally] = field(default_factory=list)
+    layers: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def num_nodes(self) -> int:
@@ -189,8 +193,22 @@ class ShardingProblem:
                         raise AutoshardError(f"tally {tally.name!r} marks node {node} strategies {list(marked)} "
                                              f"(twins {list(twins)}), which the problem does not have: mark existing "
                                              f"nodes and strategies, with one twin per strategy or none")
+        self._validate_layers()
         if self.usage_limit is not None and self.usage_limit < 0:
             raise AutoshardError(f"usage limit {self.usage_limit} is negative: give a limit >= 0 or none")
+
+    def _validate_layers(self) -> None:
+        """``layers``: tuples of one length, of distinct existing nodes, each position with one
+        strategy count in every layer."""
+        seen: set[int] = set()
+        for layer in self.layers:
+            if len(layer) != len(self.layers[0]) or not _within(layer, 0, self.num_nodes) or seen & set(layer) \
+                    or len(set(layer)) != len(layer) or any(self.num_strategies(a) != self.num_strategies(b)
+                                                            for a, b in zip(layer, self.layers[0])):
+                raise AutoshardError(f"layer {list(layer)[:4]}... does not match the first layer node for node: give "
+                                     f"layers of one length, distinct nodes, and at each position nodes with the "
+                                     f"same strategies")
+            seen |= set(layer)
 
 
 def _within(values: Sequence[int], low: int, high: int) -> bool:

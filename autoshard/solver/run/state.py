@@ -22,7 +22,11 @@ from autoshard.solver.core.reduced import FrozenCore, Core
 from autoshard.solver.core.evaluation import Expansion, FlatProblem
 from autoshard.solver.model.events import Checked, EventCallback, Finished, Improved, LowerBound
 from autoshard.solver.core.reduce import Size
+from autoshard.solver.search.layer_copies import LayerCopies
 from autoshard.solver.model.solution import InfeasibleError, Solution, SolveOptions
+
+COPIES = "layer copies"
+"""The source of a plan made by copying a changed layer onto the others."""
 
 FINISH_RESERVE = 0.15
 """Seconds of a time limit kept for the end (stopping the engines and z3, the exact evaluation of
@@ -68,6 +72,7 @@ class RunState:
         self.counts: dict[str, int] = {}
         self.proof_times: dict[str, float] = {}
         self._exact: tuple[Expansion, FlatProblem] | None = None  # built on the first offer
+        self._copies: LayerCopies | None = None  # built on the first new best after another
 
     def set_reserve(self, build: float) -> None:
         """Move the phases' deadline a finishing reserve before the limit: FINISH_RESERVE plus
@@ -174,11 +179,24 @@ class RunState:
         ev = flat.evaluate(choice)
         if not ev.feasible or (self.best_cost is not None and ev.cost >= self.best_cost):
             return False
+        before = self.best
         self.best, self.best_cost, self.best_local = choice.tolist(), ev.cost, local
         self.improvements += 1
         peak = ev.peak if self.problem.usage_limit is not None else None
         self.emit(Improved(self.improvements, ev.cost, tuple(self.best), bound, self.elapsed(), source, peak))
+        if before is not None and self.problem.layers and source != COPIES:
+            self._copy_layers(np.asarray(before, dtype=np.int64), choice, ev.cost, bound)
         return True
+
+    def _copy_layers(self, before: np.ndarray, after: np.ndarray, cost: int, bound: int | None) -> None:
+        """Offer the plan that copies of the layers ``after`` changed make, where they pay and the
+        core can hold it (``search/layer_copies.py``)."""
+        if self._copies is None:
+            self._copies = LayerCopies(self.problem, self._exact[1])
+        found = self._copies.improve(before, after, cost)
+        local = None if found is None else self._localised(found[0].tolist())
+        if local is not None:
+            self.offer(local, COPIES, bound)
 
     def bound(self, value: int | None, source: str) -> None:
         """Record a proven lower bound if it is better than the one we have."""
