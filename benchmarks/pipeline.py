@@ -41,7 +41,8 @@ from autoshard.pipeline.baseline import torchtitan_options, torchtitan_pipeline 
 from autoshard.pipeline.options import microbatch_counts, options_for  # noqa: E402
 from autoshard.pipeline.claim import search  # noqa: E402
 from autoshard.pipeline.deadline import exit_reserve  # noqa: E402
-from autoshard.pipeline.search import PipelineResult, PipelineSearch  # noqa: E402
+from autoshard.pipeline.results import PipelineResult  # noqa: E402
+from autoshard.pipeline.search import PipelineSearch  # noqa: E402
 from autoshard.sharding.mesh import parse_mesh  # noqa: E402
 
 PUBLISHED = {"1f1b": (100, 82.5), "interleaved-1f1b": (128, 72.7)}

@@ -24,7 +24,8 @@ from autoshard.pipeline.axes import AxesSearch, auto_seeds, in_turn, pipeline_ax
 from autoshard.pipeline.options import NO_PIPELINE, microbatch_counts, options_for, stage_label
 from autoshard.pipeline.claim import search
 from autoshard.pipeline.deadline import SearchTimeout
-from autoshard.pipeline.search import PipelineResult, PipelineSearch, kept_gathered
+from autoshard.pipeline.results import PipelineResult
+from autoshard.pipeline.search import PipelineSearch, kept_gathered
 from autoshard.sharding.layers import find_repeated_layers
 
 

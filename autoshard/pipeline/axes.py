@@ -26,7 +26,8 @@ from autoshard.frontend.graph import OpGraph
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.layer_bound import solved_floor, whole_floor
 from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
-from autoshard.pipeline.search import PipelineResult, PipelineSearch, Recipe, Searched, floor_ticks
+from autoshard.pipeline.results import PipelineResult, Searched
+from autoshard.pipeline.search import PipelineSearch, Recipe, floor_ticks
 from autoshard.sharding.mesh import Mesh
 from autoshard.problem.build import ModelProblem
 from autoshard.solver import SolveOptions

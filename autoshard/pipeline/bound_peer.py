@@ -12,8 +12,8 @@ free option of a count it took before, else the first free one (the list's order
 promising first); the child first takes each count nobody has taken (building their problems while
 this process bounds the promising options; the bounds left for after a solve, at the best step,
 then reuse them), then those of its own counts, then any. The child runs only while this process bounds or costs recipes:
-``paused()`` stops it (SIGSTOP) around every solve, whose engines use both processors. Without a
-second processor, or with fewer than two options, no child is forked and this process takes all.
+``paused()`` stops it (SIGSTOP) around every solve, whose engines use both processors. Without an
+idle processor, or with fewer than two options, no child is forked and this process takes all.
 """
 
 from __future__ import annotations
@@ -40,10 +40,17 @@ FREE, HERE, CHILD, BOUNDED, FAILED = range(5)
 _CUTOFF = struct.Struct("<d")
 
 
+def idle_processors() -> float:
+    """The processors this process may run on, less the one it runs on and the others' load
+    (the last minute's load average counts this process too)."""
+    return len(os.sched_getaffinity(0)) - max(1.0, os.getloadavg()[0])
+
+
 class BoundingPeer:
     """The options' shared list (module docstring); use it as a context manager, so that the child
     ends with the bounding that needed it. ``processors``: how many this process may run on (None:
-    its affinity)."""
+    fork where a processor is idle, :func:`idle_processors`, as a child beside others' work would
+    only slow this process)."""
 
     def __init__(self, options: Sequence[PipelineOption], processors: int | None = None) -> None:
         self.options = list(options)
@@ -52,7 +59,7 @@ class BoundingPeer:
         self.cutoff = math.inf
         self.lock = multiprocessing.get_context("fork").Lock()
         self.pid: int | None = None
-        self.forks = (processors if processors is not None else len(os.sched_getaffinity(0))) > 1 and n > 1
+        self.forks = n > 1 and (processors > 1 if processors is not None else idle_processors() >= 1)
 
     def __enter__(self) -> BoundingPeer:
         return self

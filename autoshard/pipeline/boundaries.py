@@ -3,7 +3,7 @@
 A device's plan may have been solved on an alike device's graph (same layers per stage, same
 ends): its received and returned tensors are matched by position and named as on the device's
 own graph. Boundary tensors must leave and arrive in one layout; the search fixes every device's
-to the layout the first device sends their kind (shape and dtype) in.
+to the layout the lead device (``search.py``) sends their kind (shape and dtype) in.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def device_layouts(stage: Stage, solution: ModelSolution) -> tuple[dict[str, Ten
 
 
 def boundary_layouts(stage: Stage, solution: ModelSolution) -> dict[TensorMeta, TensorSpec]:
-    """The layout the first device sends each kind (shape and dtype) of boundary tensor in."""
+    """The layout a device (the lead) sends each kind (shape and dtype) of boundary tensor in."""
     sent = device_layouts(stage, solution)[1]
     return {stage.graph[name].tensor: sent[name] for name in stage.sent if stage.graph[name].tensor is not None}
 

@@ -19,7 +19,7 @@ one not costed by then is left out (a progress line names it), and the search go
 the search raises one line saying how far it got and to raise --timeout. ``engine`` is a :class:`~autoshard.pipeline.search.PipelineSearch`
 or anything with its interface (``pipeline/axes.py`` drives several axes as one).
 
-Bounding uses both processors: a forked child bounds the pipelined options beside this process
+Bounding uses an idle second processor: a forked child bounds the pipelined options beside this process
 (``bound_peer.py``; the whole-model option is bounded here, as bounding it may solve it), each
 bound as it would be here, and is stopped while anything is solved.
 """
@@ -36,7 +36,8 @@ from autoshard.cost.units import format_seconds
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.bound_peer import BoundingPeer
 from autoshard.pipeline.options import NO_PIPELINE, PipelineOption
-from autoshard.pipeline.search import PipelineResult, PipelineSearch, Searched
+from autoshard.pipeline.results import PipelineResult, Searched
+from autoshard.pipeline.search import PipelineSearch
 
 
 def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Sequence[PipelineOption] = (),
@@ -46,9 +47,9 @@ def search(engine: PipelineSearch, options: Sequence[PipelineOption], seeds: Seq
     bound first until no bound is below the best. Options left without a bound are bounded once a
     best plan exists, before any further option is solved (ruled out, unsolved, where the bound
     reaches the best step); one still without a bound is solved after the bounded ones while time
-    remains, and otherwise leaves the claim without one. With two ``processors`` (None: those this
-    process may run on) a forked child bounds pipelined options meanwhile, stopped while a solve
-    runs (``bound_peer.py``)."""
+    remains, and otherwise leaves the claim without one. With two ``processors`` (None: where one is
+    idle) a forked child bounds pipelined options meanwhile, stopped while a solve runs
+    (``bound_peer.py``)."""
     piped = [o for o in options if o.schedule != NO_PIPELINE]  # bounding the whole model may solve it: not forked
     with BoundingPeer(piped, processors) as peer:
         peer.start(lambda option, cutoff: engine.evaluate(option, bounded=False, cutoff=cutoff).bound)

@@ -21,10 +21,12 @@ microbatches, so it is overcharged by the schedule's bubble share.)
 ``T_d`` is split over the device's stages and into forward and backward by torch's flop counts;
 the step is the critical path of the schedule (``schedules.timing``), a non-decreasing function
 of every ``T_d``. Devices share nothing but the tensors they pass on, which must leave and arrive
-in one layout: the first device is solved freely, the others with each boundary tensor fixed to
-the layout the first device sends its kind (shape, dtype) in (``boundary_of``; an interleaved
-first device is solved again with its own received tensors fixed so too), and the plans are
-checked to agree (``Searched.mismatches``).
+in one layout: the *lead* device, the one that weighs most on the step (``stages.path_weights``:
+``dS/dT_d``; not the last, which sends nothing on), is solved freely, the others with each
+boundary tensor fixed to the layout the lead sends its kind (shape, dtype) in (``boundary_of``; a
+lead that also receives is solved again with its received tensors fixed so too), each solve
+given the time left in proportion to its weight; the plans are checked to agree
+(``Searched.mismatches``).
 
 Search (``claim.py``). Every option first gets a lower bound: its critical path with each ``T_d``
 bounded without fixed layouts, which can only be cheaper: from the device's parts on the option
@@ -35,14 +37,15 @@ times the cheapest layer), or without a budget where there is none (``layer_boun
 from the device's whole problem without a budget. Options are then solved in order of bound
 until the best step found is no more than the next bound; an option whose bound reaches the
 best step is ruled out unsolved, and its bounding stops as soon as the devices bounded so far
-rule it out. A solved option's bound is its critical path over the first device's solver bound
-and the others' bounds as above. The result is the optimum over the enumerated options when the
+rule it out. A solved option's bound is its critical path over the lead's solver bound and the
+others' bounds as above. The result is the optimum over the enumerated options when the
 best step meets every bound; otherwise the claim is the best step, the least bound and the gap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
@@ -51,6 +54,7 @@ from autoshard.api import (BudgetError, ModelSolution, StageOptions, build_model
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.plans import relabel
+from autoshard.pipeline.results import Searched
 from autoshard.problem.build import ModelProblem
 from autoshard.problem.baselines.torchtitan import torchtitan_choice
 from autoshard.problem.plan import Plan
@@ -64,54 +68,15 @@ from autoshard.pipeline.budget_bound import live_budget
 from autoshard.pipeline.layer_bound import LayerFloors, solved_floor
 from autoshard.pipeline.option_bound import option_bound
 from autoshard.pipeline.boundaries import boundary_layouts, boundary_mismatches, boundary_of, device_layouts
-from autoshard.pipeline.stages import Stage, critical_path, cut, shared_parameters
+from autoshard.pipeline.stages import Stage, critical_path, cut, path_weights, shared_parameters
 from autoshard.sharding.layers import find_repeated_layers
 from autoshard.sharding.mesh import Mesh
 from autoshard.sharding.spec import TensorSpec
 
 
-@dataclass
-class Searched:
-    """An option as far as it was solved: per device group its solution, the step and its bound
-    (``bounded``: False when the time limit came before its bound; ``origin``: ``baseline`` for
-    the recipe's plans taken as they are, not solved, ``no plan`` where solving found none in time)."""
-
-    option: PipelineOption
-    bound: float
-    step: float | None = None
-    solutions: dict[tuple, ModelSolution] = field(default_factory=dict)
-    groups: dict[tuple, list[int]] = field(default_factory=dict)
-    mismatches: list[str] = field(default_factory=list)
-    bounded: bool = True
-    origin: str = "search"
-
-    @property
-    def fits(self) -> bool:
-        """Every device's plan within the memory budget."""
-        return all(s.solution.status != "over budget" for s in self.solutions.values())
-
-    @property
-    def proved(self) -> bool:
-        """Its step meets its bound and every boundary layout agrees."""
-        return self.step is not None and not self.mismatches and self.step <= self.bound * (1 + 1e-9)
-
-
-@dataclass
-class PipelineResult:
-    """The best option, every option's bound or step, and the claim over them (``unbounded``: how
-    many options the bounding phase left without a bound)."""
-
-    best: Searched
-    searched: list[Searched]
-    lower_bound: float
-    elapsed: float
-    unbounded: int = 0
-
-    @property
-    def gap(self) -> float:
-        """Relative gap between the best step and the least bound over the options."""
-        return max(0.0, (self.best.step - self.lower_bound) / self.best.step) if self.best.step else 0.0
-
+OPTION_SHARE = 0.7
+"""The share of the time left that solving one option's devices takes (the rest: bounding the
+other options at its step, and solving those that stay below it)."""
 
 Recipe = Callable[[ModelProblem], list[int]]
 """A hand-written plan of a device's problem (torchtitan's: ``torchtitan_choice``)."""
@@ -211,7 +176,7 @@ class PipelineSearch:
                 self.problems[key] = build_model_problem(stage.graph, self.inner, stage=stage_options, **build)
         return self.problems[key]
 
-    def choose_stage(self, option: PipelineOption, stage: Stage, in_flight: int, share: int = 1,
+    def choose_stage(self, option: PipelineOption, stage: Stage, in_flight: int, share: float = 1,
                      boundary: Mapping[str, TensorSpec] | None = None,
                      recipe: Recipe | None = None) -> tuple[ModelSolution, float]:
         """The device's better plan over its two parameter policies, kept gathered over the step or
@@ -270,7 +235,7 @@ class PipelineSearch:
             return None
 
     def solve_stage(self, option: PipelineOption, stage: Stage, in_flight: int, bounded: bool,
-                    share: int = 1, boundary: Mapping[str, TensorSpec] | None = None,
+                    share: float = 1, boundary: Mapping[str, TensorSpec] | None = None,
                     recipe: Recipe | None = None, kept: bool = True) -> ModelSolution:
         """The optimum of :meth:`stage_problem`, given ``1/share`` of the time left (with a budget,
         the incumbent's plan instead where it fits and costs less); or ``recipe``'s plan as it is,
@@ -315,10 +280,10 @@ class PipelineSearch:
         at ``cutoff`` needs; once the critical path over those bounded so far, the others at 0,
         reaches ``cutoff``, that is its bound and the rest are left unbounded).
 
-        Bounded, the first device is solved on its own and the others receive and send their
+        Bounded, the lead device is solved on its own and the others receive and send their
         boundary tensors in the layouts it sends in (alike devices chain the same tensor), so the
         stages agree by construction; their bound is that of their free problems without a budget,
-        the first device's that of its own solve. ``recipe``: that plan on every device, not solved
+        the lead's that of its own solve. ``recipe``: that plan on every device, not solved
         (its bound then 0, its origin ``baseline``)."""
         stages = self.stages(option)
         orders = device_orders(option.schedule, option.devices, option.microbatches, option.virtual)
@@ -332,23 +297,25 @@ class PipelineSearch:
             searched.bound = option_bound(floor, option.label, stages, len(option.counts), orders, searched.groups,
                                           held, cutoff)
             return searched
-        first = stages[0].signature
-        rest = [sig for sig in searched.groups if sig != first]
-        searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first],
-                                                             2 * (len(rest) + 1), recipe=recipe)
-        lower = {first: floor}
-        sent = boundary_layouts(stages[0], searched.solutions[first])
-        own = boundary_of(stages[0], sent)
-        received = device_layouts(stages[0], searched.solutions[first])[0]
-        if any(received.get(n, l) != l for n, l in own.items()):
-            # an interleaved first device also receives: in the layouts it sends in
-            searched.solutions[first], floor = self.choose_stage(option, stages[0], held[first],
-                                                                 2 * (len(rest) + 1), own, recipe)
-            lower[first] = min(lower[first], floor)
-        for k, sig in enumerate(sorted(rest, key=lambda g: -held[g] * sum(g[0]))):  # the fullest first
+        free = [None] if recipe is not None else [self.device_floor(option, st, held[st.signature], True, 0.0)
+                                                  for st in stages]  # memory-free floors: the devices' likely times
+        known = all(t is not None and 0 < t < math.inf for t in free)
+        weights = path_weights(len(option.counts), stages, orders, searched.groups, free if known else None)
+        order = sorted(searched.groups, key=lambda g: (g[2], -weights[g]))  # a last device sends nothing to fix
+        lead, lead_stage = order[0], stages[searched.groups[order[0]][0]]
+        share = self._shares(weights)
+        searched.solutions[lead], floor = self.choose_stage(option, lead_stage, held[lead], share(lead), recipe=recipe)
+        lower = {lead: floor}
+        sent = boundary_layouts(lead_stage, searched.solutions[lead])
+        own = boundary_of(lead_stage, sent)
+        received = device_layouts(lead_stage, searched.solutions[lead])[0]
+        if any(received.get(n, l) != l for n, l in own.items()):  # it also receives: in the layouts it sends in
+            searched.solutions[lead], floor = self.choose_stage(option, lead_stage, held[lead], share(lead), own, recipe)
+            lower[lead] = min(lower[lead], floor)
+        for sig in order[1:]:
             stage = stages[searched.groups[sig][0]]
-            searched.solutions[sig] = self.choose_stage(option, stage, held[sig], 2 * (len(rest) - k),
-                                                        boundary_of(stage, sent), recipe)[0]
+            searched.solutions[sig] = self.choose_stage(option, stage, held[sig], share(sig), boundary_of(stage, sent),
+                                                        recipe)[0]
             if recipe is None:
                 free = [self.device_floor(option, stage, held[sig], kept) for kept in (True, False)]
                 # a free problem without a plan in time bounds nothing from below
@@ -358,6 +325,13 @@ class PipelineSearch:
         if recipe is None:  # a recipe's plans, not solved, bound nothing
             searched.bound = critical_path(len(option.counts), stages, orders, [lower[st.signature] for st in stages])
         return searched
+
+    def _shares(self, weights: Mapping[tuple, float]) -> Callable[[tuple], float]:
+        """Each group's share of the time left when its solve starts (``solve_stage``'s divisor):
+        :data:`OPTION_SHARE` of the time left now, split by the groups' weights."""
+        left, total = self.limit.remaining(), sum(weights.values())
+        return lambda sig: 1.0 if left is None else max(1.0, (self.limit.remaining() or 0.0) /
+                                                        max(OPTION_SHARE * left * weights[sig] / total, 1e-9))
 
     @staticmethod
     def _times(stages: list[Stage], searched: Searched) -> list[float]:

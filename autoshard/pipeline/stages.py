@@ -13,7 +13,7 @@ recomputed where they are needed rather than sent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import networkx as nx
 
@@ -179,3 +179,26 @@ def critical_path(stage_count: int, stages: Sequence[Stage], orders: list, per_d
         for s, (f, b) in zip(stage.stages, stage.flops):
             forward[s], backward[s] = seconds * f / total, seconds * b / total
     return timing(orders, forward, backward).step
+
+
+WEIGHT_FLOOR = 0.25
+"""The least weight of a group of devices, as a share of the heaviest group's (``path_weights``):
+every device keeps some of the solving time, as its plan also fixes what it sends."""
+
+
+def path_weights(stage_count: int, stages: Sequence[Stage], orders: list, groups: Mapping[tuple, Sequence[int]],
+                 times: Sequence[float] | None = None) -> dict[tuple, float]:
+    """How much each group of alike devices weighs on the step: the critical path's rate of
+    change in the group's seconds per microbatch, ``dS/dT_g``, at the devices' ``times`` (estimates;
+    None: each device's layers, plus one for the embedding or the head), at least
+    :data:`WEIGHT_FLOOR` of the heaviest. The groups' solves share the time by these weights
+    (``PipelineSearch.evaluate``)."""
+    times = list(times) if times is not None else [float(sum(st.counts) + st.first + st.last) for st in stages]
+    base = critical_path(stage_count, stages, orders, times)
+    step = 1e-3 * max(times)
+    rates = {}
+    for sig, devices in groups.items():
+        bumped = [t + step if d in devices else t for d, t in enumerate(times)]
+        rates[sig] = (critical_path(stage_count, stages, orders, bumped) - base) / step
+    top = max(rates.values(), default=0.0)
+    return {sig: max(rate, WEIGHT_FLOOR * top) for sig, rate in rates.items()}

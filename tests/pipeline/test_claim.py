@@ -6,7 +6,7 @@ from __future__ import annotations
 from autoshard.pipeline.claim import search
 from autoshard.pipeline.deadline import TimeLimit
 from autoshard.pipeline.options import PipelineOption
-from autoshard.pipeline.search import Searched
+from autoshard.pipeline.results import Searched
 
 
 class Stub:

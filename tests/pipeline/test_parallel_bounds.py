@@ -141,3 +141,12 @@ def test_the_cutoff_each_option_was_taken_at_is_known_while_the_child_bounds_it(
             time.sleep(0.01)
         peer.cutoff = 3.0
         assert peer.in_flight() == {1: 9.0}
+
+
+@pytest.mark.parametrize("load, forks", [(0.2, True), (1.0, True), (1.5, False), (6.0, False)])
+def test_a_child_is_forked_only_where_a_processor_is_idle(monkeypatch, load: float, forks: bool) -> None:
+    """On two processors: this process takes one (a load of at least 1 counts it), the child needs the other."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert BoundingPeer(_options([4, 2])).forks is forks
+    assert BoundingPeer(_options([4, 2]), processors=2).forks  # told: forks whatever the load
