@@ -263,14 +263,15 @@ def test_titan_plan_fuses_where_torch_would() -> None:
     from benchmarks import as_torch_runs, reality
     from benchmarks.titan_llama import Transformer
 
+    with torch.device("meta"):
+        model = Transformer(1, 4096, 32, 8, 14336, 4096, 4096).to(torch.bfloat16)
+    model.cos, model.sin = model.cos.float(), model.sin.float()
+    tokens = torch.zeros(16, 4096, dtype=torch.long, device="meta")
+    graph = trace(model, (tokens, tokens.clone()))
+
     def build(async_tp: bool) -> ModelProblem:
-        with torch.device("meta"):
-            model = Transformer(1, 4096, 32, 8, 14336, 4096, 4096).to(torch.bfloat16)
-        model.cos, model.sin = model.cos.float(), model.sin.float()
-        tokens = torch.zeros(16, 4096, dtype=torch.long, device="meta")
-        return build_model_problem(trace(model, (tokens, tokens.clone())), "2x4", mode="training",
-                                   device="h100-hbm2e", precision="bf16-mixed", recompute="full", compile="layers",
-                                   float8="tensorwise", async_tp=async_tp)
+        return build_model_problem(graph, "2x4", mode="training", device="h100-hbm2e", precision="bf16-mixed",
+                                   recompute="full", compile="layers", float8="tensorwise", async_tp=async_tp)
 
     fused, blocking = build(True), build(False)
     choice = reality.torchtitan_choice(blocking)
