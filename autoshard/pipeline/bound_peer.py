@@ -13,7 +13,8 @@ promising first); the child first takes each count nobody has taken (building th
 this process bounds the promising options; the bounds left for after a solve, at the best step,
 then reuse them), then those of its own counts, then any. The child runs only while this process bounds or costs recipes:
 ``paused()`` stops it (SIGSTOP) around every solve, whose engines use both processors. Without an
-idle processor, or with fewer than two options, no child is forked and this process takes all.
+idle processor (processes runnable now), or with fewer than two options, no child is forked and
+this process takes all.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import multiprocessing
 import os
 import signal
 import struct
+import time
 from typing import Callable, Iterator, Sequence
 
 from autoshard.errors import AutoshardError
@@ -40,10 +42,26 @@ FREE, HERE, CHILD, BOUNDED, FAILED = range(5)
 _CUTOFF = struct.Struct("<d")
 
 
+SAMPLES = 5
+"""Readings of the runnable count behind :func:`idle_processors`."""
+
+
 def idle_processors() -> float:
-    """The processors this process may run on, less the one it runs on and the others' load
-    (the last minute's load average counts this process too)."""
-    return len(os.sched_getaffinity(0)) - max(1.0, os.getloadavg()[0])
+    """The processors this process may run on, less those running now (this one included):
+    the runnable count of ``/proc/loadavg``, the mean of :data:`SAMPLES` readings 20 ms apart
+    (the load averages trail what has just ended by a minute or more)."""
+    return len(os.sched_getaffinity(0)) - max(1.0, sum(_running() for _ in range(SAMPLES)) / SAMPLES)
+
+
+def _running() -> float:
+    """Processes runnable now (the reader too), after 20 ms; the last minute's load average where
+    the kernel does not say."""
+    time.sleep(0.02)
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return os.getloadavg()[0]
 
 
 class BoundingPeer:

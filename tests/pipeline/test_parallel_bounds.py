@@ -10,6 +10,7 @@ import time
 import pytest
 
 from autoshard.errors import AutoshardError
+from autoshard.pipeline import bound_peer
 from autoshard.pipeline.bound_peer import BoundingPeer
 from autoshard.pipeline.claim import search
 from autoshard.pipeline.options import PipelineOption
@@ -143,10 +144,15 @@ def test_the_cutoff_each_option_was_taken_at_is_known_while_the_child_bounds_it(
         assert peer.in_flight() == {1: 9.0}
 
 
-@pytest.mark.parametrize("load, forks", [(0.2, True), (1.0, True), (1.5, False), (6.0, False)])
-def test_a_child_is_forked_only_where_a_processor_is_idle(monkeypatch, load: float, forks: bool) -> None:
-    """On two processors: this process takes one (a load of at least 1 counts it), the child needs the other."""
+@pytest.mark.parametrize("running, forks", [(1.0, True), (1.4, False), (3.0, False)])
+def test_a_child_is_forked_only_where_a_processor_is_idle(monkeypatch, running: float, forks: bool) -> None:
+    """On two processors: this process runs on one (it counts itself among those running), the
+    child needs the other."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(bound_peer, "_running", lambda: running)
     assert BoundingPeer(_options([4, 2])).forks is forks
-    assert BoundingPeer(_options([4, 2]), processors=2).forks  # told: forks whatever the load
+    assert BoundingPeer(_options([4, 2]), processors=2).forks  # told: forks whatever runs
+
+
+def test_the_runnable_count_is_read_and_counts_the_reader() -> None:
+    assert bound_peer._running() >= 1.0
