@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from autoshard.api import BudgetError
 from autoshard.cost.units import format_seconds
@@ -106,16 +106,13 @@ def _bounding_phase(engine: PipelineSearch, options: Sequence[PipelineOption], p
                     peer: BoundingPeer, best: Searched | None,
                     share: float) -> tuple[list[Searched], list[Searched], set[PipelineOption]]:
     """Every option bounded at the best step (infinite without one) while the phase's ``share`` of
-    the limit lasts: the pipelined ones as ``peer`` hands them to this process (its child takes
-    others), then the others here; each bound said as it is known. The bounded options in
+    the limit lasts (``_bound_shared``), each bound said as it is known. The bounded options in
     ``options``' order, those left without a bound, and those said to be ruled out by their bounds."""
-    cutoff = best.step if best else math.inf
-    own: dict[PipelineOption, float | None] = {}
-    rest = [o for o in options if o.schedule == NO_PIPELINE]
     said: dict[PipelineOption, float | None] = {}
     told: set[PipelineOption] = set()
+    limit = engine.limit
 
-    def say_new() -> None:
+    def say_new(own: dict[PipelineOption, float | None]) -> None:
         for option, bound in _merged(own, piped, peer).items():
             if option in said:
                 continue
@@ -128,27 +125,47 @@ def _bounding_phase(engine: PipelineSearch, options: Sequence[PipelineOption], p
             else:
                 engine.progress(f"bound {format_seconds(bound)}: {option.label}")
 
+    def stop() -> bool:
+        return limit.passed() or bool(said) and limit.timeout is not None and limit.elapsed() > share * limit.timeout
+
+    rest = [o for o in options if o.schedule == NO_PIPELINE]
+    own, stopped = _bound_shared(engine, piped, peer, best.step if best else math.inf, rest, stop, say_new)
+    if stopped:
+        engine.progress(f"no time to bound {peer.untaken() + len(rest)} more options")
+    say_new(own)
+    bounds = [Searched(o, said[o]) for o in options if said.get(o) is not None]
+    unbounded = [Searched(o, 0.0, bounded=False) for o in options if said.get(o) is None]
+    return bounds, unbounded, told
+
+
+def _bound_shared(engine: PipelineSearch, piped: list[PipelineOption], peer: BoundingPeer, cutoff: float,
+                  rest: list[PipelineOption], stop: Callable[[], bool],
+                  heard: Callable[[dict[PipelineOption, float | None]], None] = lambda own: None,
+                  ) -> tuple[dict[PipelineOption, float | None], bool]:
+    """Options bounded here at ``cutoff`` while ``peer``'s child bounds others: the pipelined ones
+    as ``peer`` hands them to this process, one the child took at a greater cutoff here too (it may
+    take far longer there), then ``rest`` (taken from the list); until none is left and the child
+    has answered, or ``stop()`` (checked, after ``heard(bounds so far)``, before each). The bounds
+    found here (None: not in time) and whether ``stop()`` ended it."""
+    own: dict[PipelineOption, float | None] = {}
     while True:
-        say_new()
-        limit = engine.limit
-        if limit.passed() or said and limit.timeout is not None and limit.elapsed() > share * limit.timeout:
-            engine.progress(f"no time to bound {peer.untaken() + len(rest)} more options")
-            break
+        heard(own)
+        if stop():
+            return own, True
         k = peer.take()
-        if k is None and not rest:
-            if not peer.busy():
-                break
-            time.sleep(0.05)  # the child's last option: its bound orders the solves
-            continue
+        if k is None:
+            waiting = {j: at for j, at in peer.in_flight().items() if piped[j] not in own}
+            k = next((j for j, at in waiting.items() if at > cutoff), None)
+            if k is None and not rest:
+                if not waiting:
+                    return own, False
+                time.sleep(0.05)  # the child's answer: it bounds a cheap option, or orders the solves
+                continue
         option = piped[k] if k is not None else rest.pop(0)
         try:
             own[option] = engine.evaluate(option, bounded=False, cutoff=cutoff).bound
         except AutoshardError:  # its stages found no plan in their share of the time: no bound
             own[option] = None
-    say_new()
-    bounds = [Searched(o, said[o]) for o in options if said.get(o) is not None]
-    unbounded = [Searched(o, 0.0, bounded=False) for o in options if said.get(o) is None]
-    return bounds, unbounded, told
 
 
 def _merged(own: dict[PipelineOption, float | None], piped: list[PipelineOption],
@@ -165,25 +182,12 @@ def _merged(own: dict[PipelineOption, float | None], piped: list[PipelineOption]
 def _late_bounds(engine: PipelineSearch, pending: list[Searched], best: Searched, piped: list[PipelineOption],
                  peer: BoundingPeer) -> list[Searched]:
     """``pending`` with the options the bounding phase left without a bound bounded now at the best
-    step (ruled out, unsolved, where the bound reaches it): first those neither process took (both
-    take them; the child's answers are awaited, and an option it took at a greater cutoff is
-    bounded here too), then any still without a bound here; the bounded ones cheapest first, then
-    the rest."""
+    step (ruled out, unsolved, where the bound reaches it): first those neither process took, with
+    the child (``_bound_shared``), then any still without a bound here; the bounded ones cheapest
+    first, then the rest."""
     peer.cutoff = best.step
-    own: dict[PipelineOption, float | None] = {}
-    while not engine.limit.passed():
-        k = peer.take()
-        if k is None:
-            waiting = {k: at for k, at in peer.in_flight().items() if piped[k] not in own}
-            if not waiting:
-                break
-            # an option the child took before this cutoff may take it far longer: bounded here too
-            k = next((k for k, at in waiting.items() if at > best.step), None)
-            if k is None:
-                time.sleep(0.05)
-                continue
-        own[piped[k]] = _late_bound(engine, Searched(piped[k], 0.0, bounded=False), best)
-    found = _merged({o: b.bound if b.bounded else None for o, b in own.items()}, piped, peer)
+    own, _ = _bound_shared(engine, piped, peer, best.step, [], engine.limit.passed)
+    found = _merged(own, piped, peer)
     pending = [e if e.bounded else Searched(e.option, found[e.option]) if found.get(e.option) is not None
                else e if engine.limit.passed() else _late_bound(engine, e, best) for e in pending]
     return sorted(pending, key=lambda e: (not e.bounded, e.bound))

@@ -297,10 +297,12 @@ class PipelineSearch:
             searched.bound = option_bound(floor, option.label, stages, len(option.counts), orders, searched.groups,
                                           held, cutoff)
             return searched
-        free = [None] if recipe is not None else [self.device_floor(option, st, held[st.signature], True, 0.0)
-                                                  for st in stages]  # memory-free floors: the devices' likely times
-        known = all(t is not None and 0 < t < math.inf for t in free)
-        weights = path_weights(len(option.counts), stages, orders, searched.groups, free if known else None)
+        # memory-free floors, one per group of alike devices: the devices' likely times (a recipe is not solved)
+        free = {} if recipe is not None else {sig: self.device_floor(option, stages[ds[0]], held[sig], True, 0.0)
+                                              for sig, ds in searched.groups.items()}
+        known = bool(free) and all(t is not None and 0 < t < math.inf for t in free.values())
+        weights = path_weights(len(option.counts), stages, orders, searched.groups,
+                               [free[st.signature] for st in stages] if known else None)
         order = sorted(searched.groups, key=lambda g: (g[2], -weights[g]))  # a last device sends nothing to fix
         lead, lead_stage = order[0], stages[searched.groups[order[0]][0]]
         share = self._shares(weights)
