@@ -39,7 +39,9 @@ Bound = Callable[[PipelineOption, float], float]
 
 FREE, HERE, CHILD, BOUNDED, FAILED = range(5)
 """An option's state: free, taken by this process, taken by the child, bounded or failed there."""
-_CUTOFF = struct.Struct("<d")
+_DOUBLE = struct.Struct("<d")
+BOUND, TAKEN_AT = range(2)
+"""An option's two doubles in the mapping: the child's bound, the cutoff it took the option at."""
 
 
 SAMPLES = 5
@@ -73,7 +75,7 @@ class BoundingPeer:
     def __init__(self, options: Sequence[PipelineOption], processors: int | None = None) -> None:
         self.options = list(options)
         n = len(self.options)
-        self.shared = mmap.mmap(-1, _CUTOFF.size + n + 16 * n)
+        self.shared = mmap.mmap(-1, _DOUBLE.size + n + 16 * n)
         self.cutoff = math.inf
         self.lock = multiprocessing.get_context("fork").Lock()
         self.pid: int | None = None
@@ -88,11 +90,11 @@ class BoundingPeer:
     @property
     def cutoff(self) -> float:
         """The best step so far (infinite without one): the cutoff the next options are bounded at."""
-        return _CUTOFF.unpack_from(self.shared, 0)[0]
+        return _DOUBLE.unpack_from(self.shared, 0)[0]
 
     @cutoff.setter
     def cutoff(self, step: float) -> None:
-        _CUTOFF.pack_into(self.shared, 0, step)
+        _DOUBLE.pack_into(self.shared, 0, step)
 
     def start(self, bound: Bound) -> None:
         """Fork the child, which bounds options with ``bound`` until none is free."""
@@ -109,9 +111,8 @@ class BoundingPeer:
 
     def found(self) -> dict[int, float | None]:
         """The child's answers so far: per option it finished, its bound, or None where it found none."""
-        n = len(self.options)
-        return {k: struct.unpack_from("<d", self.shared, _CUTOFF.size + n + 8 * k)[0] if self._state(k) == BOUNDED
-                else None for k in range(n) if self._state(k) in (BOUNDED, FAILED)}
+        return {k: self._double(k, BOUND) if self._state(k) == BOUNDED else None
+                for k in range(len(self.options)) if self._state(k) in (BOUNDED, FAILED)}
 
     def in_flight(self) -> dict[int, float]:
         """The options the live child has taken and not yet answered, each with the cutoff it took it at."""
@@ -124,9 +125,7 @@ class BoundingPeer:
         if ended:
             self.pid = None
             return {}
-        n = len(self.options)
-        return {k: struct.unpack_from("<d", self.shared, _CUTOFF.size + n + 8 * (n + k))[0]
-                for k in range(n) if self._state(k) == CHILD}
+        return {k: self._double(k, TAKEN_AT) for k in range(len(self.options)) if self._state(k) == CHILD}
 
     def busy(self) -> bool:
         """Whether the child is alive with an option taken and not yet answered."""
@@ -153,7 +152,18 @@ class BoundingPeer:
             self.pid = None
 
     def _state(self, k: int) -> int:
-        return self.shared[_CUTOFF.size + k]
+        return self.shared[_DOUBLE.size + k]
+
+    def _set(self, k: int, state: int) -> None:
+        self.shared[_DOUBLE.size + k] = state
+
+    def _at(self, k: int, field: int) -> int:
+        """Where option k's ``field`` (:data:`BOUND` or :data:`TAKEN_AT`, a double) lies in the mapping."""
+        n = len(self.options)
+        return _DOUBLE.size + n + 8 * (field * n + k)
+
+    def _double(self, k: int, field: int) -> float:
+        return _DOUBLE.unpack_from(self.shared, self._at(k, field))[0]
 
     def _take(self, who: int) -> int | None:
         """Under the lock, marked taken by ``who``: for the child, the first free option of a
@@ -170,19 +180,18 @@ class BoundingPeer:
             taken = {counts[k] for k, s in enumerate(states) if s != FREE}
             fresh = [k for k in free if counts[k] not in taken] if who == CHILD else []
             k = next(iter(fresh), next((k for k in free if counts[k] in mine), free[0]))
-            self.shared[_CUTOFF.size + k] = who
-            struct.pack_into("<d", self.shared, _CUTOFF.size + n + 8 * (n + k), self.cutoff)
+            self._set(k, who)
+            _DOUBLE.pack_into(self.shared, self._at(k, TAKEN_AT), self.cutoff)
             return k
 
     def _child(self, bound: Bound) -> None:
-        """The child's loop: take an option, bound it at the cutoff of the moment, record it."""
+        """The child's loop: take an option, bound it at the cutoff it took it at, record it."""
         quiet_child()
-        n = len(self.options)
         while (k := self._take(CHILD)) is not None:
             try:
-                found = bound(self.options[k], self.cutoff)
+                found = bound(self.options[k], self._double(k, TAKEN_AT))
             except AutoshardError:
-                self.shared[_CUTOFF.size + k] = FAILED
+                self._set(k, FAILED)
                 continue
-            struct.pack_into("<d", self.shared, _CUTOFF.size + n + 8 * k, found)
-            self.shared[_CUTOFF.size + k] = BOUNDED
+            _DOUBLE.pack_into(self.shared, self._at(k, BOUND), found)
+            self._set(k, BOUNDED)
