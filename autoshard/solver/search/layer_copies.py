@@ -36,8 +36,8 @@ ONE_BY_ONE = 64
 
 class LayerCopies:
     """The copies of one problem (module docstring): its layers as arrays, the units each layer
-    node ties (with the units' edges to other nodes) for the follow step, and the exact evaluation
-    ``flat``."""
+    node ties (with their edges to other nodes and their summed costs) for the follow step, and
+    the exact evaluation ``flat``."""
 
     def __init__(self, problem: ShardingProblem, flat: FlatProblem) -> None:
         self.problem, self.flat = problem, flat
@@ -50,6 +50,7 @@ class LayerCopies:
         repeats, unit_of = _Repeats(), {}  # unit_of: a node outside the layers -> its unit
         self.followers: dict[int, list[tuple[int, ...]]] = {}  # a layer's node -> the units it ties
         self.units: dict[tuple[int, ...], list[tuple[int, np.ndarray, bool, int]]] = {}  # unit -> its outer edges
+        self.unit_costs: dict[tuple[int, ...], np.ndarray] = {}  # unit -> its nodes' costs per shared strategy
         for node in sorted(in_layers):
             for other, _, _ in adjacent.get(node, ()):
                 if other in in_layers:
@@ -93,6 +94,7 @@ class LayerCopies:
         unit = tuple(sorted(found))
         self.units[unit] = [(other, matrix, first, node) for node in unit
                             for other, matrix, first in adjacent.get(node, ()) if other not in found]
+        self.unit_costs[unit] = np.sum([np.asarray(self.problem.node_costs[n], dtype=np.float64) for n in unit], axis=0)
         return unit
 
     def _copied(self, x: np.ndarray, a: int, targets: list[int]) -> tuple[np.ndarray, int] | None:
@@ -114,7 +116,7 @@ class LayerCopies:
 
     def _cheapest(self, unit: tuple[int, ...], y: np.ndarray) -> int:
         """The unit's cheapest strategy (all its nodes take it) given its other neighbours in ``y``."""
-        total = np.sum([np.asarray(self.problem.node_costs[n], dtype=np.float64) for n in unit], axis=0)
+        total = self.unit_costs[unit].copy()
         for other, matrix, first, _ in self.units[unit]:
             total += matrix[:, y[other]] if first else matrix[y[other], :]
         return int(np.argmin(total))
