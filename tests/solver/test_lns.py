@@ -14,6 +14,7 @@ import autoshard.solver.search.lns as lns_module
 from autoshard.solver.search.lns import NeighbourhoodSearch, restrict
 from autoshard.solver.core.rows import attach_memory
 from autoshard.solver.engines.milp import solve_core_milp
+from autoshard.solver.model.problem import ShardingProblem
 from autoshard.solver.model.solution import SolveOptions
 from autoshard.solver.engines.toulbar import improve
 
@@ -150,6 +151,28 @@ def test_under_a_time_limit_a_slice_is_also_due_after_a_share_of_it_without_a_pl
     untimed = stalled_of(problem, SolveOptions(), FakeClock())
     untimed.state.best_local, untimed.state.best_cost = stalled.state.best_local, 10
     assert not untimed.due((now - waited, LNS_MIN_STEPS), step)
+
+
+def test_on_a_problem_with_repeated_layers_the_first_slice_does_not_wait_for_a_stall():
+    """Layer copies take a neighbourhood's gain to every layer, so on a problem with repeated
+    layers the first slice is due as soon as there is a plan; after it, the stall rules again."""
+    def chain(layers):
+        return ShardingProblem(node_costs=[np.array([3, 1 + i], dtype=np.int64) for i in range(6)],
+                               node_usages=[np.array([1, 2], dtype=np.int64)] * 6,
+                               intervals=[(i, i + 2) for i in range(6)], edges=[(i, i + 1) for i in range(5)],
+                               edge_costs=[np.array([[0, 2], [2, 0]], dtype=np.int64)] * 5, usage_limit=9,
+                               layers=layers)
+
+    problem, layered = chain([]), chain([(0, 1, 2), (3, 4, 5)])
+    layered.validate()
+    fresh = (FakeClock().now, 0)
+    for chosen, due in ((problem, False), (layered, True)):
+        stalled = stalled_of(chosen, SolveOptions(timeout=100.0), FakeClock())
+        assert not stalled.due(fresh, 0.1)  # no plan yet
+        stalled.state.best_local, stalled.state.best_cost = np.zeros(6, dtype=np.int64), 10
+        assert stalled.due((stalled.state.clock.now, 0), 0.1) is due
+        stalled.sliced = True
+        assert not stalled.due((stalled.state.clock.now, 0), 0.1)
 
 
 def test_toulbar2_improves_a_plan_to_the_optimum_or_says_there_is_none(capfd):

@@ -1,7 +1,12 @@
 """What the Lagrangian search (portfolio.py) hands over to when its plans stop improving:
 
 1. flips of whole layers (layer_flips.flip_groups): a layer is wider than a wide core's neighbourhoods;
-2. a slice of large-neighbourhood search from the best plan (lns.py).
+2. a slice of large-neighbourhood search from the best plan (lns.py). On a problem with repeated
+   layers the first slice comes as soon as there is a plan, stalled or not: the layer copies
+   (search/layer_copies.py) take each neighbourhood's gain to every layer, so a slice pays many
+   times what it pays on a flat core, and the Lagrangian steps it would wait on find few plans
+   there (measured: see benchmarks/README.md, "Whole-layer copies, the lead device and a bounding
+   child").
 
 Whole-layer flips also polish the first plan (``polish_by_flips``: a start that recomputes every
 layer keeps each layer's activations that fit) and make the relaxation's plans that overflow
@@ -48,13 +53,15 @@ class StalledSearch:
         self.state, self.pool = state, pool
         self.lns = NeighbourhoodSearch(state.comp, state.rng, clock=state.clock)
         self.paid = False  # the last slice of neighbourhood search improved the best plan
+        self.sliced = False  # a slice of neighbourhood search has run
 
     def due(self, since: tuple[float, int], last_step: float) -> bool:
         """True when the last slice of neighbourhood search improved the best plan (it goes on
         while it pays: it takes stalled Lagrangian plans much further), or when this process's
         Lagrangian plans have not improved the best for LNS_AFTER_STEPS steps and twenty steps'
         time, or under a time limit for LNS_MIN_STEPS steps and LNS_STALL_SHARE of the limit
-        (``since``: when and how many steps ago they last did), and there is a plan to improve.
+        (``since``: when and how many steps ago they last did), and there is a plan to improve;
+        on a problem with repeated layers, also before the first slice (module docstring).
         Plans of the other engines do not put the slice off: each is a new start for it, not a
         reason to wait (measured: see benchmarks/README.md, "Measurements behind the design")."""
         state = self.state
@@ -62,6 +69,8 @@ class StalledSearch:
         waited = self.state.clock() - when
         if state.best_local is None:
             return False
+        if state.problem.layers and not self.sliced:
+            return True
         stalled = state.options.timeout is not None and steps >= LNS_MIN_STEPS \
             and waited >= LNS_STALL_SHARE * state.options.timeout
         return self.paid or stalled or (steps >= LNS_AFTER_STEPS and waited >= max(2.0, 20 * last_step))
@@ -88,7 +97,7 @@ class StalledSearch:
         sizes = ", ".join(f"{solver.name} on {solver.size} nodes" for solver in self.lns.solvers)
         state.emit(Phase("lns", f"neighbourhood search ({sizes})", state.elapsed()))
         own = [state.best_cost]  # the best cost this slice knows of (its own plans, or the start)
-        self.paid = False
+        self.paid, self.sliced = False, True
 
         def found(y: np.ndarray) -> None:
             if state.offer(y, "lns", None):
