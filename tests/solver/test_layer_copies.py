@@ -1,6 +1,6 @@
-"""Whole-layer copies (``search/layer_copies.py``): a change to one repeated layer tried on the
-others, the tied units outside the layers following, checked against brute force; and the model
-builder's layers (``problem/repeated.py``)."""
+"""Layer moves (``search/layer_copies.py``): a change to one repeated layer tried on the others,
+and earlier changes tried again, the tied units outside the layers following, checked against
+brute force; and the model builder's layers (``problem/repeated.py``)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def test_a_copy_needs_its_tied_units_to_follow() -> None:
     y = after.copy()
     y[list(problem.layers[1])] = after[list(problem.layers[0])]
     assert not problem.evaluate(y.tolist()).feasible
-    assert copies._copied(after, 0, [1]) is not None
+    positions = np.arange(len(problem.layers[0]))
+    assert copies._moved(after, positions, after[list(problem.layers[0])], [1]) is not None
 
 
 def test_nothing_is_offered_where_the_changed_layer_is_not_worth_copying() -> None:
@@ -88,6 +89,46 @@ def test_nothing_is_offered_where_the_changed_layer_is_not_worth_copying() -> No
     before, after = _plan({0, 1}), _plan({1})  # a step back: copying layer 0 (now slow) costs more
     cost = problem.evaluate(after.tolist()).cost
     assert LayerCopies(problem, FlatProblem.of(problem)).improve(before, after, cost) is None
+
+
+def _unlinked(p_costs: list[list[int]], q_cost: list[int], q_usage: list[int], p_usage: list[int],
+              limit: int) -> ShardingProblem:
+    """Three layers of two nodes (p_l, q_l) without edges, all live at once: p_l's costs per layer
+    as given, every q alike."""
+    costs = [np.array(c) for layer in range(LAYERS) for c in (p_costs[layer], q_cost)]
+    usages = [np.array(u) for _ in range(LAYERS) for u in (p_usage, q_usage)]
+    return ShardingProblem([c.astype(np.int64) for c in costs], [u.astype(np.int64) for u in usages],
+                           [(0, 1)] * len(costs), [], [], usage_limit=limit,
+                           layers=[(2 * k, 2 * k + 1) for k in range(LAYERS)])
+
+
+def test_a_move_keeps_the_other_positions_each_layer_chose() -> None:
+    """Layer 0 keeps p slow (its fast p costs more), the others take p fast; a new best makes layer
+    0's q fast. Copying layer 0 whole would undo the others' p; the move (q alone) reaches the optimum."""
+    problem = _unlinked([[10, 12], [10, 4], [10, 4]], [10, 4], [1, 1], [1, 1], 100)
+    before = np.array([0, 0, 1, 0, 1, 0])
+    after = np.array([0, 1, 1, 0, 1, 0])
+    cost = problem.evaluate(after.tolist()).cost
+    found = LayerCopies(problem, FlatProblem.of(problem)).improve(before, after, cost)
+    assert found is not None and found[1] == _optimum(problem) == problem.evaluate(found[0].tolist()).cost
+
+
+def test_a_move_that_did_not_fit_is_tried_again_once_another_frees_memory() -> None:
+    """p fast costs 8 more bytes, and at first only layer 0's fits; a later new best makes layer 1's q
+    fast and small, which then fits on every layer and frees room for p fast everywhere: the
+    remembered move reaches the optimum, which forgetting it misses."""
+    problem = _unlinked([[10, 4]] * LAYERS, [10, 8], [10, 2], [2, 10], 44)
+    start, first = np.zeros(6, dtype=np.int64), np.array([1, 0, 0, 0, 0, 0])
+    second = np.array([1, 0, 0, 1, 0, 0])
+    costs = [problem.evaluate(plan.tolist()).cost for plan in (first, second)]
+    for remembered in (True, False):
+        moves = LayerCopies(problem, FlatProblem.of(problem))
+        assert moves.improve(start, first, costs[0]) is None  # the p move fits nowhere else yet
+        if not remembered:
+            moves.moves.clear()
+        plan, cost = moves.improve(first, second, costs[1])
+        assert problem.evaluate(plan.tolist()).feasible and problem.evaluate(plan.tolist()).cost == cost
+        assert (cost == _optimum(problem)) is remembered
 
 
 def test_layers_that_do_not_match_node_for_node_are_refused() -> None:

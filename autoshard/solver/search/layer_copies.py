@@ -1,23 +1,27 @@
-"""Whole-layer copies: a change a new best plan makes to one of a model's repeated layers, tried on
-the others.
+"""Layer moves: a change a new best plan makes to one of a model's repeated layers, tried on the
+others, and the changes that paid before, tried again.
 
 A model's repeated layers (``ShardingProblem.layers``: node tuples in corresponding order, each
 position offering the same strategies in every layer) take the same plan wherever their
 surroundings agree, yet neighbourhood search changes one layer at a time (its neighbourhoods are
 smaller than a layer), so each of ``L`` identical layers waits for its own discovery of the same
-move. When a new best plan ``x`` differs from the last one in the nodes of layer ``a``, this tries
-``copy_{a->B}(x)``: layer ``a``'s strategies on every layer of ``B`` (the nodes of ``a``'s
-positions), first onto all other layers at once, else onto each in turn, keeping each copy that
-lowers the cost and fits:
+move. A *move* is the positions ``P`` where a new best plan changed layer ``a`` and the strategies
+``S`` it gave them; ``move_{P,S->B}(x)`` puts ``S`` on positions ``P`` of every layer in ``B``,
+leaving their other positions as they are (layers under a memory limit differ: a whole-layer copy
+would undo what the other layers chose). Each move is tried on all layers without it at once, else
+on each in turn, keeping what lowers the cost and fits:
 
-    x <- copy_{a->b}(x)   where   cost(copy_{a->b}(x)) < cost(x)  and  copy_{a->b}(x) fits,
+    x <- move_{P,S->b}(x)   where   cost(move_{P,S->b}(x)) < cost(x)  and  move_{P,S->b}(x) fits.
 
-each copy followed by the nodes outside the layers tied to the copied ones (an edge's reshard
+The moves of the last :data:`REMEMBERED` new best plans are tried again after each new one: a move
+that did not fit beside the plan of its day may fit once another has freed memory.
+
+Each move is followed by the nodes outside the layers tied to the moved ones (an edge's reshard
 copies, a memory node mirroring its owner: their strategy follows from their neighbours'), where
-the copy made an edge of theirs forbidden: each *unit* of them (the nodes joined by repeat edges,
+the move made an edge of theirs forbidden: each *unit* of them (the nodes joined by repeat edges,
 square matrices forbidden off the diagonal, which must take one strategy together) takes its
-cheapest strategy given its other neighbours (:data:`FOLLOW_PASSES` passes). Every candidate is evaluated exactly; a copy only guides the search, any ``layers`` is
-valid.
+cheapest strategy given its other neighbours (:data:`FOLLOW_PASSES` passes). Every candidate is
+evaluated exactly; a move only guides the search, any ``layers`` is valid.
 """
 
 from __future__ import annotations
@@ -31,17 +35,20 @@ FOLLOW_PASSES = 2
 """Passes over the tied nodes after a copy: a tie's strategy follows from its neighbours, so a
 second pass only matters along a chain of ties."""
 ONE_BY_ONE = 64
-"""Most copies onto single layers tried after one new best plan (each is one exact evaluation)."""
+"""Most moves onto single layers tried after one new best plan (each is one exact evaluation)."""
+REMEMBERED = 32
+"""Moves kept to be tried again, the newest first."""
 
 
 class LayerCopies:
-    """The copies of one problem (module docstring): its layers as arrays, the units each layer
-    node ties (with their edges to other nodes and their summed costs) for the follow step, and
-    the exact evaluation ``flat``."""
+    """The layer moves of one problem (module docstring): its layers as arrays, the units each
+    layer node ties (with their edges to other nodes and their summed costs) for the follow step,
+    the exact evaluation ``flat`` and the moves remembered."""
 
     def __init__(self, problem: ShardingProblem, flat: FlatProblem) -> None:
         self.problem, self.flat = problem, flat
         self.layers = [np.asarray(layer, dtype=np.int64) for layer in problem.layers]
+        self.moves: dict[tuple[bytes, bytes], tuple[np.ndarray, np.ndarray]] = {}  # newest first
         in_layers = set(np.concatenate(self.layers).tolist()) if self.layers else set()
         adjacent: dict[int, list[tuple[int, np.ndarray, bool]]] = {}  # node -> (other end, matrix, node first)
         for (u, v), matrix in zip(problem.edges, problem.edge_costs):
@@ -62,23 +69,41 @@ class LayerCopies:
 
     def improve(self, before: np.ndarray, after: np.ndarray, cost: int) -> tuple[np.ndarray, int] | None:
         """A cheaper plan that fits, from ``after`` (cost ``cost``, a new best plan after
-        ``before``) by copies of the layers it changed; None where no copy pays."""
-        x, best, tried = np.array(after, dtype=np.int64), cost, 0
-        changed = [a for a, layer in enumerate(self.layers) if (before[layer] != after[layer]).any()]
-        for a in changed:
-            others = [b for b in range(len(self.layers)) if b != a and (x[self.layers[b]] != x[self.layers[a]]).any()]
-            found = self._copied(x, a, others)
+        ``before``) by the moves it made and those remembered (module docstring); None where no
+        move pays."""
+        x, best, budget = np.array(after, dtype=np.int64), cost, [ONE_BY_ONE]
+        for layer in self.layers:
+            changed = np.flatnonzero(before[layer] != after[layer])
+            if len(changed):
+                self._remember(changed, after[layer[changed]])
+        for positions, strategies in list(self.moves.values()):
+            x, best = self._spread(x, best, positions, strategies, budget)
+        return (x, best) if best < cost else None
+
+    def _remember(self, positions: np.ndarray, strategies: np.ndarray) -> None:
+        """Keep a move, as the newest, among the REMEMBERED last."""
+        key = (positions.tobytes(), strategies.tobytes())
+        self.moves.pop(key, None)
+        self.moves = {key: (positions, strategies), **self.moves}
+        while len(self.moves) > REMEMBERED:
+            self.moves.popitem()
+
+    def _spread(self, x: np.ndarray, best: int, positions: np.ndarray, strategies: np.ndarray,
+                budget: list[int]) -> tuple[np.ndarray, int]:
+        """``x`` after the move onto every layer without it at once where that pays and fits, else
+        onto each in turn while ``budget`` (single moves left) lasts; with its cost."""
+        without = [b for b, layer in enumerate(self.layers) if (x[layer[positions]] != strategies).any()]
+        found = self._moved(x, positions, strategies, without)
+        if found is not None and found[1] < best:
+            return found
+        for b in without if len(without) > 1 else ():
+            if budget[0] <= 0:
+                break
+            budget[0] -= 1
+            found = self._moved(x, positions, strategies, [b])
             if found is not None and found[1] < best:
                 x, best = found
-                continue
-            for b in others:
-                if tried >= ONE_BY_ONE:
-                    break
-                tried += 1
-                found = self._copied(x, a, [b])
-                if found is not None and found[1] < best:
-                    x, best = found
-        return (x, best) if best < cost else None
+        return x, best
 
     def _unit(self, start: int, adjacent: dict[int, list[tuple[int, np.ndarray, bool]]], in_layers: set[int],
               repeats: _Repeats) -> tuple[int, ...]:
@@ -97,15 +122,15 @@ class LayerCopies:
         self.unit_costs[unit] = np.sum([np.asarray(self.problem.node_costs[n], dtype=np.float64) for n in unit], axis=0)
         return unit
 
-    def _copied(self, x: np.ndarray, a: int, targets: list[int]) -> tuple[np.ndarray, int] | None:
-        """``x`` with layer ``a``'s strategies on the ``targets`` layers, the units tied to them
-        followed, and its exact cost; None where it does not fit."""
+    def _moved(self, x: np.ndarray, positions: np.ndarray, strategies: np.ndarray,
+               targets: list[int]) -> tuple[np.ndarray, int] | None:
+        """``x`` with ``strategies`` on ``positions`` of the ``targets`` layers, the units tied to
+        them followed, and its exact cost; None where it does not fit."""
         if not targets:
             return None
         y = x.copy()
-        for b in targets:
-            y[self.layers[b]] = x[self.layers[a]]
-        moved = np.concatenate([self.layers[b] for b in targets])
+        moved = np.concatenate([self.layers[b][positions] for b in targets])
+        y[moved] = np.tile(strategies, len(targets))
         tied = sorted({unit for node in moved.tolist() for unit in self.followers.get(node, ())})
         for _ in range(FOLLOW_PASSES):
             for unit in tied:
