@@ -2,11 +2,11 @@
 
 1. flips of whole layers (layer_flips.flip_groups): a layer is wider than a wide core's neighbourhoods;
 2. a slice of large-neighbourhood search from the best plan (lns.py). On a problem with repeated
-   layers the first slice comes as soon as there is a plan, stalled or not: the layer copies
-   (search/layer_copies.py) take each neighbourhood's gain to every layer, so a slice pays many
-   times what it pays on a flat core, and the Lagrangian steps it would wait on find few plans
-   there (measured: see benchmarks/README.md, "Whole-layer copies, the lead device and a bounding
-   child").
+   layers the first slice comes as soon as there is a plan, stalled or not: the layer moves
+   (search/layer_copies.py) take each neighbourhood's gain to the other layers, so a slice pays
+   many times what it pays on a flat core, and the Lagrangian steps it would wait on find few
+   plans there (measured: see benchmarks/README.md, "Neighbourhood search first on layered models,
+   and layer moves").
 
 Whole-layer flips also polish the first plan (``polish_by_flips``: a start that recomputes every
 layer keeps each layer's activations that fit) and make the relaxation's plans that overflow

@@ -13,8 +13,8 @@ on each in turn, keeping what lowers the cost and fits:
 
     x <- move_{P,S->b}(x)   where   cost(move_{P,S->b}(x)) < cost(x)  and  move_{P,S->b}(x) fits.
 
-The moves of the last :data:`REMEMBERED` new best plans are tried again after each new one: a move
-that did not fit beside the plan of its day may fit once another has freed memory.
+The last :data:`REMEMBERED` moves are tried again after each new best plan: a move that did not
+fit beside the plan of its day may fit once another has freed memory.
 
 Each move is followed by the nodes outside the layers tied to the moved ones (an edge's reshard
 copies, a memory node mirroring its owner: their strategy follows from their neighbours'), where
@@ -32,7 +32,7 @@ from autoshard.solver.core.evaluation import FlatProblem
 from autoshard.solver.model.problem import FORBIDDEN, ShardingProblem
 
 FOLLOW_PASSES = 2
-"""Passes over the tied nodes after a copy: a tie's strategy follows from its neighbours, so a
+"""Passes over the tied nodes after a move: a tie's strategy follows from its neighbours, so a
 second pass only matters along a chain of ties."""
 ONE_BY_ONE = 64
 """Most moves onto single layers tried after one new best plan (each is one exact evaluation)."""
