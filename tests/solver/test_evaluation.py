@@ -44,6 +44,18 @@ def test_evaluate_matches_the_python_evaluation(seed: int, nodes: int, forbid: f
         assert flat.evaluate(choice) == problem.evaluate(choice.tolist())
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), nodes=st.integers(1, 12), forbid=st.sampled_from([0.0, 0.15, 0.4]))
+def test_feasible_cost_is_the_cost_of_feasible_plans_and_none_otherwise(seed: int, nodes: int, forbid: float) -> None:
+    rng = np.random.default_rng(seed)
+    problem = random_problem(rng, nodes, forbid_prob=forbid, memory=bool(seed % 2))
+    flat = FlatProblem.of(problem)
+    for _ in range(5):
+        choice = random_choice(rng, problem)
+        ev = problem.evaluate(choice.tolist())
+        assert flat.feasible_cost(choice) == (ev.cost if ev.feasible else None)
+
+
 def test_evaluate_on_large_problems_with_binding_memory() -> None:
     """Many nodes, overlapping intervals and a limit that some plans break and others keep."""
     rng = np.random.default_rng(3)
@@ -70,6 +82,7 @@ def test_values_int64_cannot_hold_are_left_to_python() -> None:
     assert not flat.compiled
     assert flat.evaluate(np.array([0, 0])) == problem.evaluate([0, 0])
     assert flat.evaluate(np.array([0, 0])).peak == 2 * big
+    assert flat.feasible_cost(np.array([0, 0])) == problem.evaluate([0, 0]).cost
     huge = ShardingProblem([np.array([10**30], dtype=object)], [np.array([1])], [(0, 1)], [], [])
     assert not FlatProblem.of(huge).compiled
     assert FlatProblem.of(huge).evaluate(np.array([0])).cost == 10**30
@@ -84,8 +97,11 @@ def test_forbidden_choices_and_bad_entries() -> None:
     assert flat.evaluate(np.array([0, 0])).uses_forbidden
     assert flat.evaluate(np.array([1, 1])).uses_forbidden
     assert flat.evaluate(np.array([1, 0])).cost == 1 + 2 + 7
+    assert [flat.feasible_cost(np.array(c)) for c in ([0, 0], [1, 1], [1, 0])] == [None, None, 1 + 2 + 7]
     with pytest.raises(AutoshardError, match="strategy 2 for node 1"):
         flat.evaluate(np.array([0, 2]))
+    with pytest.raises(AutoshardError, match="strategy 2 for node 1"):
+        flat.feasible_cost(np.array([0, 2]))
     with pytest.raises(AutoshardError, match="2 nodes"):
         flat.evaluate(np.array([0]))
 

@@ -149,6 +149,30 @@ class FlatProblem:
                           within_limit=limit is None or peak <= limit)
 
 
+    def feasible_cost(self, choice: np.ndarray) -> int | None:
+        """The exact cost of ``choice`` where it is feasible, else None: ``evaluate``'s verdict,
+        without the exact cost and peak of a plan that uses a forbidden term or overflows the limit
+        (those ``evaluate`` leaves to Python; candidate moves often are such plans)."""
+        choice = np.asarray(choice, dtype=np.int64)
+        if self.compiled and len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all()):
+            total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.u_off, self.usages, self.t_start,
+                                           self.t_end, self.times)
+            limit = self.problem.usage_limit
+            if exact and limit is not None and peak > limit:
+                return None
+            cost = _edges_total(choice, self.edges, int(total)) if exact else None
+            if cost is not None:
+                return int(cost)
+            if self._uses_forbidden(choice):
+                return None
+        ev = self.evaluate(choice)  # past int64, or an invalid choice (its one-line error)
+        return ev.cost if ev.feasible else None
+
+    def _uses_forbidden(self, choice: np.ndarray) -> bool:
+        """Whether a valid ``choice`` picks a forbidden node cost or edge pair (compiled problems)."""
+        return bool((self.costs[self.c_off + choice] >= FORBIDDEN).any()) or any(
+            int(matrix[choice[us], choice[vs]].max()) >= FORBIDDEN for matrix, us, vs in self.edges)
+
 def _edge_groups(problem: ShardingProblem) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     """The problem's edges grouped by matrix object: (the matrix, its edges' first ends, their
     second ends)."""

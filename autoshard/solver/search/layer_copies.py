@@ -136,8 +136,8 @@ class LayerCopies:
             for unit in tied:
                 if any(_entry(m, y[node], y[o], first) >= FORBIDDEN for o, m, first, node in self.units[unit]):
                     y[list(unit)] = self._cheapest(unit, y)
-        ev = self.flat.evaluate(y)
-        return (y, ev.cost) if ev.feasible else None
+        cost = self.flat.feasible_cost(y)
+        return None if cost is None else (y, cost)
 
     def _cheapest(self, unit: tuple[int, ...], y: np.ndarray) -> int:
         """The unit's cheapest strategy (all its nodes take it) given its other neighbours in ``y``."""
