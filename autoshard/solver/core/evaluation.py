@@ -136,42 +136,45 @@ class FlatProblem:
     def evaluate(self, choice: np.ndarray) -> Evaluation:
         """``ShardingProblem.evaluate(choice)``, the same answer, compiled where int64 is exact."""
         choice = np.asarray(choice, dtype=np.int64)
-        valid = len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all())
-        if not (self.compiled and valid):
-            return self.problem.evaluate(choice.tolist())  # for an invalid choice: its one-line error
-        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.u_off, self.usages, self.t_start,
-                                       self.t_end, self.times)
-        total = _edges_total(choice, self.edges, int(total)) if exact else None
-        if total is None:
+        found = self._compiled(choice)
+        if found is None or found[0] is None:  # for an invalid choice: its one-line error
             return self.problem.evaluate(choice.tolist())
+        cost, peak = found
         limit = self.problem.usage_limit
-        return Evaluation(cost=int(total), peak=int(peak), uses_forbidden=False,
-                          within_limit=limit is None or peak <= limit)
-
+        return Evaluation(cost=cost, peak=peak, uses_forbidden=False, within_limit=limit is None or peak <= limit)
 
     def feasible_cost(self, choice: np.ndarray) -> int | None:
         """The exact cost of ``choice`` where it is feasible, else None: ``evaluate``'s verdict,
-        without the exact cost and peak of a plan that uses a forbidden term or overflows the limit
-        (those ``evaluate`` leaves to Python; candidate moves often are such plans)."""
+        without the exact cost and peak of a plan that uses a forbidden term (those ``evaluate``
+        leaves to Python; candidate moves often are such plans)."""
         choice = np.asarray(choice, dtype=np.int64)
-        if self.compiled and len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all()):
-            total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.u_off, self.usages, self.t_start,
-                                           self.t_end, self.times)
+        found = self._compiled(choice)
+        if found is not None:
+            cost, peak = found
             limit = self.problem.usage_limit
-            if exact and limit is not None and peak > limit:
-                return None
-            cost = _edges_total(choice, self.edges, int(total)) if exact else None
             if cost is not None:
-                return int(cost)
+                return cost if limit is None or peak <= limit else None
             if self._uses_forbidden(choice):
                 return None
         ev = self.evaluate(choice)  # past int64, or an invalid choice (its one-line error)
         return ev.cost if ev.feasible else None
 
+    def _compiled(self, choice: np.ndarray) -> tuple[int | None, int] | None:
+        """On the compiled path (a compiled problem and a valid ``choice``): the exact cost, None
+        where a term is forbidden or the sum reaches 2**62, and the peak (meaningful with a cost);
+        None off that path."""
+        if not (self.compiled and len(choice) == len(self.k) and bool(((choice >= 0) & (choice < self.k)).all())):
+            return None
+        total, exact, peak = _evaluate(choice, self.c_off, self.costs, self.u_off, self.usages, self.t_start,
+                                       self.t_end, self.times)
+        cost = _edges_total(choice, self.edges, int(total)) if exact else None
+        return (None if cost is None else int(cost)), int(peak)
+
     def _uses_forbidden(self, choice: np.ndarray) -> bool:
         """Whether a valid ``choice`` picks a forbidden node cost or edge pair (compiled problems)."""
         return bool((self.costs[self.c_off + choice] >= FORBIDDEN).any()) or any(
             int(matrix[choice[us], choice[vs]].max()) >= FORBIDDEN for matrix, us, vs in self.edges)
+
 
 def _edge_groups(problem: ShardingProblem) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
     """The problem's edges grouped by matrix object: (the matrix, its edges' first ends, their
