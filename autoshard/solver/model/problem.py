@@ -60,7 +60,7 @@ class ShardingProblem:
     """Nodes with per-strategy cost and memory, edges with cost matrices, liveness and a memory
     limit; ``tallies`` are whole-number counts worth branching on (``Tally``), none by default;
     ``layers`` are repeated layers (node tuples in corresponding order, each position offering the
-    same strategies in every layer), whose plans the search copies between them
+    same strategies in every layer), between which the search moves a layer's changes
     (``search/layer_copies.py``), none by default. Both only guide the search."""
 
     node_costs: list[np.ndarray]

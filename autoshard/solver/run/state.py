@@ -26,7 +26,7 @@ from autoshard.solver.search.layer_copies import LayerCopies
 from autoshard.solver.model.solution import InfeasibleError, Solution, SolveOptions
 
 COPIES = "layer copies"
-"""The source of a plan made by copying a changed layer onto the others."""
+"""The source of a plan made by moving a layer's change onto the other layers (``search/layer_copies.py``)."""
 
 FINISH_RESERVE = 0.15
 """Seconds of a time limit kept for the end (stopping the engines and z3, the exact evaluation of
@@ -189,8 +189,9 @@ class RunState:
         return True
 
     def _copy_layers(self, before: np.ndarray, after: np.ndarray, cost: int, bound: int | None) -> None:
-        """Offer the plan that copies of the layers ``after`` changed make, where they pay and the
-        core can hold it (``search/layer_copies.py``)."""
+        """Offer the plan that the layer moves make from ``after`` (its changes to the layers since
+        ``before``, and those remembered), where they pay and the core can hold it
+        (``search/layer_copies.py``)."""
         if self._copies is None:
             self._copies = LayerCopies(self.problem, self._exact[1])
         found = self._copies.improve(before, after, cost)
