@@ -127,10 +127,6 @@ class BoundingPeer:
             return {}
         return {k: self._double(k, TAKEN_AT) for k in range(len(self.options)) if self._state(k) == CHILD}
 
-    def busy(self) -> bool:
-        """Whether the child is alive with an option taken and not yet answered."""
-        return bool(self.in_flight())
-
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """The child stopped for the block (a solve, whose engines take both processors). This

@@ -40,7 +40,7 @@ def _drain(peer: BoundingPeer) -> dict[int, float | None]:
             own[k] = _bound(peer.options[k], peer.cutoff)
         except AutoshardError:
             own[k] = None
-    while peer.busy():
+    while peer.in_flight():
         assert time.monotonic() < deadline, "the child never answered"
         time.sleep(0.01)
     child = peer.found()
@@ -79,7 +79,7 @@ def _child_order(options: list[PipelineOption], here: int) -> list[int]:
         assert [peer.take() for _ in range(here)] == list(range(here))  # the first, then its own count
         peer.start(lambda option, cutoff: time.monotonic())  # the child's answers in the order it took them
         deadline = time.monotonic() + WAIT
-        while peer.busy() or peer.untaken():
+        while peer.in_flight() or peer.untaken():
             assert time.monotonic() < deadline, "the child never answered"
             time.sleep(0.01)
         found = peer.found()
@@ -91,7 +91,7 @@ def test_a_paused_child_is_stopped_and_resumes_after() -> None:
     with BoundingPeer(options, processors=2) as peer:
         peer.start(lambda option, cutoff: time.sleep(WAIT) or 1.0)
         deadline = time.monotonic() + WAIT
-        while not peer.busy():  # the child has taken its option
+        while not peer.in_flight():  # the child has taken its option
             assert time.monotonic() < deadline
             time.sleep(0.01)
         with peer.paused():
@@ -137,7 +137,7 @@ def test_the_cutoff_each_option_was_taken_at_is_known_while_the_child_bounds_it(
         assert peer.take() == 0
         peer.start(lambda option, cutoff: time.sleep(WAIT) or 1.0)
         deadline = time.monotonic() + WAIT
-        while not peer.busy():
+        while not peer.in_flight():
             assert time.monotonic() < deadline
             time.sleep(0.01)
         peer.cutoff = 3.0
